@@ -1,0 +1,69 @@
+// The executor seam: what the runner asks of anything that runs a model over
+// many sessions. Implementations: the CPU executor (src/cpu), the CUDA executor
+// (src/cuda) and test doubles.
+//
+// Threading: every call comes from the runner's engine thread, so an executor
+// needs no locks; it must never call back into the runner (shutdown() joins the
+// engine thread).
+//
+// Session state. A session is a sequence of committed tokens; its length is its
+// position. Every input commits its slice; an input with produce_output also
+// commits all but the last of its output tokens (placed right after the slice);
+// the last output token is never committed (the runner feeds it back as the next
+// input). An input that starts below the session length rewinds the session to
+// its start; one that starts at the length appends; one that starts above it is
+// a gap and fails the whole batch.
+//
+// Within one batch a session appears either once as a decode, or as consecutive,
+// contiguous prefill chunks with at most one produce_output.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "cellm/metrics.h"
+#include "cellm/types.h"
+
+namespace cellm {
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+
+  // One-time setup on the engine thread before anything else. false: the runner
+  // admits no work and every open is refused.
+  virtual bool initialize() { return true; }
+
+  // Tokens per step for one pass over the weights; 0 = no preference. Sizes the
+  // scheduler's batch budget.
+  virtual size_t preferred_batch_tokens() const { return 0; }
+
+  // A new, empty session; nullopt at capacity. Ids are never reused.
+  virtual std::optional<SessionId> open_session() = 0;
+
+  // Frees everything the session holds. Unknown ids are ignored.
+  virtual void close_session(SessionId id) = 0;
+
+  // A new, independent session holding `source`'s committed [0, upto), with no
+  // sampling policy; nullopt if unsupported or refused, leaving `source` as it was.
+  virtual std::optional<SessionId> clone(SessionId source, Position upto) {
+    (void)source;
+    (void)upto;
+    return std::nullopt;
+  }
+
+  // Installed before a generation's tasks run; lasts until the next call for the
+  // session. Randomness comes from (seed, position); nullopt = a fresh random seed.
+  virtual void set_sampling(SessionId id, const SamplingParams& params,
+                            std::optional<uint64_t> seed) = 0;
+
+  // Runs one batch: resizes out.outputs to the input count and answers every
+  // input (nullopt iff produce_output is unset). false fails the whole batch.
+  virtual bool execute(const BatchInput& batch, BatchOutput& out) = 0;
+
+  // KV-cache occupancy; sampled by the runner on the engine thread after steps.
+  virtual KvMetrics kv_metrics() const { return {}; }
+};
+
+}  // namespace cellm

@@ -1,0 +1,142 @@
+// Runner: one engine thread owns an Executor and a Scheduler and drives whole
+// generations over many sessions (continuous batching).
+//
+// Session (move-only) owns one executor session; destroying it closes it
+// asynchronously and cancels its generation. GenerationHandle (copyable,
+// thread-safe, may outlive the runner) observes one generation.
+//
+// A generation splits its delta into chunks of the scheduler's chunk size (only
+// the last wants output), prepends the token pending from the previous
+// generation, installs sampling and submits; each output is walked (a stop
+// token ends it and is included; the budget ends it), delivered on the engine
+// thread after locks are released, and a one-token decode task continues it.
+// An executor failure or a malformed output fails and poisons every session in
+// the batch; a callback that throws fails only its generation.
+//
+// Callbacks run on the engine thread: they must not block on the runner (no
+// wait(), no future.get()), but may start generations, clone, cancel, destroy
+// sessions or request shutdown().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cellm/executor.h"
+#include "cellm/metrics.h"
+#include "cellm/scheduler.h"
+#include "cellm/types.h"
+
+namespace cellm {
+
+enum class FinishReason { kStopToken, kNewTokenLimit, kCancelled, kFailed };
+// "stop_token", "token_limit", "cancelled", "failed".
+const char* to_string(FinishReason reason);
+
+struct GenerationUpdate {
+  std::vector<Token> tokens;                  // newly delivered tokens
+  std::optional<FinishReason> finish_reason;  // present only on the last update
+  std::string error_message;                  // set only for kFailed
+};
+using GenerationCallback = std::function<void(const GenerationUpdate&)>;
+
+struct GenConfig {
+  int32_t max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<Token> stop_tokens;  // a produced stop token ends and is included
+  std::optional<uint64_t> seed;    // nullopt = nondeterministic
+};
+
+namespace detail {
+class RunnerCore;
+struct GenerationState;
+struct SessionRecord;
+}  // namespace detail
+
+class GenerationHandle {
+ public:
+  GenerationHandle() = default;
+  bool valid() const { return state_ != nullptr; }
+  // Ends the generation within one step (never interrupts a running execute).
+  void cancel() const;
+  // True once the terminal callback has returned.
+  bool done() const;
+  // Blocks until done(). Must not be called from a callback.
+  void wait() const;
+  std::optional<FinishReason> finish_reason() const;
+  std::string error_message() const;
+  // Complete once done().
+  GenerationMetrics metrics() const;
+
+ private:
+  friend class Session;
+  friend class detail::RunnerCore;
+  explicit GenerationHandle(std::shared_ptr<detail::GenerationState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::GenerationState> state_;
+};
+
+class Session {
+ public:
+  Session() = default;
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session();  // queues an asynchronous close; cancels the active generation
+
+  bool valid() const { return core_ != nullptr && record_ != nullptr; }
+  SessionId id() const;  // 0 when invalid
+  // Committed length, excluding a pending token. Readable from any thread.
+  Position position() const;
+
+  // A new session holding this one's committed [0, upto): idle, no pending
+  // token, no sampling. nullopt if refused (unsupported, beyond the committed
+  // position, capacity, poisoned, shutting down); the source is unaffected.
+  std::future<std::optional<Session>> clone_async(Position upto) const;
+
+  // Starts a generation that feeds `delta` and then generates. Failures are
+  // reported through the callback and the handle (kFailed with a message).
+  GenerationHandle generate_async(std::vector<Token> delta, const GenConfig& config,
+                                  GenerationCallback on_update);
+
+ private:
+  friend class detail::RunnerCore;
+  Session(std::shared_ptr<detail::RunnerCore> core, std::shared_ptr<detail::SessionRecord> rec);
+  void release();
+  std::shared_ptr<detail::RunnerCore> core_;
+  std::shared_ptr<detail::SessionRecord> record_;
+};
+
+class Runner {
+ public:
+  // Starts the engine thread, which calls executor.initialize() first.
+  // The executor must outlive shutdown() (or the Runner).
+  Runner(Executor& executor, std::unique_ptr<Scheduler> scheduler);
+  ~Runner();  // shutdown()
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // nullopt at capacity or when shutting down.
+  std::future<std::optional<Session>> open_session_async();
+
+  // Idempotent. From outside the engine thread: blocks until the engine has
+  // stopped, every generation has ended and every session is closed. From a
+  // callback: only requests the stop.
+  void shutdown();
+
+  // Stable after shutdown(); a snapshot while running.
+  EngineMetrics metrics() const;
+  // The executor's KV metrics as sampled after the latest step.
+  KvMetrics kv_metrics() const;
+  // Tasks queued in the scheduler now.
+  size_t queued_tasks() const;
+
+ private:
+  std::shared_ptr<detail::RunnerCore> core_;
+};
+
+}  // namespace cellm

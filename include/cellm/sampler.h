@@ -1,0 +1,44 @@
+// Sampling a token from one row of logits, with randomness keyed by
+// (seed, position) so a seeded generation draws the same tokens whatever else
+// shares its batches, on any executor (the CUDA sampler computes the same
+// uniform with the same function).
+//
+// temperature 0 is argmax (lowest id on ties). Otherwise p = softmax(logits/T);
+// then top-k (if 0 < k < V: the k most probable, descending, stable) else top-p
+// (if 0 < p < 1: descending, keep up to and including the token where the
+// cumulative mass first exceeds p); then min-p (drop tokens whose probability is
+// below min_p times the most probable one's); then a draw r = u * (kept mass)
+// walking the kept tokens in that order (descending after top-k/top-p, token-id
+// order otherwise) until the cumulative mass exceeds r.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cellm/status.h"
+#include "cellm/types.h"
+
+namespace cellm {
+
+// Ok, or InvalidArgument naming the field: temperature finite and >= 0,
+// top_k >= 0, top_p in (0, 1], min_p in [0, 1].
+Status validate_sampling(const SamplingParams& params);
+
+// The uniform draw in [0, 1) for the token at `position` of a generation seeded
+// with `seed`: a counter-based hash (splitmix64 of seed and position), 24 bits.
+float sampling_uniform(uint64_t seed, Position position);
+
+// Samples one token from `logits` (one row, V entries) with the uniform `u`.
+// Reuses `scratch` between calls to avoid allocation.
+// REQUIRES: !logits.empty(), params valid, 0 <= u < 1.
+Token sample_token(std::span<const float> logits, const SamplingParams& params, float u,
+                   std::vector<float>& scratch);
+
+// A generation's sampling policy as a session table keeps it.
+struct SamplingPolicy {
+  SamplingParams params;
+  uint64_t seed = 0;
+};
+
+}  // namespace cellm

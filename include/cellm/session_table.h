@@ -1,0 +1,93 @@
+// SessionTable: the session logic every executor over a CellPool shares. Maps
+// sessions to pool sequences, packs a batch onto one token axis, holds each
+// session's sampling policy, and samples rows.
+//
+// Thread-safety: none; owned by an executor and called on the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "cellm/cell_pool.h"
+#include "cellm/sampler.h"
+#include "cellm/status.h"
+#include "cellm/types.h"
+
+namespace cellm {
+
+// A batch flattened onto one token axis, in input order.
+struct PackedStep {
+  std::vector<Token> tokens;        // [total]
+  std::vector<Position> positions;  // [total] absolute position of each token
+  std::vector<SeqId> seq_ids;       // [total] pool sequence of each token
+  std::vector<SessionId> sids;      // [total] session of each token
+  // [inputs] flat index of the input's last token if it produces output.
+  std::vector<std::optional<int32_t>> output_rows;
+};
+
+// The rows of one forward [offset, offset + length) that must produce logits.
+struct SliceRows {
+  std::vector<int32_t> selector;  // row indices within the forward, ascending
+  std::vector<int32_t> inputs;    // the batch input each selector row answers
+};
+
+// Keeps the wanted rows that fall in the slice, rebased to it. If none are
+// wanted, returns {length - 1} with no inputs (a forward always yields a row).
+SliceRows select_rows(const PackedStep& step, int32_t offset, int32_t length);
+
+class SessionTable {
+ public:
+  // REQUIRES: max_sessions > 0, max_session_tokens > 0, vocab_size > 0.
+  SessionTable(CellPool& pool, int32_t max_sessions, int32_t max_session_tokens,
+               int32_t vocab_size);
+
+  // A new empty session; nullopt at max_sessions. Ids start at 1, never reused.
+  std::optional<SessionId> open();
+  // Removes the session's sequence; unknown ids are ignored.
+  void close(SessionId sid);
+  // A new session holding src's committed [0, upto); nullopt if src is unknown,
+  // upto is outside [0, min(pos(src), max_session_tokens)], or the table is full.
+  std::optional<SessionId> clone(SessionId src, Position upto);
+  // Installs the policy; nullopt seed draws a random one. Unknown ids ignored.
+  void set_sampling(SessionId sid, const SamplingParams& params, std::optional<uint64_t> seed);
+
+  // Validates every input, then applies any rewinds, then flattens. Errors:
+  // InvalidArgument (unknown session, empty or out-of-buffer slice, a gap, an
+  // overlap, a restart from 0), OutOfResources (a slice ending past
+  // max_session_tokens). On error nothing changed. Does not declare cells.
+  Result<PackedStep> pack(const BatchInput& batch);
+
+  // Samples the session's next token from one row of logits; `position` is the
+  // position the sampled token will take. nullopt if the session is unknown or
+  // has no sampling policy.
+  std::optional<Token> sample(SessionId sid, std::span<const float> logits_row,
+                              Position position);
+
+  std::optional<SeqId> seq_of(SessionId sid) const;
+  const SamplingPolicy* policy_of(SessionId sid) const;  // nullptr if none
+  int32_t size() const { return static_cast<int32_t>(sessions_.size()); }
+  int32_t max_sessions() const { return max_sessions_; }
+  int32_t max_session_tokens() const { return max_session_tokens_; }
+  int32_t vocab_size() const { return vocab_size_; }
+  CellPool& pool() { return pool_; }
+  const CellPool& pool() const { return pool_; }
+
+ private:
+  struct Entry {
+    SeqId seq = 0;
+    std::optional<SamplingPolicy> policy;
+  };
+
+  CellPool& pool_;
+  int32_t max_sessions_;
+  int32_t max_session_tokens_;
+  int32_t vocab_size_;
+  SessionId next_sid_ = 1;
+  std::unordered_map<SessionId, Entry> sessions_;
+  std::vector<float> sample_scratch_;
+};
+
+}  // namespace cellm
