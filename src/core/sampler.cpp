@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
-#include <numeric>
 #include <string>
 
 namespace cellm {
@@ -32,16 +32,6 @@ Token argmax(std::span<const float> logits) {
     if (best == logits.size() || logits[i] > logits[best]) best = i;
   }
   return best == logits.size() ? 0 : static_cast<Token>(best);
-}
-
-// The first `count` entries of `order` become the highest-weight ids, descending,
-// ties by ascending id. REQUIRES: count <= order.size().
-template <typename Less>
-void select_top(std::vector<int32_t>& order, size_t begin, size_t count, Less less) {
-  const auto first = order.begin() + static_cast<std::ptrdiff_t>(begin);
-  const auto mid = order.begin() + static_cast<std::ptrdiff_t>(begin + count);
-  if (mid != order.end()) std::nth_element(first, mid, order.end(), less);
-  std::sort(first, mid, less);
 }
 
 }  // namespace
@@ -94,8 +84,8 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
 
   // Unnormalized probabilities: w = exp((x - max) / T), so the largest is exactly 1
   // and min-p compares against min_p itself.
-  std::vector<float>& weight = scratch;
-  weight.resize(vocab);
+  scratch.resize(2 * vocab);  // [0, V): weights; [V, 2V): selection workspace
+  std::span<float> weight(scratch.data(), vocab);
   const bool infinite_max = std::isinf(max_logit);
   double total = 0.0;
   for (size_t i = 0; i < vocab; ++i) {
@@ -134,48 +124,63 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
     return static_cast<Token>(last);
   }
 
-  // Descending order by weight, ties by ascending id; only the prefix that is
-  // needed gets sorted.
-  thread_local std::vector<int32_t> order;
-  order.resize(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  const auto descending = [&weight](int32_t a, int32_t b) {
-    return weight[a] > weight[b] || (weight[a] == weight[b] && a < b);
-  };
-
-  size_t kept_end = 0;
+  // The kept count m: top-k's k, or top-p's count up to and including the token
+  // where the mass first exceeds p. Found on a copy of the weights by value (ties
+  // add equal mass, so the cumulative sums do not depend on how ties are ordered),
+  // selecting and sorting only as much of the head as needed.
+  std::span<float> values(scratch.data() + vocab, vocab);
+  std::copy(weight.begin(), weight.end(), values.begin());
+  const std::greater<float> larger;
+  size_t kept_count = vocab;
   if (use_top_k) {
-    kept_end = static_cast<size_t>(params.top_k);
-    select_top(order, 0, kept_end, descending);
+    kept_count = static_cast<size_t>(params.top_k);
+    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(kept_count - 1),
+                     values.end(), larger);
   } else {
-    // Top-p: sort growing chunks of the head until the mass first exceeds p.
     const double target = static_cast<double>(params.top_p) * total;
     double cumulative = 0.0;
     size_t sorted_end = 0;
     size_t chunk = 64;
-    kept_end = vocab;
-    while (sorted_end < vocab) {
+    bool crossed = false;
+    while (!crossed && sorted_end < vocab) {
       const size_t count = std::min(chunk, vocab - sorted_end);
-      select_top(order, sorted_end, count, descending);
-      bool crossed = false;
+      const auto first = values.begin() + static_cast<std::ptrdiff_t>(sorted_end);
+      const auto last = first + static_cast<std::ptrdiff_t>(count);
+      std::nth_element(first, last - 1, values.end(), larger);
+      std::sort(first, last, larger);
       for (size_t i = sorted_end; i < sorted_end + count; ++i) {
-        cumulative += weight[order[i]];
+        cumulative += values[i];
         if (cumulative > target) {
-          kept_end = i + 1;
+          kept_count = i + 1;
           crossed = true;
           break;
         }
       }
-      if (crossed) break;
       sorted_end += count;
       chunk *= 4;
     }
   }
+  const float threshold = values[kept_count - 1];  // the kept_count-th largest weight
+
+  // The kept ids in descending order, ties by ascending id: every id above the
+  // threshold, then the lowest ids at it.
+  thread_local std::vector<int32_t> order;
+  order.clear();
+  for (size_t i = 0; i < vocab; ++i) {
+    if (weight[i] > threshold) order.push_back(static_cast<int32_t>(i));
+  }
+  for (size_t i = 0; i < vocab && order.size() < kept_count; ++i) {
+    if (weight[i] == threshold) order.push_back(static_cast<int32_t>(i));
+  }
+  CELLM_CHECK(order.size() == kept_count);
+  std::sort(order.begin(), order.end(), [&weight](int32_t a, int32_t b) {
+    return weight[a] > weight[b] || (weight[a] == weight[b] && a < b);
+  });
 
   // Min-p drops a suffix of the descending prefix; the most probable token stays.
   double kept = 0.0;
   size_t end = 0;
-  while (end < kept_end && weight[order[end]] >= min_weight) kept += weight[order[end++]];
+  while (end < kept_count && weight[order[end]] >= min_weight) kept += weight[order[end++]];
 
   const double r = static_cast<double>(u) * kept;
   double cumulative = 0.0;
