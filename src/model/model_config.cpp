@@ -157,7 +157,7 @@ Status parse_windows(const JsonFields& top, ModelSpec& spec) {
     }
   }
 
-  std::vector<bool> sliding(static_cast<size_t>(num_layers), true);
+  std::vector<bool> sliding(static_cast<size_t>(num_layers));
   for (int64_t i = 0; i < num_layers; ++i) sliding[i] = i >= max_window_layers;
   if (const json* types = top.find("layer_types")) {
     if (!types->is_array() || static_cast<int64_t>(types->size()) != num_layers) {
