@@ -1,0 +1,499 @@
+// Tests of cellm::Tokenizer against reference fixtures made by Hugging Face
+// `tokenizers` (tools/make_tokenizer_fixtures.py) for the real tokenizers in
+// ../shared/tokenizers, plus small synthetic model folders for error paths and
+// the components the real files do not use.
+#include "cellm/tokenizer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace cellm {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct FixtureCase {
+  std::string name;
+  std::string text;
+  std::vector<Token> ids;
+  std::vector<Token> ids_plain;
+  std::string decoded;
+  std::string decoded_skip;
+  std::optional<std::vector<std::string>> stream;
+};
+
+struct Fixture {
+  Tokenizer tokenizer;
+  std::vector<FixtureCase> cases;
+};
+
+fs::path shared_tokenizer_dir(const std::string& name) {
+  return fs::path(CELLM_SHARED_DIR) / "tokenizers" / name;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// The tokenizer and its reference cases, loaded once per name; nullptr when the
+// shared folder is absent.
+const Fixture* fixture(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Fixture>> loaded;
+  if (auto it = loaded.find(name); it != loaded.end()) return it->second.get();
+  if (!fs::exists(shared_tokenizer_dir(name))) return nullptr;
+  Result<Tokenizer> tokenizer = Tokenizer::load(shared_tokenizer_dir(name).string());
+  if (!tokenizer.ok()) {
+    ADD_FAILURE() << tokenizer.status().to_string();
+    return nullptr;
+  }
+  const json doc = json::parse(read_file(fs::path(CELLM_SOURCE_DIR) / "tests" / "fixtures" /
+                                         "tokenizer" / (name + ".json")));
+  auto f = std::make_unique<Fixture>(Fixture{std::move(tokenizer).value(), {}});
+  for (const json& c : doc.at("cases")) {
+    FixtureCase fc;
+    fc.name = c.at("name").get<std::string>();
+    fc.text = c.at("text").get<std::string>();
+    fc.ids = c.at("ids").get<std::vector<Token>>();
+    if (c.contains("ids_plain")) {
+      fc.ids_plain = c.at("ids_plain").get<std::vector<Token>>();
+    } else {
+      const auto from = static_cast<std::ptrdiff_t>(c.value("plain_from", 0));
+      fc.ids_plain.assign(fc.ids.begin() + from, fc.ids.end());
+    }
+    fc.decoded = c.at("decoded").get<std::string>();
+    fc.decoded_skip = c.value("decoded_skip", fc.decoded);
+    if (c.contains("stream")) fc.stream = c.at("stream").get<std::vector<std::string>>();
+    f->cases.push_back(std::move(fc));
+  }
+  return (loaded[name] = std::move(f)).get();
+}
+
+#define REQUIRE_FIXTURE(var, name)                                              \
+  const Fixture* var = fixture(name);                                           \
+  if (var == nullptr) {                                                         \
+    if (::testing::Test::HasFailure()) return;                                  \
+    GTEST_SKIP() << "no " << shared_tokenizer_dir(name) << " in this checkout"; \
+  }
+
+bool is_valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<uint8_t>(s[i]);
+    size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    char32_t cp = n == 1 ? b : (b & (0x7F >> n));
+    for (size_t k = 1; k < n; ++k) {
+      const auto c = static_cast<uint8_t>(s[i + k]);
+      if ((c & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    const char32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string describe(const FixtureCase& c) {
+  return c.name + ": " + json(c.text).dump();
+}
+
+void expect_encodes_like_reference(const Fixture& f) {
+  size_t mismatches = 0;
+  for (const FixtureCase& c : f.cases) {
+    const std::vector<Token> ids = f.tokenizer.encode(c.text, /*add_special_tokens=*/true);
+    const std::vector<Token> plain = f.tokenizer.encode(c.text, /*add_special_tokens=*/false);
+    if (ids != c.ids || plain != c.ids_plain) {
+      ++mismatches;
+      ADD_FAILURE() << "encode differs for " << describe(c) << "\n  got      " << json(ids).dump()
+                    << "\n  expected " << json(c.ids).dump();
+    }
+    if (mismatches >= 10) break;
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+void expect_decodes_like_reference(const Fixture& f) {
+  size_t mismatches = 0;
+  for (const FixtureCase& c : f.cases) {
+    const std::string decoded = f.tokenizer.decode(c.ids, /*skip_special_tokens=*/false);
+    const std::string skipped = f.tokenizer.decode(c.ids, /*skip_special_tokens=*/true);
+    if (decoded != c.decoded || skipped != c.decoded_skip) {
+      ++mismatches;
+      ADD_FAILURE() << "decode differs for " << describe(c) << "\n  got      "
+                    << json(decoded).dump() << " / " << json(skipped).dump() << "\n  expected "
+                    << json(c.decoded).dump() << " / " << json(c.decoded_skip).dump();
+    }
+    if (mismatches >= 10) break;
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+// decode(encode(x)) == x wherever the reference round-trips.
+void expect_round_trips_where_reference_does(const Fixture& f, size_t min_round_trips) {
+  size_t round_trips = 0;
+  for (const FixtureCase& c : f.cases) {
+    if (c.decoded_skip != c.text) continue;
+    ++round_trips;
+    EXPECT_EQ(f.tokenizer.decode(f.tokenizer.encode(c.text, true), true), c.text) << describe(c);
+  }
+  EXPECT_GE(round_trips, min_round_trips);
+}
+
+std::vector<std::string> stream(const Tokenizer& tokenizer, const std::vector<Token>& ids,
+                                bool skip_special_tokens) {
+  IncrementalDecoder decoder(tokenizer, skip_special_tokens);
+  std::vector<std::string> chunks;
+  for (Token id : ids) chunks.push_back(decoder.feed(id));
+  chunks.push_back(decoder.flush());
+  return chunks;
+}
+
+void expect_streams_like_decode(const Fixture& f) {
+  for (const FixtureCase& c : f.cases) {
+    for (bool skip : {false, true}) {
+      const std::vector<std::string> chunks = stream(f.tokenizer, c.ids, skip);
+      std::string joined;
+      for (const std::string& chunk : chunks) {
+        EXPECT_TRUE(is_valid_utf8(chunk)) << describe(c) << " chunk " << json(chunk).dump();
+        joined += chunk;
+      }
+      ASSERT_EQ(joined, skip ? c.decoded_skip : c.decoded) << describe(c) << " skip=" << skip;
+    }
+  }
+}
+
+void expect_stream_chunks_like_reference(const Fixture& f, size_t min_cases) {
+  size_t compared = 0;
+  for (const FixtureCase& c : f.cases) {
+    if (!c.stream) continue;
+    ++compared;
+    std::vector<std::string> chunks;
+    for (std::string& chunk : stream(f.tokenizer, c.ids, false)) {
+      if (!chunk.empty()) chunks.push_back(std::move(chunk));
+    }
+    EXPECT_EQ(json(chunks).dump(), json(*c.stream).dump()) << describe(c);
+  }
+  EXPECT_GE(compared, min_cases);
+}
+
+// ---- Llama 3: byte-level BPE, ignore_merges, 256 special added tokens.
+
+TEST(TokenizerLlama3Test, EncodesTheVariedCorpusLikeTheReference) {
+  REQUIRE_FIXTURE(f, "llama3");
+  expect_encodes_like_reference(*f);
+}
+
+TEST(TokenizerLlama3Test, DecodesEveryIdListLikeTheReference) {
+  REQUIRE_FIXTURE(f, "llama3");
+  expect_decodes_like_reference(*f);
+}
+
+TEST(TokenizerLlama3Test, RoundTripsTextWhereTheReferenceDoes) {
+  REQUIRE_FIXTURE(f, "llama3");
+  expect_round_trips_where_reference_does(*f, 2000);
+}
+
+TEST(TokenizerLlama3Test, StreamsExactlyTheDecodedTextInValidUtf8Chunks) {
+  REQUIRE_FIXTURE(f, "llama3");
+  expect_streams_like_decode(*f);
+}
+
+TEST(TokenizerLlama3Test, StreamsTheSameChunksAsTheReferenceDecodeStream) {
+  REQUIRE_FIXTURE(f, "llama3");
+  expect_stream_chunks_like_reference(*f, 300);
+}
+
+TEST(TokenizerLlama3Test, ReadsVocabularySizeAndBosEosFromTheFolder) {
+  REQUIRE_FIXTURE(f, "llama3");
+  EXPECT_EQ(f->tokenizer.vocab_size(), 128256u);
+  EXPECT_EQ(f->tokenizer.bos_id(), std::optional<Token>(128000));
+  EXPECT_EQ(f->tokenizer.eos_ids(), std::vector<Token>{128001});
+  EXPECT_EQ(f->tokenizer.token_to_id("<|begin_of_text|>"), std::optional<Token>(128000));
+  EXPECT_EQ(f->tokenizer.id_to_token(9906), std::optional<std::string>("Hello"));
+  EXPECT_TRUE(f->tokenizer.is_special(128009));
+  EXPECT_FALSE(f->tokenizer.is_special(9906));
+  EXPECT_EQ(f->tokenizer.id_to_token(1 << 30), std::nullopt);
+}
+
+TEST(TokenizerLlama3Test, EncodesInvalidUtf8AsRawBytes) {
+  REQUIRE_FIXTURE(f, "llama3");
+  const std::string bad = "ok \xff\xfe \xe2\x82 end \xc3";
+  const std::vector<Token> ids = f->tokenizer.encode(bad, false);
+  ASSERT_FALSE(ids.empty());
+  // The raw bytes come back; invalid ones read as U+FFFD (one per maximal subpart).
+  EXPECT_EQ(f->tokenizer.decode(ids), "ok \xEF\xBF\xBD\xEF\xBF\xBD \xEF\xBF\xBD end \xEF\xBF\xBD");
+}
+
+TEST(TokenizerLlama3Test, SkipsIdsOutsideTheVocabularyWhenDecoding) {
+  REQUIRE_FIXTURE(f, "llama3");
+  const std::vector<Token> ids = {-5, 9906, 1 << 30};
+  EXPECT_EQ(f->tokenizer.decode(ids), "Hello");
+}
+
+// ---- Qwen 3: byte-level BPE with NFC, [a, b] merges, special and plain added tokens.
+
+TEST(TokenizerQwen3Test, EncodesTheVariedCorpusLikeTheReference) {
+  REQUIRE_FIXTURE(f, "qwen3");
+  expect_encodes_like_reference(*f);
+}
+
+TEST(TokenizerQwen3Test, DecodesEveryIdListLikeTheReference) {
+  REQUIRE_FIXTURE(f, "qwen3");
+  expect_decodes_like_reference(*f);
+}
+
+TEST(TokenizerQwen3Test, RoundTripsTextWhereTheReferenceDoes) {
+  REQUIRE_FIXTURE(f, "qwen3");
+  expect_round_trips_where_reference_does(*f, 1900);
+}
+
+TEST(TokenizerQwen3Test, StreamsExactlyTheDecodedTextInValidUtf8Chunks) {
+  REQUIRE_FIXTURE(f, "qwen3");
+  expect_streams_like_decode(*f);
+}
+
+TEST(TokenizerQwen3Test, StreamsTheSameChunksAsTheReferenceDecodeStream) {
+  REQUIRE_FIXTURE(f, "qwen3");
+  expect_stream_chunks_like_reference(*f, 300);
+}
+
+TEST(TokenizerQwen3Test, ReadsVocabularySizeAndBosEosFromTheFolder) {
+  REQUIRE_FIXTURE(f, "qwen3");
+  EXPECT_EQ(f->tokenizer.vocab_size(), 151669u);
+  EXPECT_EQ(f->tokenizer.bos_id(), std::nullopt);
+  EXPECT_EQ(f->tokenizer.eos_ids(), std::vector<Token>{151645});
+  EXPECT_EQ(f->tokenizer.token_to_id("<think>"), std::optional<Token>(151667));
+  EXPECT_FALSE(f->tokenizer.is_special(151667));
+  EXPECT_TRUE(f->tokenizer.is_special(151644));
+}
+
+TEST(TokenizerQwen3Test, ComposesDecomposedAccentsBeforeEncoding) {
+  REQUIRE_FIXTURE(f, "qwen3");
+  EXPECT_EQ(f->tokenizer.encode("cafe\xCC\x81", false), f->tokenizer.encode("caf\xC3\xA9", false));
+}
+
+// ---- Llama 2 style: SentencePiece BPE with byte fallback, Prepend/Replace, BOS template.
+
+TEST(TokenizerLlama2Test, EncodesTheVariedCorpusLikeTheReference) {
+  REQUIRE_FIXTURE(f, "llama2");
+  expect_encodes_like_reference(*f);
+}
+
+TEST(TokenizerLlama2Test, DecodesEveryIdListLikeTheReference) {
+  REQUIRE_FIXTURE(f, "llama2");
+  expect_decodes_like_reference(*f);
+}
+
+TEST(TokenizerLlama2Test, RoundTripsTextWhereTheReferenceDoes) {
+  REQUIRE_FIXTURE(f, "llama2");
+  expect_round_trips_where_reference_does(*f, 1500);
+}
+
+TEST(TokenizerLlama2Test, StreamsExactlyTheDecodedTextInValidUtf8Chunks) {
+  REQUIRE_FIXTURE(f, "llama2");
+  expect_streams_like_decode(*f);
+}
+
+TEST(TokenizerLlama2Test, StreamsTheSameChunksAsTheReferenceDecodeStream) {
+  REQUIRE_FIXTURE(f, "llama2");
+  expect_stream_chunks_like_reference(*f, 300);
+}
+
+TEST(TokenizerLlama2Test, ReadsVocabularySizeAndBosEosFromTheFolder) {
+  REQUIRE_FIXTURE(f, "llama2");
+  EXPECT_EQ(f->tokenizer.vocab_size(), 32000u);
+  EXPECT_EQ(f->tokenizer.bos_id(), std::optional<Token>(1));
+  EXPECT_EQ(f->tokenizer.eos_ids(), std::vector<Token>{2});
+  EXPECT_EQ(f->tokenizer.encode("", true), std::vector<Token>{1});
+  EXPECT_EQ(f->tokenizer.encode("", false), std::vector<Token>{});
+}
+
+TEST(TokenizerLlama2Test, EncodesInvalidUtf8AsByteFallbackTokens) {
+  REQUIRE_FIXTURE(f, "llama2");
+  const std::vector<Token> ids = f->tokenizer.encode("a\xff", false);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(f->tokenizer.id_to_token(ids.back()), std::optional<std::string>("<0xFF>"));
+  EXPECT_EQ(f->tokenizer.decode(ids), "a\xEF\xBF\xBD");
+}
+
+TEST(TokenizerLlama2Test, HoldsBackAByteFallbackRunUntilItIsComplete) {
+  REQUIRE_FIXTURE(f, "llama2");
+  IncrementalDecoder decoder(f->tokenizer);
+  const std::vector<std::string> bytes = {"<0xF0>", "<0x9D>", "<0x95>", "<0x8F>"};
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const std::optional<Token> id = f->tokenizer.token_to_id(bytes[i]);
+    ASSERT_TRUE(id.has_value());
+    const std::string chunk = decoder.feed(*id);
+    if (i + 1 < bytes.size()) {
+      EXPECT_EQ(chunk, "") << i;
+    }
+    out += chunk;
+  }
+  EXPECT_EQ(out, "\xF0\x9D\x95\x8F");  // U+1D54F
+  EXPECT_EQ(decoder.flush(), "");
+}
+
+// ---- Synthetic model folders: errors and components the real files do not use.
+
+class TokenizerFolderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cellm_tokenizer_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void write(const std::string& name, const std::string& content) {
+    std::ofstream(dir_ / name, std::ios::binary) << content;
+  }
+  // A tiny SentencePiece-style model: Metaspace pre-tokenizer and decoder.
+  static json tiny_tokenizer() {
+    return json::parse(R"({
+      "added_tokens": [
+        {"id": 0, "content": "<s>", "special": true, "normalized": false,
+         "single_word": false, "lstrip": false, "rstrip": false},
+        {"id": 1, "content": "</s>", "special": true, "normalized": false,
+         "single_word": false, "lstrip": false, "rstrip": false}],
+      "normalizer": null,
+      "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581",
+                        "prepend_scheme": "always", "split": true},
+      "post_processor": {"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+      "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                  "split": true},
+      "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": false,
+        "vocab": {"<s>": 0, "</s>": 1, "<unk>": 2, "\u2581": 3, "a": 4, "b": 5,
+                  "\u2581a": 6, "ab": 7, "\u2581ab": 8},
+        "merges": ["\u2581 a", ["a", "b"], "\u2581a b"]}
+    })");
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TokenizerFolderTest, AMissingFolderNamesTokenizerJson) {
+  const Result<Tokenizer> t = Tokenizer::load((dir_ / "absent").string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(t.status().message().find("tokenizer.json"), std::string::npos);
+}
+
+TEST_F(TokenizerFolderTest, MalformedJsonNamesTheFileAndTheProblem) {
+  write("tokenizer.json", "{\"model\": {\"type\": \"BPE\", ");
+  write("tokenizer_config.json", "{}");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidProgram);
+  EXPECT_NE(t.status().message().find((dir_ / "tokenizer.json").string()), std::string::npos);
+  EXPECT_NE(t.status().message().find("malformed JSON"), std::string::npos);
+}
+
+TEST_F(TokenizerFolderTest, AnUnknownModelTypeIsNotSupported) {
+  json j = tiny_tokenizer();
+  j["model"]["type"] = "WordPiece";
+  write("tokenizer.json", j.dump());
+  write("tokenizer_config.json", "{}");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(t.status().message().find("WordPiece"), std::string::npos);
+  EXPECT_NE(t.status().message().find("tokenizer.json"), std::string::npos);
+}
+
+TEST_F(TokenizerFolderTest, AnUnknownComponentIsNotSupported) {
+  json j = tiny_tokenizer();
+  j["normalizer"] = {{"type", "Precompiled"}};
+  write("tokenizer.json", j.dump());
+  write("tokenizer_config.json", "{}");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(t.status().message().find("Precompiled"), std::string::npos);
+}
+
+TEST_F(TokenizerFolderTest, AWrongFieldTypeIsAnErrorNotACrash) {
+  json j = tiny_tokenizer();
+  j["model"]["vocab"]["a"] = "four";
+  write("tokenizer.json", j.dump());
+  write("tokenizer_config.json", "{}");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidProgram);
+  EXPECT_NE(t.status().message().find("tokenizer.json"), std::string::npos);
+}
+
+TEST_F(TokenizerFolderTest, AMergeOfUnknownTokensIsRejected) {
+  json j = tiny_tokenizer();
+  j["model"]["merges"].push_back("x y");
+  write("tokenizer.json", j.dump());
+  write("tokenizer_config.json", "{}");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidProgram);
+  EXPECT_NE(t.status().message().find("'x'"), std::string::npos);
+}
+
+TEST_F(TokenizerFolderTest, AMissingTokenizerConfigIsNamed) {
+  write("tokenizer.json", tiny_tokenizer().dump());
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(t.status().message().find("tokenizer_config.json"), std::string::npos);
+}
+
+TEST_F(TokenizerFolderTest, MetaspaceStringAndArrayMergesAndFusedUnkWorkTogether) {
+  write("tokenizer.json", tiny_tokenizer().dump());
+  write("tokenizer_config.json", R"({"bos_token": {"content": "<s>"}, "eos_token": "</s>"})");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  // "ab ab zz a" -> ▁ab ▁ab ▁ <unk>(zz fused) ▁a
+  EXPECT_EQ(t->encode("ab ab zz a", false), (std::vector<Token>{8, 8, 3, 2, 6}));
+  EXPECT_EQ(t->encode("ab", true), (std::vector<Token>{0, 8}));
+  EXPECT_EQ(t->decode(std::vector<Token>{8, 6, 5}), "ab ab");
+  EXPECT_EQ(t->bos_id(), std::optional<Token>(0));
+  EXPECT_EQ(t->eos_ids(), std::vector<Token>{1});
+  IncrementalDecoder d(*t);
+  std::string streamed;
+  for (Token id : {3, 8, 6, 5}) streamed += d.feed(id);
+  streamed += d.flush();
+  EXPECT_EQ(streamed, t->decode(std::vector<Token>{3, 8, 6, 5}));
+}
+
+TEST_F(TokenizerFolderTest, EosIdsMergeGenerationConfigListsAndConfigInts) {
+  write("tokenizer.json", tiny_tokenizer().dump());
+  write("tokenizer_config.json", R"({"bos_token": null, "eos_token": {"content": "</s>"}})");
+  write("generation_config.json", R"({"bos_token_id": 0, "eos_token_id": [5, 1]})");
+  write("config.json", R"({"eos_token_id": 4})");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->bos_id(), std::optional<Token>(0));
+  EXPECT_EQ(t->eos_ids(), (std::vector<Token>{5, 1, 4}));
+}
+
+TEST_F(TokenizerFolderTest, AnEosTokenOutsideTheVocabularyIsNamed) {
+  write("tokenizer.json", tiny_tokenizer().dump());
+  write("tokenizer_config.json", R"({"eos_token": "<|nope|>"})");
+  const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("<|nope|>"), std::string::npos);
+  EXPECT_NE(t.status().message().find("tokenizer_config.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cellm
