@@ -11,7 +11,10 @@ Each case holds:
   ids_plain    encode(text, add_special_tokens=False), when it is no suffix of ids
   decoded      decode(ids, skip_special_tokens=False)
   decoded_skip decode(ids, skip_special_tokens=True), omitted when equal to decoded
-  stream       (named cases only) the non-empty chunks of DecodeStream over ids
+  stream       (some cases) the non-empty chunks of DecodeStream over ids
+
+"id_cases" hold random id lists (any id, special ones included) with their
+decoded, decoded_skip and, where DecodeStream accepts them, stream.
 """
 import argparse
 import json
@@ -25,6 +28,7 @@ from tokenizers.decoders import DecodeStream
 
 NAMES = ["llama3", "qwen3", "llama2"]
 NUM_RANDOM = 2200
+NUM_RANDOM_ID_LISTS = 300
 SEED = 20240607
 
 NAMED_CASES = [
@@ -125,13 +129,37 @@ def long_text():
 
 
 def stream_chunks(tok, ids):
+    """The non-empty DecodeStream chunks, or None where DecodeStream fails."""
     ds = DecodeStream(skip_special_tokens=False)
     chunks = []
-    for i in ids:
-        out = ds.step(tok, i)
-        if out:
-            chunks.append(out)
+    try:
+        for i in ids:
+            out = ds.step(tok, i)
+            if out:
+                chunks.append(out)
+    except Exception:  # DecodeStream rejects some invalid byte sequences
+        return None
     return chunks
+
+
+def random_ids(rng, tok):
+    """Ids from the whole vocabulary, biased to byte tokens and added tokens."""
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    byte_ids = [tok.token_to_id("<0x%02X>" % b) for b in range(256)]
+    byte_ids = [i for i in byte_ids if i is not None]
+    if not byte_ids:  # byte-level vocabularies start with the 256 single-byte tokens
+        byte_ids = list(range(256))
+    added = list(tok.get_added_tokens_decoder().keys())
+    ids = []
+    for _ in range(rng.randint(1, 16)):
+        roll = rng.random()
+        if roll < 0.45:
+            ids.append(rng.choice(byte_ids))
+        elif roll < 0.55:
+            ids.append(rng.choice(added))
+        else:
+            ids.append(rng.randrange(vocab_size))
+    return ids
 
 
 def make_case(tok, text, with_stream):
@@ -171,11 +199,24 @@ def main():
             case["name"] = case_name
             cases.append(case)
         for i, text in enumerate(random_texts):
-            case = make_case(tok, text, with_stream=i < 300)
+            case = make_case(tok, text, with_stream=i < 200)
             case["name"] = "random_%d" % i
             cases.append(case)
+        id_cases = []
+        id_rng = random.Random(SEED + 1)
+        for i in range(NUM_RANDOM_ID_LISTS):
+            ids = random_ids(id_rng, tok)
+            case = {"name": "ids_%d" % i, "ids": ids,
+                    "decoded": tok.decode(ids, skip_special_tokens=False)}
+            skip = tok.decode(ids, skip_special_tokens=True)
+            if skip != case["decoded"]:
+                case["decoded_skip"] = skip
+            chunks = stream_chunks(tok, ids)
+            if chunks is not None:
+                case["stream"] = chunks
+            id_cases.append(case)
         doc = {"tokenizer": name, "tokenizers_version": tokenizers.__version__, "seed": SEED,
-               "unicode_version": unicodedata.unidata_version, "cases": cases}
+               "unicode_version": unicodedata.unidata_version, "cases": cases, "id_cases": id_cases}
         path = os.path.join(args.out, name + ".json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))

@@ -24,8 +24,12 @@ Result<BpeModel> BpeModel::parse(const nlohmann::json& model) {
   if (!vocab.is_object()) return InvalidProgram("model.vocab must be an object");
   bpe.vocab_.reserve(vocab.size());
   Token max_id = -1;
-  for (const auto& [token, id_json] : vocab.items()) {
-    const int64_t id = id_json.get<int64_t>();
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const std::string& token = it.key();
+    if (!it.value().is_number_integer()) {
+      return InvalidProgram("model.vocab id of '" + token + "' is not an integer");
+    }
+    const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id > INT32_MAX) {
       return InvalidProgram("model.vocab id " + std::to_string(id) + " of '" + token +
                             "' is out of range");
@@ -69,21 +73,23 @@ Result<BpeModel> BpeModel::parse(const nlohmann::json& model) {
   bpe.merges_.reserve(merges.size());
   const size_t prefix_bytes = bpe.continuing_subword_prefix_.size();
   int32_t rank = 0;
+  std::string merged;  // reused buffer for left + right
   for (const nlohmann::json& merge : merges) {
-    std::string left;
-    std::string right;
+    std::string_view left;
+    std::string_view right;
     if (merge.is_string()) {
-      const std::string& line = merge.get_ref<const std::string&>();
+      const std::string_view line = merge.get_ref<const std::string&>();
       const size_t space = line.find(' ');
-      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        return InvalidProgram("merge " + std::to_string(rank) + " '" + line +
+      if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos) {
+        return InvalidProgram("merge " + std::to_string(rank) + " '" + std::string(line) +
                               "' is not two tokens separated by one space");
       }
       left = line.substr(0, space);
       right = line.substr(space + 1);
-    } else if (merge.is_array() && merge.size() == 2) {
-      left = merge[0].get<std::string>();
-      right = merge[1].get<std::string>();
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+               merge[1].is_string()) {
+      left = merge[0].get_ref<const std::string&>();
+      right = merge[1].get_ref<const std::string&>();
     } else {
       return InvalidProgram("merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
     }
@@ -91,14 +97,12 @@ Result<BpeModel> BpeModel::parse(const nlohmann::json& model) {
     const auto right_it = bpe.vocab_.find(right);
     if (left_it == bpe.vocab_.end() || right_it == bpe.vocab_.end()) {
       return InvalidProgram("merge " + std::to_string(rank) + " uses '" +
-                            (left_it == bpe.vocab_.end() ? left : right) +
+                            std::string(left_it == bpe.vocab_.end() ? left : right) +
                             "', which is not in the vocabulary");
     }
-    const std::string merged =
-        left + (right.size() >= prefix_bytes &&
-                        right.compare(0, prefix_bytes, bpe.continuing_subword_prefix_) == 0
-                    ? right.substr(prefix_bytes)
-                    : right);
+    merged.assign(left);
+    merged.append(right.starts_with(bpe.continuing_subword_prefix_) ? right.substr(prefix_bytes)
+                                                                    : right);
     const auto merged_it = bpe.vocab_.find(merged);
     if (merged_it == bpe.vocab_.end()) {
       return InvalidProgram("merge " + std::to_string(rank) + " makes '" + merged +
