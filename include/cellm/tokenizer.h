@@ -77,6 +77,8 @@ class IncrementalDecoder {
   std::shared_ptr<const Tokenizer::Impl> impl_;
   bool skip_special_tokens_;
   std::vector<Token> held_;
+  // Decoded text held back because the decoder cuts it if nothing follows.
+  std::string held_text_;
   bool at_first_token_ = true;  // see DecodeState in src/model/tokenizer_decoder.h
   bool text_started_ = false;
 };

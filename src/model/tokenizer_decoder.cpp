@@ -143,13 +143,18 @@ class StripDecoder final : public TokenDecoder {
         while (first < start_ && first < chars.size() && chars[first].second == content_) ++first;
       }
       size_t last = chars.size();
-      for (size_t n = 0; n < stop_ && last > first && chars[last - 1].second == content_; ++n) {
+      const size_t stop = (!fused_ || state.apply_trailing_strip) ? stop_ : 0;
+      for (size_t n = 0; n < stop && last > first && chars[last - 1].second == content_; ++n) {
         --last;
       }
       const size_t begin_byte = first < chars.size() ? chars[first].first : token.size();
       const size_t end_byte = last < chars.size() ? chars[last].first : token.size();
       token = token.substr(begin_byte, end_byte - begin_byte);
     }
+  }
+  std::optional<TrailingStrip> trailing_strip() const override {
+    if (!fused_ || stop_ == 0) return std::nullopt;
+    return TrailingStrip{content_, stop_};
   }
 
  private:
@@ -192,6 +197,13 @@ class SequenceDecoder final : public TokenDecoder {
   explicit SequenceDecoder(std::vector<Ptr> parts) : parts_(std::move(parts)) {}
   void decode_chain(std::vector<std::string>& tokens, DecodeState& state) const override {
     for (const auto& part : parts_) part->decode_chain(tokens, state);
+  }
+  std::optional<TrailingStrip> trailing_strip() const override {
+    std::optional<TrailingStrip> last;
+    for (const auto& part : parts_) {
+      if (std::optional<TrailingStrip> s = part->trailing_strip()) last = s;
+    }
+    return last;
   }
 
  private:

@@ -593,3 +593,44 @@ TEST_F(TokenizerFolderTest, AnEosTokenOutsideTheVocabularyIsNamed) {
 
 }  // namespace
 }  // namespace cellm
+
+namespace cellm {
+namespace {
+
+// Small tokenizers made by tools/make_synthetic_tokenizer_fixtures.py for the
+// components the real files do not use; each compared with its reference.
+TEST(TokenizerSyntheticTest, EncodesAndDecodesEveryComponentVariantLikeTheReference) {
+  const json doc = json::parse(read_file(fs::path(CELLM_SOURCE_DIR) / "tests" / "fixtures" /
+                                         "tokenizer" / "synthetic.json"));
+  const fs::path dir =
+      fs::temp_directory_path() / ("cellm_tokenizer_synthetic_" + std::to_string(::getpid()));
+  size_t variants = 0;
+  for (const json& variant : doc.at("variants")) {
+    const std::string name = variant.at("name").get<std::string>();
+    fs::create_directories(dir);
+    std::ofstream(dir / "tokenizer.json") << variant.at("tokenizer").dump();
+    std::ofstream(dir / "tokenizer_config.json") << "{}";
+    const Result<Tokenizer> t = Tokenizer::load(dir.string());
+    fs::remove_all(dir);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status().to_string();
+    ++variants;
+    for (const json& c : variant.at("cases")) {
+      const std::string text = c.at("text").get<std::string>();
+      const std::string where = name + " " + json(text).dump();
+      const std::vector<Token> ids = c.at("ids").get<std::vector<Token>>();
+      EXPECT_EQ(t->encode(text, true), ids) << where;
+      EXPECT_EQ(t->encode(text, false), c.at("ids_plain").get<std::vector<Token>>()) << where;
+      EXPECT_EQ(t->decode(ids, false), c.at("decoded").get<std::string>()) << where;
+      EXPECT_EQ(t->decode(ids, true), c.at("decoded_skip").get<std::string>()) << where;
+      IncrementalDecoder stream(*t);
+      std::string joined;
+      for (Token id : ids) joined += stream.feed(id);
+      joined += stream.flush();
+      EXPECT_EQ(joined, c.at("decoded").get<std::string>()) << where;
+    }
+  }
+  EXPECT_EQ(variants, 21u);
+}
+
+}  // namespace
+}  // namespace cellm
