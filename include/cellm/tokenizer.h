@@ -59,7 +59,8 @@ class Tokenizer {
 // newly completed text (possibly empty), never a broken UTF-8 sequence; flush()
 // returns what is held back at the end. The concatenation of all chunks equals
 // Tokenizer::decode of all tokens, including SentencePiece's stripping of the
-// first leading space and byte-fallback runs, except for streams that end a
+// first leading space (and of the end: a trailing run that a Strip decoder may
+// cut is held back until more text follows), and byte-fallback runs, except for streams that end a
 // run of <0xNN> tokens on valid UTF-8 and continue it with invalid bytes (the
 // text already sent stays; decode() would turn the whole run into U+FFFD).
 // Keeps the tokenizer's state alive. Not thread-safe: one decoder per stream.
