@@ -20,8 +20,11 @@ The package has no headings, italics or pilcrow markers to strip.
 
 Split. Chapters are numbered 0..1188 in canonical order; every chapter whose
 number is 9 mod 10 (Genesis 10, 20, ..., Revelation 13) is held out: 118
-chapters, 3,057 verses, 9.8% of the verses and 9.6% of the characters
-(training: 1,071 chapters, 28,045 verses, 937,055 tokens; held out: 100,858). Whole
+chapters, 3,057 verses, 9.8% of the verses and 9.6% of the characters. The
+held-out tenth is only ever scored, never used to choose anything. Of the rest,
+every chapter whose number is 4 mod 40 (Genesis 5, 45, ...) is the validation
+split (30 chapters, 2.5% of the text) that training uses to pick its checkpoint;
+the remaining 1,041 chapters are the training split. Whole
 chapters are held out, not single verses, so a held-out verse's neighbours are
 never in training and held-out perplexity measures generalisation to unseen
 passages rather than interpolation between adjacent verses; taking one chapter
@@ -33,7 +36,7 @@ split.
 
 Documents. A chapter is one document: its verses joined with "\n", wrapped as
 <|bos|> text <|eos|>. The training stream is the training chapters' documents
-concatenated in canonical order; the held-out stream likewise.
+concatenated in canonical order; the validation and held-out streams likewise.
 
 Tokenizer. Byte-level BPE (GPT-2 style: ByteLevel pre-tokenizer with the GPT-2
 regex and no prefix space, ByteLevel decoder, all 256 bytes in the alphabet so
@@ -45,8 +48,8 @@ special tokens are added.
 Outputs (all regenerated; nothing here is needed in git except the tokenizer):
     <build>/                        default build/kjv (ignored by git)
         verses.tsv                  book, chapter, verse, split, cleaned text
-        train.txt, heldout.txt      one verse a line, a blank line between chapters
-        train.bin, heldout.bin      uint16 token ids of the document streams
+        {train,validation,heldout}.txt  one verse a line, a blank line between chapters
+        {train,validation,heldout}.bin  uint16 token ids of the document streams
         tokenizer.json, tokenizer_config.json
         meta.json                   counts, hashes, split rule, tokenizer summary
     <tokenizer-out>/                default models/kjv-small (committed)
@@ -79,6 +82,9 @@ NUM_CHAPTERS = 1189
 NUM_VERSES = 31102
 HELDOUT_EVERY = 10       # chapter number % HELDOUT_EVERY == HELDOUT_REMAINDER is held out
 HELDOUT_REMAINDER = 9
+VALIDATION_EVERY = 40    # of the rest, chapter number % 40 == 4 is the validation split
+VALIDATION_REMAINDER = 4
+SPLITS = ("train", "validation", "heldout")
 
 VOCAB_SIZE = 4096
 BOS = "<|bos|>"
@@ -136,15 +142,23 @@ def parse_verses(raw):
     return verses
 
 
+def split_of(chapter_number):
+    if chapter_number % HELDOUT_EVERY == HELDOUT_REMAINDER:
+        return "heldout"
+    if chapter_number % VALIDATION_EVERY == VALIDATION_REMAINDER:
+        return "validation"
+    return "train"
+
+
 def split_chapters(verses):
-    """Returns (train, heldout): lists of chapters, each [(book, chapter, verse, text)]."""
+    """Returns {split: [chapter]}, a chapter being [(book, chapter, verse, text)]."""
     chapters = {}
     for v in verses:
         chapters.setdefault((v[0], v[1]), []).append(v)
-    train, heldout = [], []
+    splits = {name: [] for name in SPLITS}
     for number, key in enumerate(chapters):
-        (heldout if number % HELDOUT_EVERY == HELDOUT_REMAINDER else train).append(chapters[key])
-    return train, heldout
+        splits[split_of(number)].append(chapters[key])
+    return splits
 
 
 def train_tokenizer(train_chapters):
@@ -234,25 +248,25 @@ def main():
     args = parser.parse_args()
 
     verses = parse_verses(read_raw(args.refresh_archive))
-    train, heldout = split_chapters(verses)
+    splits = split_chapters(verses)
     os.makedirs(args.build_dir, exist_ok=True)
 
+    split_by_key = {(c[0][0], c[0][1]): name for name, chapters in splits.items() for c in chapters}
     with open(os.path.join(args.build_dir, "verses.tsv"), "w", encoding="ascii", newline="\n") as f:
         f.write("book\tchapter\tverse\tsplit\ttext\n")
-        heldout_keys = {(c[0][0], c[0][1]) for c in heldout}
         for book, chapter, verse, text in verses:
-            split = "heldout" if (book, chapter) in heldout_keys else "train"
-            f.write(f"{book}\t{chapter}\t{verse}\t{split}\t{text}\n")
-    write_text(os.path.join(args.build_dir, "train.txt"), train)
-    write_text(os.path.join(args.build_dir, "heldout.txt"), heldout)
+            f.write(f"{book}\t{chapter}\t{verse}\t{split_by_key[(book, chapter)]}\t{text}\n")
 
-    tokenizer = train_tokenizer(train)
-    check_round_trip(tokenizer, [document_text(c) for c in heldout[:20]] +
+    tokenizer = train_tokenizer(splits["train"])
+    check_round_trip(tokenizer, [document_text(c) for c in splits["heldout"][:20]] +
                      ["Ünïcödé ✓ 日本語 🙂\t\r\n  x", "", " leading and trailing spaces  "])
-    train_ids = encode_stream(tokenizer, train)
-    heldout_ids = encode_stream(tokenizer, heldout)
-    train_ids.tofile(os.path.join(args.build_dir, "train.bin"))
-    heldout_ids.tofile(os.path.join(args.build_dir, "heldout.bin"))
+    summary = {}
+    for name, chapters in splits.items():
+        write_text(os.path.join(args.build_dir, f"{name}.txt"), chapters)
+        ids = encode_stream(tokenizer, chapters)
+        ids.tofile(os.path.join(args.build_dir, f"{name}.bin"))
+        summary[name] = {"chapters": len(chapters), "verses": sum(len(c) for c in chapters),
+                         "chars": sum(len(document_text(c)) for c in chapters), "tokens": int(ids.size)}
 
     out_dirs = [args.build_dir] + ([args.tokenizer_out] if args.tokenizer_out else [])
     for out_dir in out_dirs:
@@ -262,20 +276,16 @@ def main():
             json.dump(tokenizer_config(), f, indent=2)
             f.write("\n")
 
-    train_chars = sum(len(document_text(c)) for c in train)
-    heldout_chars = sum(len(document_text(c)) for c in heldout)
     with open(os.path.join(args.build_dir, "tokenizer.json"), "rb") as f:
         tokenizer_sha256 = hashlib.sha256(f.read()).hexdigest()
     meta = {
         "source": " ".join(BIBLE_COMMAND) + " (Debian bible-kjv 4.38)",
         "raw_sha256": RAW_SHA256,
-        "split_rule": f"chapter number (0..{NUM_CHAPTERS - 1}, canonical order) % {HELDOUT_EVERY} == "
-                      f"{HELDOUT_REMAINDER} is held out",
+        "split_rule": (f"chapters numbered 0..{NUM_CHAPTERS - 1} in canonical order; number % {HELDOUT_EVERY} == "
+                       f"{HELDOUT_REMAINDER}: heldout; else number % {VALIDATION_EVERY} == {VALIDATION_REMAINDER}: "
+                       f"validation; else train"),
         "document_format": "<|bos|> verses joined by \\n <|eos|>, one document per chapter",
-        "train": {"chapters": len(train), "verses": sum(len(c) for c in train),
-                  "chars": train_chars, "tokens": int(train_ids.size)},
-        "heldout": {"chapters": len(heldout), "verses": sum(len(c) for c in heldout),
-                    "chars": heldout_chars, "tokens": int(heldout_ids.size)},
+        **summary,
         "vocab_size": tokenizer.get_vocab_size(),
         "bos_id": 0,
         "eos_id": 1,
@@ -285,11 +295,10 @@ def main():
         json.dump(meta, f, indent=2)
         f.write("\n")
 
-    print(f"prepare_kjv: {len(verses)} verses; train {meta['train']['chapters']} chapters, "
-          f"{meta['train']['verses']} verses, {train_ids.size} tokens "
-          f"({train_chars / (train_ids.size - 2 * len(train)):.2f} chars/token); "
-          f"held out {meta['heldout']['chapters']} chapters, {meta['heldout']['verses']} verses, "
-          f"{heldout_ids.size} tokens")
+    train = summary["train"]
+    print(f"prepare_kjv: {len(verses)} verses; " + "; ".join(
+        f"{name} {v['chapters']} chapters, {v['verses']} verses, {v['tokens']} tokens" for name, v in summary.items()) +
+        f"; {train['chars'] / (train['tokens'] - 2 * train['chapters']):.2f} chars/token in train")
     print(f"prepare_kjv: wrote {args.build_dir}" + (f" and the tokenizer to {args.tokenizer_out}"
                                                      if args.tokenizer_out else ""))
 
