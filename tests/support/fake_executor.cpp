@@ -95,6 +95,11 @@ bool FakeExecutor::wait_in_execute() {
   return cv_.wait_for(lock, kWaitLimit, [this] { return in_execute_; });
 }
 
+bool FakeExecutor::wait_in_initialize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, kWaitLimit, [this] { return initialize_entered_; });
+}
+
 // --- observations ---
 
 std::vector<std::string> FakeExecutor::calls() const {
@@ -194,6 +199,8 @@ Token FakeExecutor::next_token(SessionId sid, Position p) {
 bool FakeExecutor::initialize() {
   std::unique_lock<std::mutex> lock(mu_);
   call_threads_.insert(std::this_thread::get_id());
+  initialize_entered_ = true;
+  cv_.notify_all();
   cv_.wait(lock, [this] { return !init_held_; });
   initialize_calls_++;
   log("initialize");

@@ -81,6 +81,8 @@ class FakeExecutor : public Executor {
   void release();
   // Waits until an execute() call is in progress; false after 5 s.
   bool wait_in_execute();
+  // Waits until initialize() has been entered; false after 5 s.
+  bool wait_in_initialize();
 
   // --- observations (any thread) ---
   std::vector<std::string> calls() const;  // "initialize", "open 1", "execute [1@0+3!]", ...
@@ -129,6 +131,7 @@ class FakeExecutor : public Executor {
   bool held_ = false;
   bool init_held_ = false;
   bool in_execute_ = false;
+  bool initialize_entered_ = false;
 
   SessionId next_id_ = 1;
   std::map<SessionId, std::vector<Token>> sessions_;  // open sessions: committed tokens
