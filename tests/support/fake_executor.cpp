@@ -1,6 +1,7 @@
 #include "support/fake_executor.h"
 
 #include <chrono>
+#include <map>
 #include <stdexcept>
 #include <utility>
 
@@ -299,13 +300,17 @@ bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   in_execute_ = false;
   if (fail_from_ >= 0 && index >= fail_from_) return false;
 
-  // A session appears once, or as consecutive chunks.
-  std::set<SessionId> finished_runs;
-  for (size_t i = 0; i < batch.inputs.size(); ++i) {
-    const SessionId sid = batch.inputs[i].sid;
-    if (i > 0 && batch.inputs[i - 1].sid != sid) finished_runs.insert(batch.inputs[i - 1].sid);
-    if (finished_runs.count(sid) != 0) {
-      violations_.push_back("session " + std::to_string(sid) + " split within a batch");
+  // A session's inputs in one batch are chunks in order, each starting where
+  // the previous ended, and only the last may want output.
+  std::map<SessionId, const Input*> previous;
+  for (const Input& in : batch.inputs) {
+    auto [it, first] = previous.emplace(in.sid, &in);
+    if (!first) {
+      if (it->second->produce_output || in.start() != it->second->end()) {
+        violations_.push_back("session " + std::to_string(in.sid) +
+                              " has non-contiguous inputs in one batch");
+      }
+      it->second = &in;
     }
   }
 
