@@ -48,7 +48,7 @@ class CellPool {
   int32_t used_cells() const { return used_cells_; }
   int32_t free_cells() const { return capacity_cells_ - used_cells_; }
   // Every occupied cell lies below used_end(); 0 when the pool is empty.
-  int32_t used_end() const;
+  int32_t used_end() const { return used_end_; }
   int32_t num_seqs() const { return num_live_seqs_; }
 
   // A new, empty sequence (the lowest free id).
@@ -95,17 +95,20 @@ class CellPool {
     std::vector<CellId> cells;  // position i -> cell
   };
 
+  // REQUIRES: free_cells() > 0.
   CellId take_lowest_free_cell();
+  // Drops one owner of `cell`; frees it when that was the last.
   void release_cell(CellId cell);
 
   int32_t capacity_cells_ = 0;
   int32_t used_cells_ = 0;
+  int32_t used_end_ = 0;  // one past the highest occupied cell; 0 when empty
   int32_t num_live_seqs_ = 0;
-  std::vector<int32_t> refcount_;           // [capacity]
-  std::vector<Position> position_;          // [capacity]; meaningful when refcount > 0
-  std::vector<Sequence> seqs_;              // indexed by SeqId
-  std::vector<SeqId> free_seq_ids_;         // min-heap of released ids
-  std::vector<CellId> free_cells_;          // min-heap of free cells
+  std::vector<int32_t> refcount_;    // [capacity]
+  std::vector<Position> position_;   // [capacity]; meaningful when refcount > 0
+  std::vector<Sequence> seqs_;       // indexed by SeqId
+  std::vector<SeqId> free_seq_ids_;  // min-heap of released ids below seqs_.size()
+  std::vector<CellId> free_cells_;   // min-heap of free cells
 };
 
 }  // namespace cellm

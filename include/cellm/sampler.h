@@ -27,10 +27,23 @@ Status validate_sampling(const SamplingParams& params);
 
 // The uniform draw in [0, 1) for the token at `position` of a generation seeded
 // with `seed`: a counter-based hash (splitmix64 of seed and position), 24 bits.
+// Exactly, in wrapping uint64 arithmetic (the CUDA sampler reproduces it bit for
+// bit):
+//   G      = 0x9E3779B97F4A7C15
+//   mix(z) = z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
+//            z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
+//   key    = mix(seed + G)
+//   p      = uint64(uint32(position))
+//   bits   = mix(key + (p + 1) * G)
+//   u      = float(bits >> 40) * 2^-24   (exact in float; u in [0, 1 - 2^-24])
+// Hashing the seed first keeps the streams of nearby seeds unrelated.
 float sampling_uniform(uint64_t seed, Position position);
 
 // Samples one token from `logits` (one row, V entries) with the uniform `u`.
-// Reuses `scratch` between calls to avoid allocation.
+// Reuses `scratch` between calls to avoid allocation (plus one thread-local
+// index buffer when top-k or top-p is on).
+// NaN logits count as probability 0; when no logit is a number the result is
+// token 0. With +inf logits the mass splits evenly among them.
 // REQUIRES: !logits.empty(), params valid, 0 <= u < 1.
 Token sample_token(std::span<const float> logits, const SamplingParams& params, float u,
                    std::vector<float>& scratch);

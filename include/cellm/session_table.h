@@ -52,6 +52,7 @@ class SessionTable {
   // upto is outside [0, min(pos(src), max_session_tokens)], or the table is full.
   std::optional<SessionId> clone(SessionId src, Position upto);
   // Installs the policy; nullopt seed draws a random one. Unknown ids ignored.
+  // REQUIRES: validate_sampling(params).ok() (callers validate user requests).
   void set_sampling(SessionId sid, const SamplingParams& params, std::optional<uint64_t> seed);
 
   // Validates every input, then applies any rewinds, then flattens. Errors:
@@ -61,10 +62,11 @@ class SessionTable {
   Result<PackedStep> pack(const BatchInput& batch);
 
   // Samples the session's next token from one row of logits; `position` is the
-  // position the sampled token will take. nullopt if the session is unknown or
-  // has no sampling policy.
-  std::optional<Token> sample(SessionId sid, std::span<const float> logits_row,
-                              Position position);
+  // position the sampled token will take; the draw is
+  // sampling_uniform(seed, position), so it does not depend on call order. nullopt
+  // if the session is unknown, has no sampling policy, or the row is not
+  // vocab_size() wide.
+  std::optional<Token> sample(SessionId sid, std::span<const float> logits_row, Position position);
 
   std::optional<SeqId> seq_of(SessionId sid) const;
   const SamplingPolicy* policy_of(SessionId sid) const;  // nullptr if none

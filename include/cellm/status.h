@@ -46,14 +46,30 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-inline Status InvalidProgram(std::string m) { return {StatusCode::kInvalidProgram, std::move(m)}; }
-inline Status NotSupported(std::string m) { return {StatusCode::kNotSupported, std::move(m)}; }
-inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status OutOfResources(std::string m) { return {StatusCode::kOutOfResources, std::move(m)}; }
-inline Status InvalidState(std::string m) { return {StatusCode::kInvalidState, std::move(m)}; }
-inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
-inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+inline Status InvalidProgram(std::string m) {
+  return {StatusCode::kInvalidProgram, std::move(m)};
+}
+inline Status NotSupported(std::string m) {
+  return {StatusCode::kNotSupported, std::move(m)};
+}
+inline Status NotFound(std::string m) {
+  return {StatusCode::kNotFound, std::move(m)};
+}
+inline Status OutOfResources(std::string m) {
+  return {StatusCode::kOutOfResources, std::move(m)};
+}
+inline Status InvalidState(std::string m) {
+  return {StatusCode::kInvalidState, std::move(m)};
+}
+inline Status IoError(std::string m) {
+  return {StatusCode::kIoError, std::move(m)};
+}
+inline Status Internal(std::string m) {
+  return {StatusCode::kInternal, std::move(m)};
+}
 
 [[noreturn]] void check_failed(const char* file, int line, const char* condition,
                                const std::string& message);
@@ -62,7 +78,7 @@ inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).ok()) {
       check_failed(__FILE__, __LINE__, "!status.ok()", "Result built from an ok Status");

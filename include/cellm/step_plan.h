@@ -34,8 +34,7 @@ struct StepSlice {
 };
 
 // REQUIRES: max_step_tokens > 0 (a program without a prefill width is a bug).
-inline std::vector<StepSlice> plan_slices(int total, int max_step_tokens,
-                                          int min_prefill_tokens) {
+inline std::vector<StepSlice> plan_slices(int total, int max_step_tokens, int min_prefill_tokens) {
   CELLM_CHECK_MSG(max_step_tokens > 0, "plan_slices needs a positive step width");
   std::vector<StepSlice> plan;
   for (int offset = 0; offset < total;) {

@@ -33,11 +33,11 @@ struct SamplingParams {
 // chunk of one prompt shares one buffer and one base.
 struct Input {
   SessionId sid = 0;
-  bool produce_output = false;  // sample a token after the slice's last token
-  size_t offset = 0;            // first token of the slice within *tokens
-  size_t size = 0;              // tokens in the slice
+  bool produce_output = false;                       // sample a token after the slice's last token
+  size_t offset = 0;                                 // first token of the slice within *tokens
+  size_t size = 0;                                   // tokens in the slice
   std::shared_ptr<const std::vector<Token>> tokens;  // the whole backing, immutable
-  Position position = 0;        // absolute position of (*tokens)[0]
+  Position position = 0;                             // absolute position of (*tokens)[0]
 
   Position start() const { return position + static_cast<Position>(offset); }
   Position end() const { return start() + static_cast<Position>(size); }

@@ -4,15 +4,24 @@ namespace cellm {
 
 const char* to_string(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kInvalidProgram: return "InvalidProgram";
-    case StatusCode::kNotSupported: return "NotSupported";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kOutOfResources: return "OutOfResources";
-    case StatusCode::kInvalidState: return "InvalidState";
-    case StatusCode::kIoError: return "IoError";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kInvalidProgram:
+      return "InvalidProgram";
+    case StatusCode::kNotSupported:
+      return "NotSupported";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kOutOfResources:
+      return "OutOfResources";
+    case StatusCode::kInvalidState:
+      return "InvalidState";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

@@ -49,11 +49,12 @@ TEST(StepPlanTest, WiderBatchesSliceAndALoneTailTokenRunsDecode) {
 TEST(StepPlanTest, ShortSlicesBelowThePrefillBoundRunAsDecodes) {
   EXPECT_EQ(Plan(4, 8, 5), (std::vector<StepSlice>{{0, 1, D}, {1, 1, D}, {2, 1, D}, {3, 1, D}}));
   EXPECT_EQ(Plan(5, 8, 5), (std::vector<StepSlice>{{0, 5, P}}));
-  EXPECT_EQ(Plan(11, 8, 5),
-            (std::vector<StepSlice>{{0, 8, P}, {8, 1, D}, {9, 1, D}, {10, 1, D}}));
+  EXPECT_EQ(Plan(11, 8, 5), (std::vector<StepSlice>{{0, 8, P}, {8, 1, D}, {9, 1, D}, {10, 1, D}}));
 }
 
-TEST(StepPlanTest, EmptyBatchPlansNothing) { EXPECT_TRUE(Plan(0, 8, 2).empty()); }
+TEST(StepPlanTest, EmptyBatchPlansNothing) {
+  EXPECT_TRUE(Plan(0, 8, 2).empty());
+}
 
 TEST(StepPlanTest, WidthOneRunsEveryTokenAsDecode) {
   EXPECT_EQ(Plan(3, 1, 2), (std::vector<StepSlice>{{0, 1, D}, {1, 1, D}, {2, 1, D}}));

@@ -1,0 +1,84 @@
+// CpuExecutor: runs a loaded model on the CPU behind the executor seam. One
+// forward covers a packed, mixed batch (any sessions, any positions); K/V live
+// off-graph in the cell layout (per layer [max_cells, n_kv_heads, head_dim] f32),
+// each query attends only its own sequence's cells (narrowed by the layer's
+// sliding window), and logits are computed only for the rows that produce output.
+// Weights stay in their stored 16-bit form; every product accumulates in f32.
+//
+// Thread-safety: like every executor, driven by one thread (the runner's engine
+// thread); it runs its kernels on its own thread pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cellm/cell_pool.h"
+#include "cellm/executor.h"
+#include "cellm/model_weights.h"
+#include "cellm/session_table.h"
+#include "cellm/status.h"
+
+namespace cellm {
+
+namespace cpu {
+class CpuForward;
+class KvStore;
+class ThreadPool;
+}  // namespace cpu
+
+struct CpuExecutorOptions {
+  int32_t max_sessions = 8;           // resident sessions: active, snapshots and clones
+  int32_t max_session_tokens = 1024;  // per-session budget of positions
+  // Cells in the pool; 0 = max_sessions * max_session_tokens + 1 (the capacity rule).
+  int32_t max_cells = 0;
+  int32_t step_width = 256;     // W: the most tokens one forward takes
+  int32_t initial_cells = 256;  // KV rows allocated at first; grows geometrically
+  int32_t num_threads = 0;      // kernel threads; 0 = every hardware thread
+};
+
+class CpuExecutor final : public Executor {
+ public:
+  // Validates, in order (InvalidArgument unless noted; messages start with
+  // "CpuExecutor: " and name the numbers): a model is given; session limits are
+  // positive and their product fits int32; max_session_tokens <= the model's
+  // context (max_position_embeddings); step_width and initial_cells are
+  // positive; step_width <= max_cells; the capacity rule
+  // max_sessions * max_session_tokens < max_cells (one cell stays a scratch row);
+  // num_threads >= 0.
+  static Result<std::unique_ptr<CpuExecutor>> create(std::shared_ptr<const ModelWeights> weights,
+                                                     const CpuExecutorOptions& options);
+  ~CpuExecutor() override;
+
+  size_t preferred_batch_tokens() const override;
+  std::optional<SessionId> open_session() override;
+  void close_session(SessionId id) override;
+  std::optional<SessionId> clone(SessionId source, Position upto) override;
+  void set_sampling(SessionId id, const SamplingParams& params,
+                    std::optional<uint64_t> seed) override;
+  bool execute(const BatchInput& batch, BatchOutput& out) override;
+  KvMetrics kv_metrics() const override;
+
+  const CpuExecutorOptions& options() const { return options_; }
+  const ModelConfig& config() const { return weights_->config(); }
+  // The message of the last failed execute(), for logs; empty if none failed.
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  CpuExecutor(std::shared_ptr<const ModelWeights> weights, const CpuExecutorOptions& options);
+  bool fail(std::string message);
+
+  std::shared_ptr<const ModelWeights> weights_;
+  CpuExecutorOptions options_;
+  CellPool pool_;
+  SessionTable sessions_;
+  std::unique_ptr<cpu::ThreadPool> threads_;
+  std::unique_ptr<cpu::KvStore> kv_;
+  std::unique_ptr<cpu::CpuForward> forward_;
+  std::vector<float> logits_;  // [selected rows, vocab] of the current forward
+  std::string last_error_;
+};
+
+}  // namespace cellm

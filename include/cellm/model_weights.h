@@ -1,0 +1,101 @@
+// ModelWeights: every weight of a loaded model as non-owning TensorViews, checked
+// against its ModelConfig, plus the storage those views point into (the mapped
+// safetensors files, or one owned slab for random weights).
+//
+// Checkpoint names map to the struct through one table (model_weights.cpp):
+//   model.embed_tokens.weight                          embed_tokens  [vocab, hidden]
+//   model.layers.{i}.input_layernorm.weight            input_norm    [hidden]
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight   q/k/v/o_proj
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.bias     *_bias (when the config says so)
+//   model.layers.{i}.self_attn.{q,k}_norm.weight       q_norm, k_norm (Qwen3)
+//   model.layers.{i}.post_attention_layernorm.weight   post_attention_norm
+//   model.layers.{i}.mlp.{gate,up,down}_proj.weight    gate/up/down_proj
+//   model.norm.weight                                  final_norm    [hidden]
+//   lm_head.weight                                     lm_head       [vocab, hidden]
+// Linear weights are [out_features, in_features], row-major (y = x W^T + b).
+// Each view records its own dtype (BF16, F16 or F32; mixing is allowed). Tensors
+// of the checkpoint outside the table (e.g. rotary inv_freq) are ignored.
+//
+// Copies share the storage, so views of any copy stay valid while one copy lives.
+// Thread-safety: immutable after construction; share freely.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cellm/dtype.h"
+#include "cellm/model_config.h"
+#include "cellm/safetensors.h"
+#include "cellm/status.h"
+
+namespace cellm {
+
+// One decoder layer. q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim.
+struct LayerWeights {
+  TensorView input_norm;             // [hidden]                 RMSNorm before attention
+  TensorView q_proj;                 // [q_dim, hidden]
+  TensorView k_proj;                 // [kv_dim, hidden]
+  TensorView v_proj;                 // [kv_dim, hidden]
+  TensorView o_proj;                 // [hidden, q_dim]
+  std::optional<TensorView> q_bias;  // [q_dim]     iff config.qkv_bias()
+  std::optional<TensorView> k_bias;  // [kv_dim]    iff config.qkv_bias()
+  std::optional<TensorView> v_bias;  // [kv_dim]    iff config.qkv_bias()
+  std::optional<TensorView> o_bias;  // [hidden]    iff config.o_bias()
+  std::optional<TensorView> q_norm;  // [head_dim]  iff config.qk_norm(): RMSNorm per head
+  std::optional<TensorView> k_norm;  // [head_dim]  iff config.qk_norm()
+  TensorView post_attention_norm;    // [hidden]                 RMSNorm before the MLP
+  TensorView gate_proj;              // [intermediate, hidden]
+  TensorView up_proj;                // [intermediate, hidden]
+  TensorView down_proj;              // [hidden, intermediate]
+};
+
+class ModelWeights {
+ public:
+  // Reads `dir`/config.json and the safetensors of `dir` (single or sharded) and
+  // binds every weight. Errors name the file or tensor and the problem.
+  static Result<ModelWeights> load(const std::filesystem::path& dir);
+  // Binds the weights of an opened checkpoint to `config`; `source` names the
+  // checkpoint (its folder) in errors.
+  static Result<ModelWeights> from_checkpoint(ModelConfig config, SafetensorsCheckpoint checkpoint,
+                                              const std::string& source);
+  // Random weights with the config's real shapes, all of `dtype`, in one owned slab
+  // of about num_parameters() * dtype size bytes (16 GB for the 8b preset in
+  // BF16: it allocates all of it). Deterministic in `seed` whatever the thread
+  // count; filled in parallel. Linear weights are uniform with variance
+  // 1/in_features, the embedding uniform in [-1, 1], norms near 1, biases small.
+  static ModelWeights random(const ModelConfig& config, DType dtype, uint64_t seed);
+
+  const ModelConfig& config() const { return config_; }
+  const TensorView& embed_tokens() const { return tensors_.embed_tokens; }  // [vocab, hidden]
+  const std::vector<LayerWeights>& layers() const { return tensors_.layers; }
+  // REQUIRES: 0 <= i < config().num_layers().
+  const LayerWeights& layer(int64_t i) const;
+  const TensorView& final_norm() const { return tensors_.final_norm; }  // [hidden]
+  // [vocab, hidden]; the embedding's view when config().tie_word_embeddings().
+  const TensorView& lm_head() const { return tensors_.lm_head; }
+
+  // Every distinct weight in table order (lm_head omitted when tied).
+  std::vector<const TensorView*> tensors() const;
+  // Sum of nbytes over tensors().
+  size_t total_bytes() const;
+
+  struct Tensors {
+    TensorView embed_tokens;
+    std::vector<LayerWeights> layers;
+    TensorView final_norm;
+    TensorView lm_head;
+  };
+
+ private:
+  ModelWeights(ModelConfig config, std::shared_ptr<const void> storage)
+      : config_(std::move(config)), storage_(std::move(storage)) {}
+
+  ModelConfig config_;
+  std::shared_ptr<const void> storage_;  // what the views point into
+  Tensors tensors_;
+};
+
+}  // namespace cellm

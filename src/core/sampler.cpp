@@ -1,0 +1,198 @@
+#include "cellm/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+
+namespace cellm {
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string format_float(float value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(value));
+  return buf;
+}
+
+// Lowest id among the largest non-NaN logits; 0 when every logit is NaN.
+Token argmax(std::span<const float> logits) {
+  size_t best = logits.size();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (std::isnan(logits[i])) continue;
+    if (best == logits.size() || logits[i] > logits[best]) best = i;
+  }
+  return best == logits.size() ? 0 : static_cast<Token>(best);
+}
+
+}  // namespace
+
+Status validate_sampling(const SamplingParams& params) {
+  if (!std::isfinite(params.temperature) || params.temperature < 0.0f) {
+    return InvalidArgument("temperature must be finite and >= 0, got " +
+                           format_float(params.temperature));
+  }
+  if (params.top_k < 0) {
+    return InvalidArgument("top_k must be >= 0, got " + std::to_string(params.top_k));
+  }
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    return InvalidArgument("top_p must be in (0, 1], got " + format_float(params.top_p));
+  }
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+    return InvalidArgument("min_p must be in [0, 1], got " + format_float(params.min_p));
+  }
+  return Status::Ok();
+}
+
+float sampling_uniform(uint64_t seed, Position position) {
+  const uint64_t key = splitmix64_mix(seed + kGolden);
+  const uint64_t counter = static_cast<uint64_t>(static_cast<uint32_t>(position));
+  const uint64_t bits = splitmix64_mix(key + (counter + 1) * kGolden);
+  return static_cast<float>(bits >> 40) * 0x1.0p-24f;
+}
+
+Token sample_token(std::span<const float> logits, const SamplingParams& params, float u,
+                   std::vector<float>& scratch) {
+  // REQUIRES: a non-empty row, valid params, u in [0, 1).
+  CELLM_CHECK(!logits.empty());
+  CELLM_CHECK_MSG(validate_sampling(params).ok(), validate_sampling(params).message());
+  CELLM_CHECK_MSG(u >= 0.0f && u < 1.0f, "u = " + format_float(u));
+
+  if (params.temperature == 0.0f) return argmax(logits);
+
+  const size_t vocab = logits.size();
+  float max_logit = -std::numeric_limits<float>::infinity();
+  bool any_number = false;
+  for (float x : logits) {
+    if (std::isnan(x)) continue;
+    any_number = true;
+    max_logit = std::max(max_logit, x);
+  }
+  // No probability mass anywhere (all NaN or all -inf): fall back to argmax.
+  if (!any_number || max_logit == -std::numeric_limits<float>::infinity()) {
+    return argmax(logits);
+  }
+
+  // Unnormalized probabilities: w = exp((x - max) / T), so the largest is exactly 1
+  // and min-p compares against min_p itself.
+  scratch.resize(2 * vocab);  // [0, V): weights; [V, 2V): selection workspace
+  std::span<float> weight(scratch.data(), vocab);
+  const bool infinite_max = std::isinf(max_logit);
+  double total = 0.0;
+  for (size_t i = 0; i < vocab; ++i) {
+    const float x = logits[i];
+    float w;
+    if (std::isnan(x)) {
+      w = 0.0f;
+    } else if (infinite_max) {
+      w = x == max_logit ? 1.0f : 0.0f;
+    } else {
+      w = std::exp((x - max_logit) / params.temperature);
+    }
+    weight[i] = w;
+    total += w;
+  }
+
+  const bool use_top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
+  const bool use_top_p = !use_top_k && params.top_p > 0.0f && params.top_p < 1.0f;
+  const float min_weight = params.min_p;  // min_p times the largest weight, which is 1
+
+  if (!use_top_k && !use_top_p) {
+    // Token-id order over every token that min-p keeps.
+    double kept = 0.0;
+    for (size_t i = 0; i < vocab; ++i) {
+      if (weight[i] >= min_weight) kept += weight[i];
+    }
+    const double r = static_cast<double>(u) * kept;
+    double cumulative = 0.0;
+    size_t last = 0;
+    for (size_t i = 0; i < vocab; ++i) {
+      if (weight[i] < min_weight || weight[i] == 0.0f) continue;
+      cumulative += weight[i];
+      if (cumulative > r) return static_cast<Token>(i);
+      last = i;
+    }
+    return static_cast<Token>(last);
+  }
+
+  // The kept count m: top-k's k, or top-p's count up to and including the token
+  // where the mass first exceeds p. Found on a copy of the weights by value (ties
+  // add equal mass, so the cumulative sums do not depend on how ties are ordered),
+  // selecting and sorting only as much of the head as needed.
+  std::span<float> values(scratch.data() + vocab, vocab);
+  std::copy(weight.begin(), weight.end(), values.begin());
+  const std::greater<float> larger;
+  size_t kept_count = vocab;
+  if (use_top_k) {
+    kept_count = static_cast<size_t>(params.top_k);
+    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(kept_count - 1),
+                     values.end(), larger);
+  } else {
+    const double target = static_cast<double>(params.top_p) * total;
+    double cumulative = 0.0;
+    size_t sorted_end = 0;
+    size_t chunk = 64;
+    bool crossed = false;
+    while (!crossed && sorted_end < vocab) {
+      const size_t count = std::min(chunk, vocab - sorted_end);
+      const auto first = values.begin() + static_cast<std::ptrdiff_t>(sorted_end);
+      const auto last = first + static_cast<std::ptrdiff_t>(count);
+      std::nth_element(first, last - 1, values.end(), larger);
+      std::sort(first, last, larger);
+      for (size_t i = sorted_end; i < sorted_end + count; ++i) {
+        cumulative += values[i];
+        if (cumulative > target) {
+          kept_count = i + 1;
+          crossed = true;
+          break;
+        }
+      }
+      sorted_end += count;
+      chunk *= 4;
+    }
+  }
+  const float threshold = values[kept_count - 1];  // the kept_count-th largest weight
+
+  // The kept ids in descending order, ties by ascending id: every id above the
+  // threshold, then the lowest ids at it.
+  thread_local std::vector<int32_t> order;
+  order.clear();
+  for (size_t i = 0; i < vocab; ++i) {
+    if (weight[i] > threshold) order.push_back(static_cast<int32_t>(i));
+  }
+  for (size_t i = 0; i < vocab && order.size() < kept_count; ++i) {
+    if (weight[i] == threshold) order.push_back(static_cast<int32_t>(i));
+  }
+  CELLM_CHECK(order.size() == kept_count);
+  std::sort(order.begin(), order.end(), [&weight](int32_t a, int32_t b) {
+    return weight[a] > weight[b] || (weight[a] == weight[b] && a < b);
+  });
+
+  // Min-p drops a suffix of the descending prefix; the most probable token stays.
+  double kept = 0.0;
+  size_t end = 0;
+  while (end < kept_count && weight[order[end]] >= min_weight) kept += weight[order[end++]];
+
+  const double r = static_cast<double>(u) * kept;
+  double cumulative = 0.0;
+  Token last = order[0];
+  for (size_t i = 0; i < end; ++i) {
+    const float w = weight[order[i]];
+    if (w == 0.0f) break;  // descending: nothing after carries mass
+    cumulative += w;
+    if (cumulative > r) return order[i];
+    last = order[i];
+  }
+  return last;
+}
+
+}  // namespace cellm

@@ -1,0 +1,200 @@
+#include "cellm/session_table.h"
+
+#include <random>
+#include <string>
+#include <utility>
+
+namespace cellm {
+namespace {
+
+std::string session_name(SessionId sid) {
+  return "session " + std::to_string(sid);
+}
+
+// Where one sequence stands while a batch is being checked.
+struct Cursor {
+  SeqId seq = 0;
+  int64_t next = 0;  // the position the sequence's next input must start at
+};
+
+}  // namespace
+
+SliceRows select_rows(const PackedStep& step, int32_t offset, int32_t length) {
+  // REQUIRES: the slice [offset, offset + length) is non-empty and inside the step.
+  CELLM_CHECK_MSG(
+      offset >= 0 && length > 0 &&
+          static_cast<size_t>(offset) + static_cast<size_t>(length) <= step.tokens.size(),
+      "slice [" + std::to_string(offset) + ", +" + std::to_string(length) + ") of a step of " +
+          std::to_string(step.tokens.size()) + " tokens");
+  SliceRows rows;
+  for (size_t input = 0; input < step.output_rows.size(); ++input) {
+    const std::optional<int32_t>& row = step.output_rows[input];
+    if (!row || *row < offset || *row >= offset + length) continue;
+    rows.selector.push_back(*row - offset);
+    rows.inputs.push_back(static_cast<int32_t>(input));
+  }
+  if (rows.selector.empty()) rows.selector.push_back(length - 1);
+  return rows;
+}
+
+SessionTable::SessionTable(CellPool& pool, int32_t max_sessions, int32_t max_session_tokens,
+                           int32_t vocab_size)
+    : pool_(pool),
+      max_sessions_(max_sessions),
+      max_session_tokens_(max_session_tokens),
+      vocab_size_(vocab_size) {
+  CELLM_CHECK(max_sessions > 0);
+  CELLM_CHECK(max_session_tokens > 0);
+  CELLM_CHECK(vocab_size > 0);
+}
+
+std::optional<SessionId> SessionTable::open() {
+  if (size() >= max_sessions_) return std::nullopt;
+  const SessionId sid = next_sid_++;
+  sessions_.emplace(sid, Entry{pool_.seq_new(), std::nullopt});
+  return sid;
+}
+
+void SessionTable::close(SessionId sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  pool_.seq_rm(it->second.seq);
+  sessions_.erase(it);
+}
+
+std::optional<SessionId> SessionTable::clone(SessionId src, Position upto) {
+  auto it = sessions_.find(src);
+  if (it == sessions_.end() || size() >= max_sessions_) return std::nullopt;
+  if (upto < 0 || upto > max_session_tokens_ || upto > pool_.pos(it->second.seq)) {
+    return std::nullopt;
+  }
+  const std::optional<SeqId> seq = pool_.seq_clone(it->second.seq, upto);
+  if (!seq) return std::nullopt;
+  const SessionId sid = next_sid_++;
+  sessions_.emplace(sid, Entry{*seq, std::nullopt});
+  return sid;
+}
+
+void SessionTable::set_sampling(SessionId sid, const SamplingParams& params,
+                                std::optional<uint64_t> seed) {
+  // REQUIRES: validate_sampling(params).ok().
+  CELLM_CHECK_MSG(validate_sampling(params).ok(), validate_sampling(params).message());
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  uint64_t s = 0;
+  if (seed) {
+    s = *seed;
+  } else {
+    std::random_device device;
+    s = (static_cast<uint64_t>(device()) << 32) | device();
+  }
+  it->second.policy = SamplingPolicy{params, s};
+}
+
+Result<PackedStep> SessionTable::pack(const BatchInput& batch) {
+  PackedStep step;
+  step.output_rows.reserve(batch.inputs.size());
+  const size_t total = batch.size();
+  step.tokens.reserve(total);
+  step.positions.reserve(total);
+  step.seq_ids.reserve(total);
+  step.sids.reserve(total);
+
+  // Every input is checked (and flattened into the local step) before anything
+  // changes; the rewinds wait until all have passed.
+  std::unordered_map<SessionId, Cursor> cursors;
+  std::vector<std::pair<SeqId, Position>> rewinds;
+  for (size_t i = 0; i < batch.inputs.size(); ++i) {
+    const Input& in = batch.inputs[i];
+    auto entry = sessions_.find(in.sid);
+    if (entry == sessions_.end()) {
+      return InvalidArgument("input " + std::to_string(i) + ": " + session_name(in.sid) +
+                             " is not open");
+    }
+    const auto where = [&] { return "input " + std::to_string(i) + " of " + session_name(in.sid); };
+    if (!in.tokens) return InvalidArgument(where() + ": no token buffer");
+    if (in.size == 0) return InvalidArgument(where() + ": empty slice");
+    const size_t buffer = in.tokens->size();
+    if (in.offset > buffer || in.size > buffer - in.offset) {
+      return InvalidArgument(where() + ": slice [" + std::to_string(in.offset) + ", " +
+                             std::to_string(in.offset + in.size) +
+                             ") lies outside its token buffer of " + std::to_string(buffer) +
+                             " tokens");
+    }
+    const int64_t start = static_cast<int64_t>(in.position) + static_cast<int64_t>(in.offset);
+    const int64_t end = start + static_cast<int64_t>(in.size);
+    if (start < 0) {
+      return InvalidArgument(where() + ": slice starts at negative position " +
+                             std::to_string(start));
+    }
+
+    auto [cursor, first] = cursors.try_emplace(in.sid, Cursor{entry->second.seq, 0});
+    if (first) cursor->second.next = pool_.pos(entry->second.seq);
+    const int64_t next = cursor->second.next;
+    if (start > next) {
+      return InvalidArgument(where() + ": starts at position " + std::to_string(start) +
+                             " but the session continues at " + std::to_string(next) + " (a gap)");
+    }
+    if (start < next) {
+      if (!first) {
+        return InvalidArgument(where() + ": starts at position " + std::to_string(start) +
+                               ", overlapping the batch's earlier input that ends at " +
+                               std::to_string(next));
+      }
+      if (start == 0) {
+        return InvalidArgument(where() + ": reopens from the start (position 0) a session of " +
+                               std::to_string(next) + " tokens");
+      }
+      rewinds.emplace_back(entry->second.seq, static_cast<Position>(start));
+    }
+    if (end > max_session_tokens_) {
+      return OutOfResources(where() + ": slice [" + std::to_string(start) + ", " +
+                            std::to_string(end) + ") ends past max_session_tokens " +
+                            std::to_string(max_session_tokens_));
+    }
+    cursor->second.next = end;
+
+    for (size_t t = 0; t < in.size; ++t) {
+      step.tokens.push_back(in.token(t));
+      step.positions.push_back(static_cast<Position>(start + static_cast<int64_t>(t)));
+      step.seq_ids.push_back(entry->second.seq);
+      step.sids.push_back(in.sid);
+    }
+    if (in.produce_output) {
+      step.output_rows.emplace_back(static_cast<int32_t>(step.tokens.size() - 1));
+    } else {
+      step.output_rows.emplace_back(std::nullopt);
+    }
+  }
+
+  for (const auto& [seq, position] : rewinds) {
+    const bool rewound = pool_.rewind(seq, position);
+    CELLM_CHECK_MSG(rewound, "a checked rewind of sequence " + std::to_string(seq) + " to " +
+                                 std::to_string(position) + " failed");
+  }
+  return step;
+}
+
+std::optional<Token> SessionTable::sample(SessionId sid, std::span<const float> logits_row,
+                                          Position position) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end() || !it->second.policy) return std::nullopt;
+  if (logits_row.size() != static_cast<size_t>(vocab_size_)) return std::nullopt;
+  const SamplingPolicy& policy = *it->second.policy;
+  const float u = sampling_uniform(policy.seed, position);
+  return sample_token(logits_row, policy.params, u, sample_scratch_);
+}
+
+std::optional<SeqId> SessionTable::seq_of(SessionId sid) const {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return std::nullopt;
+  return it->second.seq;
+}
+
+const SamplingPolicy* SessionTable::policy_of(SessionId sid) const {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end() || !it->second.policy) return nullptr;
+  return &*it->second.policy;
+}
+
+}  // namespace cellm

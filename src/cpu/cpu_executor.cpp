@@ -1,0 +1,195 @@
+#include "cellm/cpu_executor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "cellm/step_plan.h"
+#include "cpu/cpu_forward.h"
+#include "cpu/kernels/thread_pool.h"
+#include "cpu/kv_store.h"
+
+namespace cellm {
+namespace {
+
+std::string prefixed(const std::string& message) {
+  return "CpuExecutor: " + message;
+}
+
+Status validate(const ModelWeights* weights, const CpuExecutorOptions& o) {
+  if (weights == nullptr) return InvalidArgument(prefixed("no model was given"));
+  if (o.max_sessions <= 0 || o.max_session_tokens <= 0 ||
+      int64_t{o.max_sessions} * o.max_session_tokens >= std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument(prefixed("invalid session limits: max_sessions " +
+                                    std::to_string(o.max_sessions) + " x max_session_tokens " +
+                                    std::to_string(o.max_session_tokens) +
+                                    " must be positive and below 2^31 - 1"));
+  }
+  const int64_t context = weights->config().max_position_embeddings();
+  if (o.max_session_tokens > context) {
+    return InvalidArgument(prefixed("max_session_tokens " + std::to_string(o.max_session_tokens) +
+                                    " exceeds the model's context of " + std::to_string(context) +
+                                    " tokens"));
+  }
+  if (o.step_width <= 0 || o.initial_cells <= 0) {
+    return InvalidArgument(prefixed("step_width " + std::to_string(o.step_width) +
+                                    " and initial_cells " + std::to_string(o.initial_cells) +
+                                    " must be positive"));
+  }
+  if (o.max_cells < 0) {
+    return InvalidArgument(prefixed("max_cells " + std::to_string(o.max_cells) +
+                                    " must be positive (or 0 for the default)"));
+  }
+  const int64_t sessions_cells = int64_t{o.max_sessions} * o.max_session_tokens;
+  const int64_t max_cells = o.max_cells == 0 ? sessions_cells + 1 : o.max_cells;
+  if (o.step_width > max_cells) {
+    return InvalidArgument(prefixed("step_width " + std::to_string(o.step_width) +
+                                    " exceeds max_cells " + std::to_string(max_cells)));
+  }
+  if (sessions_cells >= max_cells) {
+    return InvalidArgument(
+        prefixed("max_sessions " + std::to_string(o.max_sessions) + " x max_session_tokens " +
+                 std::to_string(o.max_session_tokens) + " = " + std::to_string(sessions_cells) +
+                 " cells must be below max_cells " + std::to_string(max_cells) +
+                 " (one cell is a scratch row that is never handed out)"));
+  }
+  if (o.num_threads < 0) {
+    return InvalidArgument(
+        prefixed("num_threads " + std::to_string(o.num_threads) + " must be >= 0"));
+  }
+  return Status::Ok();
+}
+
+CpuExecutorOptions resolved(CpuExecutorOptions o) {
+  if (o.max_cells == 0) o.max_cells = o.max_sessions * o.max_session_tokens + 1;
+  o.initial_cells = std::min(o.initial_cells, o.max_cells);
+  return o;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CpuExecutor>> CpuExecutor::create(
+    std::shared_ptr<const ModelWeights> weights, const CpuExecutorOptions& options) {
+  CELLM_RETURN_IF_ERROR(validate(weights.get(), options));
+  return std::unique_ptr<CpuExecutor>(new CpuExecutor(std::move(weights), resolved(options)));
+}
+
+CpuExecutor::CpuExecutor(std::shared_ptr<const ModelWeights> weights,
+                         const CpuExecutorOptions& options)
+    : weights_(std::move(weights)),
+      options_(options),
+      pool_(options.max_cells - 1),
+      sessions_(pool_, options.max_sessions, options.max_session_tokens,
+                static_cast<int32_t>(weights_->config().vocab_size())) {
+  const ModelConfig& c = weights_->config();
+  threads_ = std::make_unique<cpu::ThreadPool>(options_.num_threads);
+  kv_ = std::make_unique<cpu::KvStore>(c.num_layers(), c.kv_dim(), options_.max_cells,
+                                       options_.initial_cells);
+  forward_ = std::make_unique<cpu::CpuForward>(weights_, *threads_, options_.step_width);
+}
+
+CpuExecutor::~CpuExecutor() = default;
+
+size_t CpuExecutor::preferred_batch_tokens() const {
+  return static_cast<size_t>(options_.step_width);
+}
+
+std::optional<SessionId> CpuExecutor::open_session() {
+  return sessions_.open();
+}
+
+void CpuExecutor::close_session(SessionId id) {
+  sessions_.close(id);
+}
+
+std::optional<SessionId> CpuExecutor::clone(SessionId source, Position upto) {
+  return sessions_.clone(source, upto);
+}
+
+void CpuExecutor::set_sampling(SessionId id, const SamplingParams& params,
+                               std::optional<uint64_t> seed) {
+  sessions_.set_sampling(id, params, seed);
+}
+
+bool CpuExecutor::fail(std::string message) {
+  last_error_ = prefixed(message);
+  std::fprintf(stderr, "%s\n", last_error_.c_str());
+  return false;
+}
+
+bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
+  last_error_.clear();
+  out.outputs.assign(batch.inputs.size(), std::nullopt);
+  Result<PackedStep> packed_or = sessions_.pack(batch);
+  if (!packed_or.ok()) return fail(packed_or.status().to_string());
+  const PackedStep& packed = *packed_or;
+  const int64_t vocab = weights_->config().vocab_size();
+  for (size_t i = 0; i < packed.tokens.size(); ++i) {
+    if (packed.tokens[i] < 0 || packed.tokens[i] >= vocab) {
+      return fail("token " + std::to_string(packed.tokens[i]) + " of session " +
+                  std::to_string(packed.sids[i]) + " is outside the vocabulary [0, " +
+                  std::to_string(vocab) + ")");
+    }
+  }
+
+  const auto total = static_cast<int>(packed.tokens.size());
+  std::vector<std::span<const CellId>> seq_cells;
+  // The CPU forward takes any width from 1 to W, so every piece of the plan is
+  // one forward (a lone tail token is a one-row forward).
+  for (const StepSlice& slice : plan_slices(total, options_.step_width, 1)) {
+    const auto off = static_cast<size_t>(slice.offset);
+    const auto len = static_cast<size_t>(slice.length);
+    std::span<const SeqId> seq_ids(packed.seq_ids.data() + off, len);
+    kv_->ensure_rows(std::min<int64_t>(options_.max_cells, pool_.used_end() + slice.length));
+    std::optional<StepPlacement> placement = pool_.declare_step(seq_ids);
+    if (!placement)
+      return fail("the cell pool refused a slice of " + std::to_string(len) + " tokens (" +
+                  std::to_string(pool_.free_cells()) + " free cells)");
+    for (size_t r = 0; r < len; ++r) {
+      CELLM_CHECK_MSG(placement->positions[r] == packed.positions[off + r],
+                      "pool placement disagrees with the packed positions");
+    }
+    seq_cells.clear();
+    for (size_t r = 0; r < len; ++r) seq_cells.push_back(pool_.cells_of(seq_ids[r]));
+
+    // Only rows that answer an input need logits (select_rows' padding row is
+    // for programs that always produce one; the CPU forward does not).
+    SliceRows rows = select_rows(packed, slice.offset, slice.length);
+    if (rows.inputs.empty()) rows.selector.clear();
+    logits_.resize(rows.selector.size() * static_cast<size_t>(vocab));
+
+    cpu::ForwardSlice fs;
+    fs.tokens = std::span<const Token>(packed.tokens.data() + off, len);
+    fs.positions = std::span<const Position>(packed.positions.data() + off, len);
+    fs.cells = placement->cells;
+    fs.seq_cells = seq_cells;
+    fs.selected_rows = rows.selector;
+    forward_->run(fs, *kv_, logits_);
+
+    for (size_t s = 0; s < rows.inputs.size(); ++s) {
+      const auto input = static_cast<size_t>(rows.inputs[s]);
+      const SessionId sid = batch.inputs[input].sid;
+      const Position next = packed.positions[off + static_cast<size_t>(rows.selector[s])] + 1;
+      std::span<const float> row(logits_.data() + s * static_cast<size_t>(vocab),
+                                 static_cast<size_t>(vocab));
+      std::optional<Token> token = sessions_.sample(sid, row, next);
+      if (!token) return fail("session " + std::to_string(sid) + " has no sampling policy");
+      out.outputs[input] = Output{sid, {*token}};
+    }
+  }
+  return true;
+}
+
+KvMetrics CpuExecutor::kv_metrics() const {
+  KvMetrics m;
+  m.cells_capacity = pool_.capacity();
+  m.cells_in_use = pool_.used_cells();
+  m.used_end = pool_.used_end();
+  m.rows_allocated = kv_->rows();
+  m.allocated_bytes = kv_->allocated_bytes();
+  m.bytes_per_cell = kv_->bytes_per_cell();
+  m.growth_count = kv_->growth_count();
+  return m;
+}
+
+}  // namespace cellm

@@ -1,0 +1,138 @@
+#include "cpu/cpu_forward.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "cellm/status.h"
+#include "cpu/kernels/activation.h"
+#include "cpu/kernels/attention.h"
+#include "cpu/kernels/embedding.h"
+#include "cpu/kernels/matmul.h"
+#include "cpu/kernels/rmsnorm.h"
+#include "cpu/kernels/rope.h"
+
+namespace cellm::cpu {
+namespace {
+
+TypedPtr typed(const TensorView& t) {
+  switch (t.dtype) {
+    case cellm::DType::kBF16:
+      return {t.data, DType::kBF16};
+    case cellm::DType::kF16:
+      return {t.data, DType::kF16};
+    case cellm::DType::kF32:
+      return {t.data, DType::kF32};
+  }
+  CELLM_CHECK_MSG(false, "unknown dtype");
+  return {};
+}
+
+TypedPtr typed(const std::optional<TensorView>& t) {
+  return t ? typed(*t) : TypedPtr{};
+}
+
+std::vector<float> model_inv_freq(const ModelConfig& c) {
+  std::optional<Llama3RopeScaling> llama3;
+  if (c.rope_scaling().type == RopeScalingType::kLlama3) {
+    const RopeScaling& s = c.rope_scaling();
+    llama3 = Llama3RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor,
+                               static_cast<double>(s.original_max_position_embeddings)};
+  }
+  return rope_inv_freq(c.rope_theta(), c.head_dim(), llama3);
+}
+
+}  // namespace
+
+CpuForward::CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool,
+                       int64_t max_rows)
+    : weights_(std::move(weights)), pool_(pool), max_rows_(max_rows) {
+  CELLM_CHECK(max_rows > 0);
+  const ModelConfig& c = weights_->config();
+  inv_freq_ = model_inv_freq(c);
+  const auto rows = static_cast<size_t>(max_rows);
+  x_.resize(rows * c.hidden_size());
+  h_.resize(rows * c.hidden_size());
+  o_.resize(rows * c.hidden_size());
+  q_.resize(rows * c.q_dim());
+  attn_.resize(rows * c.q_dim());
+  k_.resize(rows * c.kv_dim());
+  v_.resize(rows * c.kv_dim());
+  gate_.resize(rows * c.intermediate_size());
+  up_.resize(rows * c.intermediate_size());
+}
+
+void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> logits) {
+  const ModelConfig& c = weights_->config();
+  const auto n = static_cast<int64_t>(slice.tokens.size());
+  const int64_t d = c.hidden_size();
+  const auto n_sel = static_cast<int64_t>(slice.selected_rows.size());
+  CELLM_CHECK(n > 0 && n <= max_rows_);
+  CELLM_CHECK(static_cast<int64_t>(slice.positions.size()) == n);
+  CELLM_CHECK(static_cast<int64_t>(slice.cells.size()) == n);
+  CELLM_CHECK(static_cast<int64_t>(slice.seq_cells.size()) == n);
+  CELLM_CHECK(static_cast<int64_t>(logits.size()) == n_sel * c.vocab_size());
+
+  embedding_gather(typed(weights_->embed_tokens()), c.vocab_size(), d, slice.tokens, x_.data());
+  for (int64_t l = 0; l < c.num_layers(); ++l) layer(l, slice, n, kv);
+
+  // Final norm only for the rows that need logits; h_ holds them compacted.
+  for (int64_t s = 0; s < n_sel; ++s) {
+    const int32_t row = slice.selected_rows[static_cast<size_t>(s)];
+    CELLM_CHECK(row >= 0 && row < n);
+    std::copy_n(x_.begin() + row * d, d, h_.begin() + s * d);
+  }
+  rmsnorm(pool_, h_.data(), n_sel, d, typed(weights_->final_norm()),
+          static_cast<float>(c.rms_norm_eps()), h_.data());
+  std::vector<int32_t> rows(static_cast<size_t>(n_sel));
+  for (int64_t s = 0; s < n_sel; ++s) rows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+  cpu::logits(pool_, h_.data(), n_sel, d, rows, typed(weights_->lm_head()), c.vocab_size(),
+              logits.data());
+}
+
+void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore& kv) {
+  const ModelConfig& c = weights_->config();
+  const LayerWeights& w = weights_->layer(l);
+  const int64_t d = c.hidden_size();
+  const int64_t hd = c.head_dim();
+  const auto eps = static_cast<float>(c.rms_norm_eps());
+
+  // Attention block.
+  rmsnorm(pool_, x_.data(), n, d, typed(w.input_norm), eps, h_.data());
+  matmul(pool_, h_.data(), n, d, typed(w.q_proj), c.q_dim(), typed(w.q_bias), q_.data());
+  matmul(pool_, h_.data(), n, d, typed(w.k_proj), c.kv_dim(), typed(w.k_bias), k_.data());
+  matmul(pool_, h_.data(), n, d, typed(w.v_proj), c.kv_dim(), typed(w.v_bias), v_.data());
+  if (c.qk_norm()) {
+    rmsnorm(pool_, q_.data(), n * c.num_heads(), hd, typed(w.q_norm), eps, q_.data());
+    rmsnorm(pool_, k_.data(), n * c.num_kv_heads(), hd, typed(w.k_norm), eps, k_.data());
+  }
+  rope(pool_, q_.data(), c.num_heads(), k_.data(), c.num_kv_heads(), n, hd, slice.positions,
+       inv_freq_);
+  write_kv(k_.data(), v_.data(), n, c.kv_dim(), slice.cells, kv.k(l), kv.v(l), kv.rows());
+
+  AttentionArgs args;
+  args.q = q_.data();
+  args.n_rows = n;
+  args.n_heads = c.num_heads();
+  args.n_kv_heads = c.num_kv_heads();
+  args.head_dim = hd;
+  args.k_cells = kv.k(l);
+  args.v_cells = kv.v(l);
+  args.max_cells = kv.rows();
+  args.q_pos = slice.positions;
+  args.cells_of_row = slice.seq_cells;
+  args.window = static_cast<int32_t>(c.window(l));
+  args.out = attn_.data();
+  attention(pool_, args);
+  matmul(pool_, attn_.data(), n, c.q_dim(), typed(w.o_proj), d, typed(w.o_bias), o_.data());
+
+  // MLP block: x += o, h = rmsnorm(x) fused.
+  add_rmsnorm(pool_, x_.data(), o_.data(), n, d, typed(w.post_attention_norm), eps, h_.data());
+  const int64_t ff = c.intermediate_size();
+  matmul(pool_, h_.data(), n, d, typed(w.gate_proj), ff, TypedPtr{}, gate_.data());
+  matmul(pool_, h_.data(), n, d, typed(w.up_proj), ff, TypedPtr{}, up_.data());
+  silu_mul(pool_, gate_.data(), up_.data(), n * ff, gate_.data());
+  matmul(pool_, gate_.data(), n, ff, typed(w.down_proj), d, TypedPtr{}, o_.data());
+  for (int64_t i = 0; i < n * d; ++i) x_[static_cast<size_t>(i)] += o_[static_cast<size_t>(i)];
+}
+
+}  // namespace cellm::cpu

@@ -1,0 +1,68 @@
+// CpuForward: one transformer forward of a Llama-family model over a slice of a
+// packed batch, on the CPU. It reads the model's weights in place, writes each
+// token's K/V into its cell of the KvStore, lets each query attend its own
+// sequence's cells, and returns logits only for the selected rows.
+//
+// Per layer (HF Llama/Mistral/Qwen2/Qwen3 semantics):
+//   h = rmsnorm(x); q,k,v = h·Wqᵀ(+b), h·Wkᵀ(+b), h·Wvᵀ(+b)
+//   [Qwen3] q,k = rmsnorm per head over head_dim
+//   q,k = rope(q,k, position); K/V of each token -> its cell
+//   x += attention(q over the row's sequence cells, window) · Woᵀ
+//   x += down(silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ))
+// then logits = rmsnorm(x[selected]) · lm_headᵀ.
+//
+// Thread-safety: none; one forward at a time (the executor's engine thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cellm/cell_pool.h"
+#include "cellm/model_weights.h"
+#include "cellm/types.h"
+#include "cpu/kernels/thread_pool.h"
+#include "cpu/kv_store.h"
+
+namespace cellm::cpu {
+
+// One forward's tokens, planned once by the executor.
+struct ForwardSlice {
+  std::span<const Token> tokens;        // [n]
+  std::span<const Position> positions;  // [n] absolute positions
+  std::span<const CellId> cells;        // [n] the cell each token's K/V goes to
+  // [n] the full cell list of each row's sequence (covers every position <= the row's).
+  std::span<const std::span<const CellId>> seq_cells;
+  std::span<const int32_t> selected_rows;  // rows that need logits, ascending
+};
+
+class CpuForward {
+ public:
+  // REQUIRES: max_rows > 0. `weights` must outlive this object.
+  CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool, int64_t max_rows);
+
+  // Runs the forward and writes logits [selected_rows.size(), vocab] into `logits`.
+  // REQUIRES: slice sizes agree, n <= max_rows, cells < kv.rows(), tokens in vocab.
+  void run(const ForwardSlice& slice, KvStore& kv, std::span<float> logits);
+
+ private:
+  void layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore& kv);
+
+  std::shared_ptr<const ModelWeights> weights_;
+  ThreadPool& pool_;
+  int64_t max_rows_;
+  std::vector<float> inv_freq_;  // [rotary_dim / 2]
+  // Workspace, sized for max_rows once.
+  std::vector<float> x_;     // [n, hidden] the residual stream
+  std::vector<float> h_;     // [n, hidden] normed input of a sublayer
+  std::vector<float> q_;     // [n, q_dim]
+  std::vector<float> k_;     // [n, kv_dim]
+  std::vector<float> v_;     // [n, kv_dim]
+  std::vector<float> attn_;  // [n, q_dim]
+  std::vector<float> o_;     // [n, hidden]
+  std::vector<float> gate_;  // [n, intermediate]
+  std::vector<float> up_;    // [n, intermediate]
+};
+
+}  // namespace cellm::cpu

@@ -1,0 +1,361 @@
+#include "cellm/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace cellm {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int kGrid = 20000;  // u steps in a sweep
+
+SamplingParams Params(float temperature, int32_t top_k = 0, float top_p = 1.0f,
+                      float min_p = 0.0f) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  return p;
+}
+
+Token Sample(const std::vector<float>& logits, const SamplingParams& params, float u) {
+  std::vector<float> scratch;
+  return sample_token(logits, params, u, scratch);
+}
+
+// The tokens chosen as u sweeps [0, 1) on a fine grid, in grid order.
+std::vector<Token> SweepTokens(const std::vector<float>& logits, const SamplingParams& params) {
+  std::vector<float> scratch;
+  std::vector<Token> chosen;
+  for (int j = 0; j < kGrid; ++j) {
+    const float u = (static_cast<float>(j) + 0.5f) / kGrid;
+    chosen.push_back(sample_token(logits, params, u, scratch));
+  }
+  return chosen;
+}
+
+// The share of the sweep that chose each token.
+std::vector<double> SweepShares(const std::vector<float>& logits, const SamplingParams& params) {
+  std::vector<double> share(logits.size(), 0.0);
+  for (Token t : SweepTokens(logits, params)) share[static_cast<size_t>(t)] += 1.0 / kGrid;
+  return share;
+}
+
+// Logits whose softmax at temperature 1 is exactly proportional to `probs`.
+std::vector<float> LogitsOf(const std::vector<double>& probs) {
+  std::vector<float> logits;
+  for (double p : probs) logits.push_back(static_cast<float>(std::log(p)));
+  return logits;
+}
+
+std::vector<double> Softmax(const std::vector<float>& logits, double temperature) {
+  const double max = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p;
+  double sum = 0.0;
+  for (float x : logits) {
+    p.push_back(std::exp((x - max) / temperature));
+    sum += p.back();
+  }
+  for (double& v : p) v /= sum;
+  return p;
+}
+
+// `probs` restricted to `kept` and renormalized.
+std::vector<double> Restrict(const std::vector<double>& probs, const std::set<Token>& kept) {
+  double mass = 0.0;
+  for (Token t : kept) mass += probs[static_cast<size_t>(t)];
+  std::vector<double> out(probs.size(), 0.0);
+  for (Token t : kept) out[static_cast<size_t>(t)] = probs[static_cast<size_t>(t)] / mass;
+  return out;
+}
+
+void ExpectShares(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 2.0 / kGrid) << "token " << i;
+  }
+}
+
+// The order in which the sweep first meets each token.
+std::vector<Token> FirstSeen(const std::vector<Token>& chosen) {
+  std::vector<Token> order;
+  for (Token t : chosen) {
+    if (std::find(order.begin(), order.end(), t) == order.end()) order.push_back(t);
+  }
+  return order;
+}
+
+// Probabilities {0.5, 0.3, 0.15, 0.05} on tokens {2, 0, 3, 1}.
+const std::vector<double> kProbs = {0.3, 0.05, 0.5, 0.15};
+
+TEST(SamplerArgmaxTest, TemperatureZeroPicksTheLargestLogit) {
+  EXPECT_EQ(Sample({0.1f, 2.0f, -1.0f, 1.9f}, Params(0.0f), 0.99f), 1);
+  EXPECT_EQ(Sample({-5.0f}, Params(0.0f), 0.0f), 0);
+  // top-k, top-p and min-p do not matter when greedy.
+  EXPECT_EQ(Sample({0.1f, 2.0f, -1.0f, 1.9f}, Params(0.0f, 2, 0.5f, 0.9f), 0.5f), 1);
+}
+
+TEST(SamplerArgmaxTest, TiesGoToTheLowestId) {
+  EXPECT_EQ(Sample({1.0f, 3.0f, 3.0f, 3.0f}, Params(0.0f), 0.7f), 1);
+  EXPECT_EQ(Sample({-kInf, -kInf}, Params(0.0f), 0.7f), 0);
+}
+
+TEST(SamplerArgmaxTest, NaNLogitsAreNeverChosen) {
+  EXPECT_EQ(Sample({kNaN, 1.0f, 3.0f, kNaN}, Params(0.0f), 0.1f), 2);
+  EXPECT_EQ(Sample({kNaN, -kInf, kNaN}, Params(0.0f), 0.1f), 1);
+  EXPECT_EQ(Sample({kNaN, kNaN}, Params(0.0f), 0.1f), 0);
+  // Sampling treats NaN as probability 0 as well.
+  for (Token t : SweepTokens({kNaN, 0.0f, kNaN, 0.0f}, Params(1.0f))) {
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+  EXPECT_EQ(Sample({kNaN, kNaN, 2.0f}, Params(1.0f), 0.9f), 2);
+  EXPECT_EQ(Sample({-kInf, -kInf, kNaN}, Params(1.0f), 0.9f), 0);
+}
+
+TEST(SamplerDistributionTest, EachTokenIsChosenForExactlyItsProbabilityMass) {
+  const std::vector<float> logits = {0.3f, -1.2f, 2.5f, 0.0f, 1.1f, -0.4f, 0.9f};
+  const std::vector<Token> chosen = SweepTokens(logits, Params(1.0f));
+  ExpectShares(SweepShares(logits, Params(1.0f)), Softmax(logits, 1.0));
+  // With no top-k or top-p the walk is in token-id order, so tokens rise with u.
+  EXPECT_TRUE(std::is_sorted(chosen.begin(), chosen.end()));
+}
+
+TEST(SamplerDistributionTest, InfiniteLogitsShareAllTheMass) {
+  const std::vector<double> share = SweepShares({1.0f, kInf, 3.0f, kInf}, Params(1.0f));
+  ExpectShares(share, {0.0, 0.5, 0.0, 0.5});
+}
+
+TEST(SamplerDistributionTest, TemperatureSharpensBelowOneAndFlattensAboveOne) {
+  const std::vector<float> logits = {0.0f, 1.0f};
+  const double e = std::exp(1.0);
+  const double sharp = e * e / (1.0 + e * e);
+  const double plain = e / (1.0 + e);
+  const double flat = std::sqrt(e) / (1.0 + std::sqrt(e));
+  ExpectShares(SweepShares(logits, Params(0.5f)), {1.0 - sharp, sharp});
+  ExpectShares(SweepShares(logits, Params(1.0f)), {1.0 - plain, plain});
+  ExpectShares(SweepShares(logits, Params(2.0f)), {1.0 - flat, flat});
+  EXPECT_GT(sharp, plain);
+  EXPECT_GT(plain, flat);
+  // A tiny temperature is greedy; a huge one is uniform.
+  ExpectShares(SweepShares({0.0f, 1.0f, 0.5f}, Params(1e-6f)), {0.0, 1.0, 0.0});
+  ExpectShares(SweepShares({0.0f, 1.0f, 0.5f}, Params(1e7f)), {1 / 3.0, 1 / 3.0, 1 / 3.0});
+}
+
+TEST(SamplerTopKTest, KeepsTheKMostProbableWalkingThemInDescendingOrder) {
+  const std::vector<float> logits = {1.0f, 5.0f, 3.0f, 5.0f, 2.0f, 0.0f};
+  const std::vector<Token> chosen = SweepTokens(logits, Params(1.0f, 3));
+  // Ties break by id: 1 before 3.
+  EXPECT_EQ(FirstSeen(chosen), (std::vector<Token>{1, 3, 2}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 3)), Restrict(Softmax(logits, 1.0), {1, 2, 3}));
+  // k = 1 is greedy; k >= V is off.
+  for (Token t : SweepTokens(logits, Params(1.0f, 1))) EXPECT_EQ(t, 1);
+  ExpectShares(SweepShares(logits, Params(1.0f, 6)), Softmax(logits, 1.0));
+  ExpectShares(SweepShares(logits, Params(1.0f, 60)), Softmax(logits, 1.0));
+}
+
+TEST(SamplerTopKTest, TopKTakesPrecedenceOverTopP) {
+  const std::vector<float> logits = LogitsOf(kProbs);
+  // top_p 0.1 alone keeps only token 2; with top_k 3 it is ignored.
+  for (Token t : SweepTokens(logits, Params(1.0f, 0, 0.1f))) EXPECT_EQ(t, 2);
+  ExpectShares(SweepShares(logits, Params(1.0f, 3, 0.1f)), Restrict(kProbs, {2, 0, 3}));
+}
+
+TEST(SamplerTopPTest, KeepsUpToAndIncludingTheTokenThatCrossesP) {
+  const std::vector<float> logits = LogitsOf(kProbs);
+  // Descending: 2 (0.5), 0 (0.8), 3 (0.95), 1 (1.0).
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 0.4f)), Restrict(kProbs, {2}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 0.6f)), Restrict(kProbs, {2, 0}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 0.79f)), Restrict(kProbs, {2, 0}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 0.81f)), Restrict(kProbs, {2, 0, 3}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 0.96f)), kProbs);
+  EXPECT_EQ(FirstSeen(SweepTokens(logits, Params(1.0f, 0, 0.9f))), (std::vector<Token>{2, 0, 3}));
+}
+
+TEST(SamplerMinPTest, DropsTokensBelowMinPTimesTheMostProbable) {
+  const std::vector<float> logits = LogitsOf(kProbs);
+  // 0.5 * 0.5 = 0.25: keeps 2 (0.5) and 0 (0.3), walked in id order.
+  const std::vector<Token> chosen = SweepTokens(logits, Params(1.0f, 0, 1.0f, 0.5f));
+  EXPECT_EQ(FirstSeen(chosen), (std::vector<Token>{0, 2}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 1.0f, 0.5f)), Restrict(kProbs, {0, 2}));
+  // 0.2 * 0.5 = 0.1: keeps 0.15 as well.
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 1.0f, 0.2f)), Restrict(kProbs, {0, 2, 3}));
+  // min_p 1 keeps only the most probable; after top-k it trims the kept list.
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 1.0f, 1.0f)), Restrict(kProbs, {2}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 3, 1.0f, 0.5f)), Restrict(kProbs, {2, 0}));
+  ExpectShares(SweepShares(logits, Params(1.0f, 0, 0.96f, 0.2f)), Restrict(kProbs, {2, 0, 3}));
+}
+
+// A plain full-sort sampler over the same float weights, to check the partial
+// selection on a large vocabulary token for token. One token per entry of `us`.
+std::vector<Token> ReferenceSamples(const std::vector<float>& logits, const SamplingParams& params,
+                                    const std::vector<float>& us) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  std::vector<float> w;
+  double total = 0.0;
+  for (float x : logits) {
+    w.push_back(std::exp((x - max) / params.temperature));
+    total += w.back();
+  }
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&w](int32_t a, int32_t b) { return w[a] > w[b]; });
+  size_t kept = order.size();
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < order.size()) {
+    kept = static_cast<size_t>(params.top_k);
+  } else if (params.top_p < 1.0f) {
+    double cumulative = 0.0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      cumulative += w[order[i]];
+      if (cumulative > static_cast<double>(params.top_p) * total) {
+        kept = i + 1;
+        break;
+      }
+    }
+  }
+  double mass = 0.0;
+  for (size_t i = 0; i < kept; ++i) mass += w[order[i]];
+  std::vector<Token> tokens;
+  for (float u : us) {
+    const double r = static_cast<double>(u) * mass;
+    double cumulative = 0.0;
+    Token token = order[kept - 1];
+    for (size_t i = 0; i < kept; ++i) {
+      cumulative += w[order[i]];
+      if (cumulative > r) {
+        token = order[i];
+        break;
+      }
+    }
+    tokens.push_back(token);
+  }
+  return tokens;
+}
+
+TEST(SamplerLargeVocabTest, PartialSelectionMatchesAFullSortOnAHugeVocabulary) {
+  constexpr size_t kVocab = 150000;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(kVocab);
+  for (float& x : logits) x = normal(rng);
+  // Many exact ties, to exercise the id tie-break.
+  for (size_t i = 0; i < kVocab; i += 97) logits[i] = 4.0f;
+  std::vector<float> scratch;
+  for (const SamplingParams& params :
+       {Params(1.0f, 0, 0.9f), Params(0.7f, 0, 0.3f), Params(1.3f, 0, 0.999f), Params(1.0f, 1000),
+        Params(1.0f, 40), Params(1.0f, 149999)}) {
+    const std::vector<float> us = {0.0f, 0.013f, 0.25f, 0.5f, 0.77f, 0.999f};
+    const std::vector<Token> want = ReferenceSamples(logits, params, us);
+    for (size_t i = 0; i < us.size(); ++i) {
+      EXPECT_EQ(sample_token(logits, params, us[i], scratch), want[i])
+          << "top_k " << params.top_k << " top_p " << params.top_p << " u " << us[i];
+    }
+  }
+}
+
+TEST(SamplerValidationTest, AcceptsTheDefaultsAndTheEdgesOfEachRange) {
+  EXPECT_TRUE(validate_sampling(SamplingParams{}).ok());
+  EXPECT_TRUE(validate_sampling(Params(0.0f, 0, 1.0f, 0.0f)).ok());
+  EXPECT_TRUE(validate_sampling(Params(100.0f, 100000, 1e-6f, 1.0f)).ok());
+}
+
+TEST(SamplerValidationTest, RefusalsNameTheFieldAndTheValue) {
+  struct Case {
+    SamplingParams params;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {Params(-1.0f), "temperature must be finite and >= 0, got -1"},
+      {Params(kInf), "temperature must be finite and >= 0, got inf"},
+      {Params(1.0f, -2), "top_k must be >= 0, got -2"},
+      {Params(1.0f, 0, 1.5f), "top_p must be in (0, 1], got 1.5"},
+      {Params(1.0f, 0, 0.0f), "top_p must be in (0, 1], got 0"},
+      {Params(1.0f, 0, kNaN), "top_p must be in (0, 1], got nan"},
+      {Params(1.0f, 0, 1.0f, -0.25f), "min_p must be in [0, 1], got -0.25"},
+      {Params(1.0f, 0, 1.0f, 1.5f), "min_p must be in [0, 1], got 1.5"},
+  };
+  for (const Case& c : cases) {
+    const Status s = validate_sampling(c.params);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+  }
+  EXPECT_NE(validate_sampling(Params(kNaN)).message().find("temperature"), std::string::npos);
+}
+
+TEST(SamplingUniformTest, FollowsTheDocumentedFormulaBitForBit) {
+  // bits >> 40 of the documented hash; a CUDA sampler must give the same values.
+  EXPECT_EQ(sampling_uniform(0, 0), 10946269.0f / 16777216.0f);
+  EXPECT_EQ(sampling_uniform(0, 1), 11764387.0f / 16777216.0f);
+  EXPECT_EQ(sampling_uniform(1, 0), 6177195.0f / 16777216.0f);
+  EXPECT_EQ(sampling_uniform(42, 7), 12326563.0f / 16777216.0f);
+  EXPECT_EQ(sampling_uniform(0xDEADBEEFCAFEF00Dull, 123456), 13291403.0f / 16777216.0f);
+}
+
+TEST(SamplingUniformTest, IsDeterministicAndDiffersAcrossPositionsAndSeeds) {
+  EXPECT_EQ(sampling_uniform(1234, 56), sampling_uniform(1234, 56));
+  std::set<float> by_position;
+  std::set<float> by_seed;
+  for (int i = 0; i < 1000; ++i) {
+    by_position.insert(sampling_uniform(99, i));
+    by_seed.insert(sampling_uniform(static_cast<uint64_t>(i), 99));
+  }
+  // 24-bit values: a handful of chance collisions at most.
+  EXPECT_GE(by_position.size(), 990u);
+  EXPECT_GE(by_seed.size(), 990u);
+  // Neighbouring seeds do not give shifted copies of one stream.
+  int same = 0;
+  for (int i = 0; i < 1000; ++i) same += sampling_uniform(5, i + 1) == sampling_uniform(6, i);
+  EXPECT_LE(same, 2);
+}
+
+TEST(SamplingUniformTest, LiesInTheUnitIntervalAndIsRoughlyUniform) {
+  constexpr int kDraws = 100000;
+  constexpr int kBuckets = 100;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<int> counts(kBuckets, 0);
+    for (int i = 0; i < kDraws; ++i) {
+      const float u = pass == 0 ? sampling_uniform(2024, i)
+                                : sampling_uniform(static_cast<uint64_t>(i) * 7919u, 3);
+      ASSERT_GE(u, 0.0f);
+      ASSERT_LT(u, 1.0f);
+      ++counts[static_cast<size_t>(u * kBuckets)];
+    }
+    const double expected = static_cast<double>(kDraws) / kBuckets;
+    double chi_square = 0.0;
+    for (int c : counts) chi_square += (c - expected) * (c - expected) / expected;
+    // 99 degrees of freedom: mean 99, sd about 14; a broken hash lands far above.
+    EXPECT_LT(chi_square, 200.0) << "pass " << pass;
+  }
+}
+
+TEST(SamplingUniformTest, TheSameSeedAndPositionGiveTheSameTokenInAnyCallOrder) {
+  const std::vector<float> logits = {0.2f, 0.1f, 0.0f, 0.3f, -0.1f, 0.25f, 0.05f, 0.15f};
+  const SamplingParams params = Params(1.0f, 0, 0.95f);
+  std::vector<float> scratch;
+  std::vector<Token> forward;
+  for (Position p = 0; p < 64; ++p) {
+    forward.push_back(sample_token(logits, params, sampling_uniform(77, p), scratch));
+  }
+  std::vector<Token> backward(64);
+  for (Position p = 63; p >= 0; --p) {
+    // Unrelated draws in between change nothing.
+    sample_token(logits, params, sampling_uniform(static_cast<uint64_t>(p), p + 1), scratch);
+    backward[static_cast<size_t>(p)] =
+        sample_token(logits, params, sampling_uniform(77, p), scratch);
+  }
+  EXPECT_EQ(forward, backward);
+  // And the draws really vary over positions.
+  EXPECT_GE(std::set<Token>(forward.begin(), forward.end()).size(), 4u);
+}
+
+}  // namespace
+}  // namespace cellm

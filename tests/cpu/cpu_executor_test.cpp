@@ -1,0 +1,244 @@
+// The CPU executor driven directly through the executor seam on the reference
+// fixtures: greedy continuations equal the reference's, alone, batched with
+// other sessions, and with prompts cut into chunks and forwards cut by the
+// step width; plus create()'s refusals, cell reuse, clones and bad input.
+#include "cellm/cpu_executor.h"
+
+#include <gtest/gtest.h>
+
+#include "fixture_model.h"
+
+namespace cellm {
+namespace {
+
+using testing::Fixture;
+
+std::shared_ptr<const ModelWeights> load_weights(const Fixture& f) {
+  Result<ModelWeights> w = ModelWeights::load(f.dir);
+  CELLM_CHECK_MSG(w.ok(), w.status().to_string());
+  return std::make_shared<const ModelWeights>(std::move(*w));
+}
+
+std::unique_ptr<CpuExecutor> make(std::shared_ptr<const ModelWeights> w, int32_t sessions,
+                                  int32_t tokens, int32_t width) {
+  CpuExecutorOptions o;
+  o.max_sessions = sessions;
+  o.max_session_tokens = tokens;
+  o.step_width = width;
+  o.initial_cells = 16;
+  o.num_threads = 2;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(std::move(w), o);
+  CELLM_CHECK_MSG(e.ok(), e.status().to_string());
+  return std::move(*e);
+}
+
+Input input(SessionId sid, std::shared_ptr<const std::vector<Token>> tokens, size_t offset,
+            size_t size, Position base, bool output) {
+  Input in;
+  in.sid = sid;
+  in.tokens = std::move(tokens);
+  in.offset = offset;
+  in.size = size;
+  in.position = base;
+  in.produce_output = output;
+  return in;
+}
+
+// Drives `prompts` through `e` concurrently: one batch with every prompt cut
+// into chunks of `chunk` tokens, then one batch of decodes per step, until each
+// has `n_new` tokens. Returns the generated tokens per prompt.
+std::vector<std::vector<Token>> drive(CpuExecutor& e,
+                                      const std::vector<std::vector<Token>>& prompts, size_t chunk,
+                                      size_t n_new) {
+  std::vector<SessionId> sids;
+  BatchInput first;
+  for (const auto& p : prompts) {
+    const SessionId sid = *e.open_session();
+    e.set_sampling(sid, SamplingParams{}, 0);
+    sids.push_back(sid);
+    auto buf = std::make_shared<const std::vector<Token>>(p);
+    for (size_t off = 0; off < p.size(); off += chunk) {
+      const size_t n = std::min(chunk, p.size() - off);
+      first.inputs.push_back(input(sid, buf, off, n, 0, off + n == p.size()));
+    }
+  }
+  std::vector<std::vector<Token>> out(prompts.size());
+  std::vector<Position> pos(prompts.size());
+  BatchOutput o;
+  EXPECT_TRUE(e.execute(first, o)) << e.last_error();
+  size_t k = 0;
+  for (size_t i = 0; i < first.inputs.size(); ++i) {
+    if (!first.inputs[i].produce_output) continue;
+    EXPECT_TRUE(o.outputs[i].has_value());
+    out[k].push_back(o.outputs[i]->tokens.at(0));
+    pos[k] = static_cast<Position>(prompts[k].size());
+    ++k;
+  }
+  for (size_t step = 1; step < n_new; ++step) {
+    BatchInput b;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto buf = std::make_shared<const std::vector<Token>>(std::vector<Token>{out[i].back()});
+      b.inputs.push_back(input(sids[i], buf, 0, 1, pos[i], true));
+    }
+    EXPECT_TRUE(e.execute(b, o)) << e.last_error();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      out[i].push_back(o.outputs[i]->tokens.at(0));
+      ++pos[i];
+    }
+  }
+  for (SessionId sid : sids) e.close_session(sid);
+  return out;
+}
+
+class CpuExecutorFixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuExecutorFixtureTest, EachPromptAloneContinuesLikeTheReference) {
+  const Fixture f = testing::load_fixture(GetParam());
+  auto e = make(load_weights(f), 2, 128, 64);
+  for (const auto& p : f.prompts) {
+    auto got = drive(*e, {p.ids}, p.ids.size(), p.greedy.size());
+    EXPECT_EQ(got[0], p.greedy) << p.text;
+  }
+  EXPECT_EQ(e->kv_metrics().cells_in_use, 0);
+}
+
+TEST_P(CpuExecutorFixtureTest, ConcurrentChunkedPromptsContinueLikeTheReference) {
+  const Fixture f = testing::load_fixture(GetParam());
+  // Forwards of at most 7 tokens, prompts in chunks of 5, a duplicate prompt.
+  auto e = make(load_weights(f), 8, 128, 7);
+  std::vector<std::vector<Token>> prompts;
+  for (const auto& p : f.prompts) prompts.push_back(p.ids);
+  prompts.push_back(f.prompts[0].ids);
+  auto got = drive(*e, prompts, 5, f.prompts[0].greedy.size());
+  for (size_t i = 0; i < f.prompts.size(); ++i) {
+    EXPECT_EQ(got[i], f.prompts[i].greedy) << f.prompts[i].text;
+  }
+  EXPECT_EQ(got.back(), f.prompts[0].greedy) << "duplicate prompt";
+  const KvMetrics kv = e->kv_metrics();
+  EXPECT_EQ(kv.cells_in_use, 0);
+  EXPECT_GE(kv.growth_count, 1);
+  EXPECT_EQ(kv.allocated_bytes, kv.rows_allocated * kv.bytes_per_cell);
+}
+
+TEST_P(CpuExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
+  const Fixture f = testing::load_fixture(GetParam());
+  auto e = make(load_weights(f), 4, 128, 64);
+  const auto& p = f.prompts[1];
+  const SessionId src = *e->open_session();
+  e->set_sampling(src, SamplingParams{}, 0);
+  BatchInput b;
+  b.inputs.push_back(
+      input(src, std::make_shared<const std::vector<Token>>(p.ids), 0, p.ids.size(), 0, true));
+  BatchOutput o;
+  ASSERT_TRUE(e->execute(b, o)) << e->last_error();
+  ASSERT_EQ(o.outputs[0]->tokens[0], p.greedy[0]);
+  const int64_t cells_before = e->kv_metrics().cells_in_use;
+
+  std::optional<SessionId> child = e->clone(src, static_cast<Position>(p.ids.size()));
+  ASSERT_TRUE(child.has_value());
+  EXPECT_EQ(e->kv_metrics().cells_in_use, cells_before) << "clone shares, never copies";
+  e->close_session(src);
+  e->set_sampling(*child, SamplingParams{}, 0);
+  std::vector<Token> got = {p.greedy[0]};
+  Position pos = static_cast<Position>(p.ids.size());
+  for (size_t step = 1; step < p.greedy.size(); ++step) {
+    BatchInput d;
+    d.inputs.push_back(
+        input(*child, std::make_shared<const std::vector<Token>>(std::vector<Token>{got.back()}), 0,
+              1, pos++, true));
+    ASSERT_TRUE(e->execute(d, o)) << e->last_error();
+    got.push_back(o.outputs[0]->tokens[0]);
+  }
+  EXPECT_EQ(got, p.greedy);
+  e->close_session(*child);
+  EXPECT_EQ(e->kv_metrics().cells_in_use, 0);
+}
+
+TEST_P(CpuExecutorFixtureTest, SessionsReuseCellsAcrossRounds) {
+  const Fixture f = testing::load_fixture(GetParam());
+  auto e = make(load_weights(f), 4, 128, 16);
+  std::vector<std::vector<Token>> prompts = {f.prompts[2].ids, f.prompts[3].ids};
+  auto first = drive(*e, prompts, 16, 8);
+  EXPECT_EQ(e->kv_metrics().cells_in_use, 0);
+  auto second = drive(*e, {prompts[1], prompts[0]}, 16, 8);
+  EXPECT_EQ(second[0], first[1]);
+  EXPECT_EQ(second[1], first[0]);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(first[0][i], f.prompts[2].greedy[i]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CpuExecutorFixtureTest,
+                         ::testing::ValuesIn(testing::fixture_names()), [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+class CpuExecutorCreateTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<const ModelWeights> weights_ =
+      load_weights(testing::load_fixture("mistral-tiny"));  // context 512
+};
+
+TEST_F(CpuExecutorCreateTest, RefusesLimitsThePoolCannotHold) {
+  CpuExecutorOptions o;
+  o.max_sessions = 8;
+  o.max_session_tokens = 64;
+  o.max_cells = 512;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("must be below max_cells 512"), std::string::npos)
+      << e.status().message();
+  o.max_cells = 513;
+  EXPECT_TRUE(CpuExecutor::create(weights_, o).ok());
+}
+
+TEST_F(CpuExecutorCreateTest, RefusesABudgetPastTheModelsContext) {
+  CpuExecutorOptions o;
+  o.max_sessions = 1;
+  o.max_session_tokens = 513;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("exceeds the model's context of 512"), std::string::npos)
+      << e.status().message();
+}
+
+TEST_F(CpuExecutorCreateTest, RefusesNonPositiveLimitsAndAMissingModel) {
+  CpuExecutorOptions o;
+  o.max_sessions = 0;
+  EXPECT_EQ(CpuExecutor::create(weights_, o).status().code(), StatusCode::kInvalidArgument);
+  o = CpuExecutorOptions{};
+  o.step_width = 0;
+  EXPECT_EQ(CpuExecutor::create(weights_, o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(CpuExecutor::create(nullptr, CpuExecutorOptions{}).status().message().find("no model"),
+            std::string::npos);
+}
+
+TEST_F(CpuExecutorCreateTest, ATokenOutsideTheVocabularyFailsTheBatchAndChangesNothing) {
+  auto e = make(weights_, 2, 64, 16);
+  const SessionId a = *e->open_session();
+  e->set_sampling(a, SamplingParams{}, 0);
+  BatchInput b;
+  b.inputs.push_back(input(
+      a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 32000}), 0, 2, 0, true));
+  BatchOutput o;
+  EXPECT_FALSE(e->execute(b, o));
+  EXPECT_NE(e->last_error().find("outside the vocabulary [0, 32000)"), std::string::npos)
+      << e->last_error();
+  EXPECT_EQ(e->kv_metrics().cells_in_use, 0);
+}
+
+TEST_F(CpuExecutorCreateTest, AGapInASessionFailsTheBatch) {
+  auto e = make(weights_, 2, 64, 16);
+  const SessionId a = *e->open_session();
+  e->set_sampling(a, SamplingParams{}, 0);
+  BatchInput b;
+  b.inputs.push_back(input(a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 2}),
+                           0, 2, 5, true));
+  BatchOutput o;
+  EXPECT_FALSE(e->execute(b, o));
+  EXPECT_FALSE(e->last_error().empty());
+}
+
+}  // namespace
+}  // namespace cellm
