@@ -40,7 +40,7 @@ RunnerCore::RunnerCore(Executor& executor, std::unique_ptr<Scheduler> scheduler)
 }
 
 RunnerCore::~RunnerCore() {
-  CELLM_CHECK_MSG(!engine_.joinable(), "RunnerCore outlived no join");
+  CELLM_CHECK_MSG(!engine_.joinable(), "the engine thread was never joined");
 }
 
 void RunnerCore::start() {

@@ -17,6 +17,13 @@ static_assert(std::is_move_constructible_v<Session> && std::is_move_assignable_v
 static_assert(!std::is_copy_constructible_v<Session> && !std::is_copy_assignable_v<Session>);
 static_assert(std::is_copy_constructible_v<GenerationHandle>);
 
+TEST(FinishReasonTest, NamesAreStable) {
+  EXPECT_STREQ(to_string(FinishReason::kStopToken), "stop_token");
+  EXPECT_STREQ(to_string(FinishReason::kNewTokenLimit), "token_limit");
+  EXPECT_STREQ(to_string(FinishReason::kCancelled), "cancelled");
+  EXPECT_STREQ(to_string(FinishReason::kFailed), "failed");
+}
+
 TEST(GenerationHandleTest, DefaultHandleIsInvalid) {
   GenerationHandle handle;
   EXPECT_FALSE(handle.valid());
