@@ -1,0 +1,212 @@
+// RunnerCore: the engine behind Runner, Session and GenerationHandle.
+//
+// One engine thread owns the executor. Every other thread talks to it through
+// the command inbox (Open, Close, Start, Clone); the engine drains the inbox,
+// reaps cancelled generations, runs one batch, and otherwise waits up to 20 ms
+// for stop, a command or work. Callbacks run on the engine thread with no lock
+// held, so they may queue commands (start, clone, close) or request shutdown;
+// commands a callback queues run before the next forward.
+//
+// Thread-safety. Fields marked "engine only" are touched only by the engine
+// thread (no lock). The inbox, the stop flag and the published metrics are
+// guarded by mu_. GenerationState is shared with handles and guarded by its own
+// mutex; SessionRecord::position and ::close_requested are atomics.
+//
+// Lifetime. Sessions and handles hold shared pointers, so they may outlive the
+// Runner: after shutdown the inbox refuses everything and each call settles on
+// the caller's thread (opens and clones as nullopt, generations as Cancelled).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <variant>
+#include <vector>
+
+#include "cellm/executor.h"
+#include "cellm/metrics.h"
+#include "cellm/runner.h"
+#include "cellm/scheduler.h"
+#include "cellm/types.h"
+
+namespace cellm::detail {
+
+// What a GenerationHandle observes. Terminal state (reason, message, metrics) is
+// published together, after the terminal callback has returned.
+struct GenerationState {
+  std::atomic<bool> cancel_requested{false};
+
+  mutable std::mutex mu;
+  std::condition_variable done_cv;
+  bool done = false;                   // guarded by mu
+  std::optional<FinishReason> reason;  // guarded by mu; set together with done
+  std::string error_message;           // guarded by mu
+  GenerationMetrics metrics;           // guarded by mu; complete once done
+
+  // Publishes the terminal state and wakes every waiter.
+  void publish_terminal(FinishReason r, std::string message, const GenerationMetrics& m);
+  void publish_metrics(const GenerationMetrics& m);
+};
+
+// Runs `callback` with `update`; returns the exception's message if it threw
+// (a fallback text for a non-standard exception), nullopt otherwise.
+std::optional<std::string> invoke_callback(const GenerationCallback& callback,
+                                           const GenerationUpdate& update);
+
+// Ends a generation that never reached the engine, on the calling thread: one
+// terminal callback (an exception in it turns the result into kFailed), then
+// publication.
+void complete_synchronously(const std::shared_ptr<GenerationState>& state,
+                            const GenerationCallback& callback, FinishReason reason,
+                            std::string message);
+
+// Engine-only bookkeeping of a generation in progress.
+struct ActiveGeneration {
+  std::shared_ptr<GenerationState> state;
+  GenerationCallback callback;
+  std::vector<Token> stop_tokens;
+  int64_t remaining_tokens = 0;  // budget left
+  GenerationMetrics metrics;
+  int64_t t_last_delivery_us = 0;
+  bool callback_threw = false;  // the callback is never called again
+};
+
+struct SessionRecord {
+  SessionRecord(SessionId id, Position start) : sid(id), position(start) {}
+
+  const SessionId sid;
+  // Committed length, excluding a pending token. Written by the engine only.
+  std::atomic<Position> position;
+  // Set by ~Session (any thread) before its close is queued.
+  std::atomic<bool> close_requested{false};
+
+  // Engine only.
+  std::optional<Token> pending;  // delivered but not yet fed back
+  bool poisoned = false;         // an executor failure touched this session
+  bool closed = false;           // retired: executor session closed or closing
+  std::unique_ptr<ActiveGeneration> active;
+};
+
+struct OpenCommand {
+  std::promise<std::optional<Session>> reply;
+};
+struct CloseCommand {
+  std::shared_ptr<SessionRecord> record;
+};
+struct StartCommand {
+  std::shared_ptr<SessionRecord> record;
+  std::shared_ptr<GenerationState> state;
+  std::vector<Token> delta;
+  GenConfig config;
+  GenerationCallback callback;
+  int64_t t_submit_us = 0;
+};
+struct CloneCommand {
+  std::shared_ptr<SessionRecord> source;
+  Position upto = 0;
+  std::promise<std::optional<Session>> reply;
+};
+using Command = std::variant<OpenCommand, CloseCommand, StartCommand, CloneCommand>;
+
+class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
+ public:
+  RunnerCore(Executor& executor, std::unique_ptr<Scheduler> scheduler);
+  ~RunnerCore();
+  RunnerCore(const RunnerCore&) = delete;
+  RunnerCore& operator=(const RunnerCore&) = delete;
+
+  // Starts the engine thread. Called once, right after construction.
+  void start();
+
+  // Public API entry points; callable from any thread, callbacks included.
+  std::future<std::optional<Session>> open_session();
+  void close_session(std::shared_ptr<SessionRecord> record);
+  GenerationHandle start_generation(std::shared_ptr<SessionRecord> record, std::vector<Token> delta,
+                                    const GenConfig& config, GenerationCallback callback,
+                                    int64_t t_submit_us);
+  std::future<std::optional<Session>> clone_session(std::shared_ptr<SessionRecord> source,
+                                                    Position upto);
+  void shutdown();
+
+  EngineMetrics metrics() const;
+  KvMetrics kv_metrics() const;
+  size_t queued_tasks() const { return scheduler_->num_queued(); }
+
+ private:
+  // Queues `cmd` unless a stop was requested; false leaves `cmd` untouched.
+  template <typename C>
+  bool enqueue(C& cmd);
+  void request_stop();
+  bool stop_requested() const { return stop_requested_.load(std::memory_order_acquire); }
+  bool on_engine_thread() const;
+
+  // Engine thread.
+  void engine_main();
+  void process_commands_until_idle();
+  bool drain_inbox_once();
+  void handle(OpenCommand& cmd);
+  void handle(CloseCommand& cmd);
+  void handle(StartCommand& cmd);
+  void handle(CloneCommand& cmd);
+  void reap_cancelled();
+  bool execute_one_batch();
+  void handle_output(SessionRecord& record, const Input& input, const Output& output);
+  void fail_batch(const BatchInput& batch, const std::string& message);
+  void poison_and_fail(SessionRecord& record, const std::string& message);
+  void submit_continuation(SessionRecord& record);
+  void retire(SessionRecord& record);
+  void stop();
+  void wait_for_work();
+  // Copies the engine metrics (and, after init or a step, the executor's KV
+  // metrics) where Runner::metrics() and kv_metrics() read them.
+  void publish_engine_state(bool sample_kv);
+  SessionRecord* find_open(SessionId sid);
+
+  // Delivers a non-terminal update; false if the callback threw, which ended
+  // the generation as kFailed.
+  bool deliver(SessionRecord& record, std::vector<Token> tokens);
+  // Ends the record's active generation: unqueues its tasks, then concludes it.
+  void finish(SessionRecord& record, FinishReason reason, std::string message,
+              std::vector<Token> tokens = {});
+  // Runs the terminal callback (unless the callback already threw; a throw now
+  // turns the result into kFailed), counts the completion and publishes it.
+  void conclude(ActiveGeneration& gen, FinishReason reason, std::string message,
+                std::vector<Token> tokens);
+  // Records a delivery of `n_tokens` at `t_us` (first token, ITL, TTFT).
+  void record_delivery(ActiveGeneration& gen, int64_t n_tokens, int64_t t_us);
+
+  Session make_session(const std::shared_ptr<SessionRecord>& record);
+
+  Executor& executor_;
+  const std::unique_ptr<Scheduler> scheduler_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_cv_;
+  std::deque<Command> inbox_;                // guarded by mu_
+  std::atomic<bool> stop_requested_{false};  // written under mu_
+  EngineMetrics published_metrics_;          // guarded by mu_
+  KvMetrics published_kv_;                   // guarded by mu_
+
+  std::mutex join_mu_;  // serializes external shutdown() callers
+  std::thread engine_;  // guarded by join_mu_ after start()
+
+  // Engine only.
+  std::unordered_map<SessionId, std::shared_ptr<SessionRecord>> sessions_;
+  std::unordered_set<SessionId> ids_ever_opened_;
+  TaskId next_tid_ = 1;
+  int64_t n_active_ = 0;  // generations installed and not yet finished
+  int64_t n_ready_ = 0;   // of those, the ones past their first token
+  bool initialized_ = false;
+  EngineMetrics metrics_;
+};
+
+}  // namespace cellm::detail
