@@ -37,8 +37,8 @@ Result<Args> Args::parse(int argc, const char* const* argv, int first,
   for (int i = first; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.size() < 2 || arg[0] != '-') {
-      return InvalidArgument("unexpected argument '" + arg + "' for " + command +
-                             " (see " + command + " --help)");
+      return InvalidArgument("unexpected argument '" + arg + "' for " + command + " (see " +
+                             command + " --help)");
     }
     std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
     std::optional<std::string> inline_value;
@@ -58,7 +58,8 @@ Result<Args> Args::parse(int argc, const char* const* argv, int first,
     } else if (inline_value) {
       value = *inline_value;
     } else {
-      if (i + 1 >= argc) return InvalidArgument("--" + name + " needs a value <" + spec->value_name + ">");
+      if (i + 1 >= argc)
+        return InvalidArgument("--" + name + " needs a value <" + spec->value_name + ">");
       value = argv[++i];
     }
     auto& slot = args.values_[name];
@@ -124,8 +125,10 @@ std::string format_help(const std::string& usage, const std::string& summary,
   for (const FlagSpec& s : specs) {
     std::string left = "  --" + s.name + (s.value_name.empty() ? "" : " " + s.value_name);
     os << left;
-    if (left.size() < 30) os << std::string(30 - left.size(), ' ');
-    else os << "\n" << std::string(30, ' ');
+    if (left.size() < 30)
+      os << std::string(30 - left.size(), ' ');
+    else
+      os << "\n" << std::string(30, ' ');
     os << s.help << (s.repeatable ? " (repeatable)" : "") << "\n";
   }
   os << "  --help                      show this help\n";

@@ -18,8 +18,8 @@
 namespace cellm::cli {
 
 struct FlagSpec {
-  std::string name;         // without dashes, e.g. "max-new-tokens"
-  std::string value_name;   // empty for a boolean flag
+  std::string name;        // without dashes, e.g. "max-new-tokens"
+  std::string value_name;  // empty for a boolean flag
   std::string help;
   bool repeatable = false;
 };
@@ -38,9 +38,8 @@ class Args {
                           int64_t max_value) const;
   Result<double> get_float(const std::string& name, double fallback) const;
   // "1,4,16" -> {1, 4, 16}; every element within [min_value, max_value].
-  Result<std::vector<int64_t>> get_int_list(const std::string& name,
-                                            std::vector<int64_t> fallback, int64_t min_value,
-                                            int64_t max_value) const;
+  Result<std::vector<int64_t>> get_int_list(const std::string& name, std::vector<int64_t> fallback,
+                                            int64_t min_value, int64_t max_value) const;
 
  private:
   std::map<std::string, std::vector<std::string>> values_;

@@ -1,0 +1,233 @@
+// `cellm bench`: prefill and decode throughput through the whole Runner path,
+// reported with exactly the columns of llama.cpp's llama-batched-bench.
+//
+// For each (PP, TG, B): B sessions each prefill PP random tokens (one
+// generation of one token each, all concurrent: the PP phase), then each
+// continues for TG tokens (the TG phase). The TG phase's generations are fed
+// one extra token so every session has a non-empty delta; its first step is
+// therefore a 2-token prefill per session, the remaining TG - 1 are decodes.
+//   N_KV = B (PP + TG)   S_PP = B PP / T_PP   S_TG = B TG / T_TG   S = N_KV / T
+// Greedy, stop tokens ignored.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "args.h"
+#include "cellm/runner.h"
+#include "commands.h"
+#include "engine_setup.h"
+
+namespace cellm::cli {
+namespace {
+
+const std::vector<FlagSpec> kFlags = {
+    {"model", "DIR", "Hugging Face model folder"},
+    {"preset", "NAME", "random weights with real shapes: 110m, 1b or 8b"},
+    {"npp", "LIST", "prompt lengths, comma-separated (default 128)"},
+    {"ntg", "LIST", "generated tokens per session (default 128)"},
+    {"npl", "LIST", "sessions in parallel (default 1)"},
+    {"executor", "KIND", "cpu or cuda (default cpu)"},
+    {"step-width", "W", "tokens per forward (default 512)"},
+    {"threads", "N", "CPU threads; 0 = all (default 0)"},
+    {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
+    {"peak-bandwidth", "GB/s",
+     "memory bandwidth; adds TG_BW%: the TG phase's fraction of the bandwidth floor"},
+    {"json", "", "print one JSON object per row instead of the table"},
+};
+
+struct Row {
+  int64_t pp = 0, tg = 0, b = 0, n_kv = 0;
+  double t_pp = 0, t_tg = 0;
+  std::optional<double> floor_fraction;  // of the TG phase
+};
+
+// Runs `gens` generations concurrently and returns the wall time in seconds.
+double run_phase(std::vector<Session>& sessions, const std::vector<std::vector<Token>>& deltas,
+                 const GenConfig& config, std::string& error) {
+  const int64_t t0 = now_us();
+  std::vector<GenerationHandle> handles;
+  handles.reserve(sessions.size());
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    handles.push_back(sessions[i].generate_async(deltas[i], config, nullptr));
+  }
+  for (GenerationHandle& h : handles) {
+    h.wait();
+    if (h.finish_reason() == FinishReason::kFailed && error.empty()) error = h.error_message();
+  }
+  return static_cast<double>(now_us() - t0) / 1e6;
+}
+
+// Bytes one decode step must read: every weight but the embedding table (the
+// LM head is read whole; when tied it is the embedding).
+double weight_bytes_per_step(const ModelWeights& w) {
+  double bytes = static_cast<double>(w.total_bytes());
+  if (!w.config().tie_word_embeddings()) bytes -= static_cast<double>(w.embed_tokens().nbytes);
+  return bytes;
+}
+
+Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits limits, int64_t pp,
+                      int64_t tg, int64_t b, uint64_t seed, std::optional<double> peak_gbs) {
+  limits.max_sessions = static_cast<int32_t>(b);
+  limits.max_session_tokens = static_cast<int32_t>(pp + tg + 2);
+  // A forward never needs more cells than the pool has.
+  limits.step_width = static_cast<int32_t>(std::min<int64_t>(
+      limits.step_width, int64_t{limits.max_sessions} * limits.max_session_tokens));
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor,
+                         make_executor(kind, model.weights, limits));
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(limits));
+  Runner runner(*executor, std::move(scheduler));
+  std::vector<Session> sessions;
+  for (int64_t i = 0; i < b; ++i) {
+    std::optional<Session> s = runner.open_session_async().get();
+    if (!s) return OutOfResources("the executor refused session " + std::to_string(i));
+    sessions.push_back(std::move(*s));
+  }
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = model.weights->config().vocab_size();
+  std::uniform_int_distribution<Token> pick(0, static_cast<Token>(vocab - 1));
+  std::vector<std::vector<Token>> prompts(static_cast<size_t>(b)), nexts(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t t = 0; t < pp; ++t) prompts[static_cast<size_t>(i)].push_back(pick(rng));
+    nexts[static_cast<size_t>(i)] = {pick(rng)};
+  }
+  GenConfig config;  // greedy, no stop tokens
+  std::string error;
+  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt};
+  config.max_new_tokens = 1;
+  row.t_pp = run_phase(sessions, prompts, config, error);
+  config.max_new_tokens = static_cast<int32_t>(tg);
+  row.t_tg = run_phase(sessions, nexts, config, error);
+  if (!error.empty()) return Internal("a generation failed: " + error);
+  if (peak_gbs) {
+    // The floor of the TG phase: TG steps, each reading the weights once and
+    // every session's KV (mean context ~ PP + TG/2).
+    const KvMetrics kv = runner.kv_metrics();
+    const double kv_bytes = static_cast<double>(b) * (static_cast<double>(pp) + tg / 2.0) *
+                            static_cast<double>(kv.bytes_per_cell);
+    const double floor_s = static_cast<double>(tg) *
+                           (weight_bytes_per_step(*model.weights) + kv_bytes) / (*peak_gbs * 1e9);
+    row.floor_fraction = floor_s / row.t_tg;
+  }
+  runner.shutdown();
+  return row;
+}
+
+void print_header(bool with_floor) {
+  std::printf(
+      "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |"
+      "      T s |    S t/s |%s\n",
+      with_floor ? " TG_BW% |" : "");
+  std::printf(
+      "|-------|--------|------|--------|----------|----------|----------|----------|"
+      "----------|----------|%s\n",
+      with_floor ? "--------|" : "");
+}
+
+void print_row(const Row& r) {
+  const double t = r.t_pp + r.t_tg;
+  std::printf("| %5lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |",
+              static_cast<long long>(r.pp), static_cast<long long>(r.tg),
+              static_cast<long long>(r.b), static_cast<long long>(r.n_kv), r.t_pp,
+              static_cast<double>(r.b * r.pp) / r.t_pp, r.t_tg,
+              static_cast<double>(r.b * r.tg) / r.t_tg, t, static_cast<double>(r.n_kv) / t);
+  if (r.floor_fraction) std::printf(" %5.1f%% |", 100.0 * *r.floor_fraction);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void print_json(const Row& r) {
+  const double t = r.t_pp + r.t_tg;
+  nlohmann::json j = {{"pp", r.pp},     {"tg", r.tg},
+                      {"pl", r.b},      {"n_kv", r.n_kv},
+                      {"t_pp", r.t_pp}, {"speed_pp", static_cast<double>(r.b * r.pp) / r.t_pp},
+                      {"t_tg", r.t_tg}, {"speed_tg", static_cast<double>(r.b * r.tg) / r.t_tg},
+                      {"t", t},         {"speed", static_cast<double>(r.n_kv) / t}};
+  if (r.floor_fraction) j["tg_floor_fraction"] = *r.floor_fraction;
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_bench(int argc, const char* const* argv) {
+  const std::string cmd = "cellm bench";
+  if (wants_help(argc, argv)) {
+    std::printf("%s", format_help("cellm bench (--model DIR | --preset NAME) -npp 128,512 -ntg 128 "
+                                  "-npl 1,16,64 [--executor cpu|cuda] [--json]",
+                                  "Measures prefill (PP) and decode (TG) throughput with B "
+                                  "concurrent sessions through the Runner, with the columns of "
+                                  "llama.cpp's llama-batched-bench.",
+                                  kFlags)
+                          .c_str());
+    return 0;
+  }
+  Result<Args> args = Args::parse(argc, argv, 2, kFlags, cmd);
+  if (!args.ok()) return fail(cmd, args.status());
+  Result<std::vector<int64_t>> npp = args->get_int_list("npp", {128}, 1, 1 << 20);
+  Result<std::vector<int64_t>> ntg = args->get_int_list("ntg", {128}, 1, 1 << 20);
+  Result<std::vector<int64_t>> npl = args->get_int_list("npl", {1}, 1, 1 << 16);
+  Result<int64_t> step_width = args->get_int("step-width", 512, 1, 1 << 16);
+  Result<int64_t> threads = args->get_int("threads", 0, 0, 1024);
+  Result<int64_t> seed = args->get_int("seed", 1, 0, INT64_MAX);
+  for (const Status* s : {&npp.status(), &ntg.status(), &npl.status(), &step_width.status(),
+                          &threads.status(), &seed.status()}) {
+    if (!s->ok()) return fail(cmd, *s);
+  }
+  std::optional<double> peak_gbs;
+  if (args->has("peak-bandwidth")) {
+    Result<double> v = args->get_float("peak-bandwidth", 0);
+    if (!v.ok()) return fail(cmd, v.status());
+    if (*v <= 0) return fail(cmd, InvalidArgument("--peak-bandwidth must be positive"));
+    peak_gbs = *v;
+  }
+  Result<ExecutorKind> kind =
+      parse_executor_kind(args->get("executor").value_or(to_string(default_executor_kind())));
+  if (!kind.ok()) return fail(cmd, kind.status());
+  if (args->has("model") == args->has("preset")) {
+    return fail(cmd, InvalidArgument("give exactly one of --model DIR or --preset NAME"));
+  }
+  Result<LoadedModel> model = args->has("model")
+                                  ? load_model_dir(*args->get("model"), /*with_tokenizer=*/false)
+                                  : load_preset(*args->get("preset"), static_cast<uint64_t>(*seed));
+  if (!model.ok()) return fail(cmd, model.status());
+
+  EngineLimits limits;
+  limits.step_width = static_cast<int32_t>(*step_width);
+  limits.num_threads = static_cast<int32_t>(*threads);
+  const bool json = args->has("json");
+  if (!json) {
+    const ModelConfig& c = model->weights->config();
+    std::printf(
+        "model %s: %lld layers, d %lld, %lld/%lld heads, ff %lld, vocab %lld, %.2f GB "
+        "of weights; executor %s, step width %d\n\n",
+        model->name.c_str(), static_cast<long long>(c.num_layers()),
+        static_cast<long long>(c.hidden_size()), static_cast<long long>(c.num_heads()),
+        static_cast<long long>(c.num_kv_heads()), static_cast<long long>(c.intermediate_size()),
+        static_cast<long long>(c.vocab_size()),
+        static_cast<double>(model->weights->total_bytes()) / 1e9, to_string(*kind),
+        limits.step_width);
+  }
+  // Warm-up: threads, page faults, allocator.
+  if (Result<Row> w = bench_one(*model, *kind, limits, 8, 4, 1, 0, std::nullopt); !w.ok()) {
+    return fail(cmd, w.status());
+  }
+  if (!json) print_header(peak_gbs.has_value());
+  for (int64_t pp : *npp) {
+    for (int64_t tg : *ntg) {
+      for (int64_t b : *npl) {
+        Result<Row> row =
+            bench_one(*model, *kind, limits, pp, tg, b, static_cast<uint64_t>(*seed), peak_gbs);
+        if (!row.ok()) return fail(cmd, row.status());
+        if (json) {
+          print_json(*row);
+        } else {
+          print_row(*row);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace cellm::cli

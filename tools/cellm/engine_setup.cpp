@@ -1,0 +1,143 @@
+#include "engine_setup.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "cellm/cpu_executor.h"
+#include "cellm/decode_first_scheduler.h"
+
+namespace cellm::cli {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A one-line bar on stderr: "loading weights [#####     ]  52% 1.2/2.3 GB".
+class ProgressBar {
+ public:
+  explicit ProgressBar(size_t total_bytes)
+      : total_(total_bytes), enabled_(isatty(STDERR_FILENO) != 0 && total_bytes > 0) {}
+  void update(size_t done) {
+    if (!enabled_) return;
+    const int pct =
+        static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total_));
+    if (pct == last_pct_) return;
+    last_pct_ = pct;
+    const int width = 30, filled = pct * width / 100;
+    std::fprintf(stderr, "\rloading weights [%s%s] %3d%% %.2f/%.2f GB",
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), ' ').c_str(), pct,
+                 static_cast<double>(done) / 1e9, static_cast<double>(total_) / 1e9);
+    std::fflush(stderr);
+  }
+  ~ProgressBar() {
+    if (enabled_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  size_t total_;
+  bool enabled_;
+  int last_pct_ = -1;
+};
+
+// Reads one byte per page of every weight so the pages are resident.
+void touch_weights(const ModelWeights& weights) {
+  ProgressBar bar(weights.total_bytes());
+  size_t done = 0;
+  volatile unsigned char sink = 0;
+  constexpr size_t kPage = 4096;
+  for (const TensorView* t : weights.tensors()) {
+    const auto* bytes = static_cast<const unsigned char*>(t->data);
+    for (size_t off = 0; off < t->nbytes; off += kPage) {
+      sink = static_cast<unsigned char>(sink ^ bytes[off]);
+      if ((off & ((size_t{1} << 24) - 1)) == 0) bar.update(done + off);
+    }
+    done += t->nbytes;
+    bar.update(done);
+  }
+  (void)sink;
+}
+
+}  // namespace
+
+std::optional<std::string> find_default_model() {
+  namespace fs = std::filesystem;
+  for (const fs::path& p :
+       {fs::path("models/kjv-small"), fs::path(CELLM_SOURCE_DIR) / "models" / "kjv-small"}) {
+    std::error_code ec;
+    if (fs::exists(p / "config.json", ec)) return p.string();
+  }
+  return std::nullopt;
+}
+
+Result<LoadedModel> load_model_dir(const std::string& dir, bool with_tokenizer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LoadedModel m;
+  m.name = dir;
+  if (with_tokenizer) {
+    CELLM_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(dir));
+    m.tokenizer = std::move(tok);
+  }
+  CELLM_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::load(dir));
+  touch_weights(w);
+  m.weights = std::make_shared<const ModelWeights>(std::move(w));
+  m.load_seconds = seconds_since(t0);
+  return m;
+}
+
+Result<LoadedModel> load_preset(const std::string& name, uint64_t seed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CELLM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::preset(name));
+  LoadedModel m;
+  m.name = "preset:" + name;
+  m.weights =
+      std::make_shared<const ModelWeights>(ModelWeights::random(config, DType::kBF16, seed));
+  m.load_seconds = seconds_since(t0);
+  return m;
+}
+
+Result<ExecutorKind> parse_executor_kind(const std::string& text) {
+  if (text == "cpu") return ExecutorKind::kCpu;
+  if (text == "cuda") return ExecutorKind::kCuda;
+  return InvalidArgument("--executor must be 'cpu' or 'cuda', got '" + text + "'");
+}
+
+const char* to_string(ExecutorKind kind) {
+  return kind == ExecutorKind::kCpu ? "cpu" : "cuda";
+}
+
+ExecutorKind default_executor_kind() {
+  return ExecutorKind::kCpu;
+}
+
+Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
+                                                std::shared_ptr<const ModelWeights> weights,
+                                                const EngineLimits& limits) {
+  if (kind == ExecutorKind::kCuda) {
+    return NotSupported("the CUDA executor is not part of this build yet; use --executor cpu");
+  }
+  CpuExecutorOptions o;
+  o.max_sessions = limits.max_sessions;
+  o.max_session_tokens = limits.max_session_tokens;
+  o.step_width = limits.step_width;
+  o.num_threads = limits.num_threads;
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> e,
+                         CpuExecutor::create(std::move(weights), o));
+  return std::unique_ptr<Executor>(std::move(e));
+}
+
+Result<std::unique_ptr<Scheduler>> make_scheduler(const EngineLimits& limits) {
+  const auto budget = static_cast<size_t>(std::max(2, limits.step_width));
+  const size_t decodes =
+      std::clamp<size_t>(static_cast<size_t>(limits.max_sessions), 1, budget / 2);
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<DecodeFirstScheduler> s,
+                         DecodeFirstScheduler::create(budget, decodes, budget - decodes));
+  return std::unique_ptr<Scheduler>(std::move(s));
+}
+
+}  // namespace cellm::cli

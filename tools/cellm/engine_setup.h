@@ -1,0 +1,59 @@
+// What every `cellm` subcommand that runs a model shares: finding and loading a
+// model (a Hugging Face folder or a random-weight preset), choosing and
+// creating an executor, sizing the scheduler, and a load progress bar.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cellm/executor.h"
+#include "cellm/model_weights.h"
+#include "cellm/scheduler.h"
+#include "cellm/status.h"
+#include "cellm/tokenizer.h"
+
+namespace cellm::cli {
+
+struct LoadedModel {
+  std::string name;  // folder path or "preset:<name>"
+  std::shared_ptr<const ModelWeights> weights;
+  std::optional<Tokenizer> tokenizer;  // absent for presets
+  double load_seconds = 0;
+};
+
+// The bundled default model: models/kjv-small under the working directory, else
+// under the source tree this binary was built from.
+std::optional<std::string> find_default_model();
+
+// Loads config.json + safetensors (and tokenizer.json when `with_tokenizer`),
+// then touches every weight page once so the first step does not pay for page
+// faults; draws a progress bar on stderr while doing so when it is a terminal.
+Result<LoadedModel> load_model_dir(const std::string& dir, bool with_tokenizer);
+// Random bf16 weights with a preset's real shapes ("110m", "1b", "8b").
+Result<LoadedModel> load_preset(const std::string& name, uint64_t seed);
+
+enum class ExecutorKind { kCpu, kCuda };
+Result<ExecutorKind> parse_executor_kind(const std::string& text);
+const char* to_string(ExecutorKind kind);
+// The executor a command uses when --executor is not given.
+ExecutorKind default_executor_kind();
+
+struct EngineLimits {
+  int32_t max_sessions = 8;
+  int32_t max_session_tokens = 1024;
+  int32_t step_width = 256;  // tokens per forward and per scheduler batch
+  int32_t num_threads = 0;   // CPU kernel threads; 0 = all
+};
+
+Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
+                                                std::shared_ptr<const ModelWeights> weights,
+                                                const EngineLimits& limits);
+
+// DecodeFirstScheduler sized for one forward per batch: a budget of step_width
+// tokens, up to min(max_sessions, step_width / 2) decodes, and prefill chunks of
+// the rest.
+Result<std::unique_ptr<Scheduler>> make_scheduler(const EngineLimits& limits);
+
+}  // namespace cellm::cli

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Sets cellm up on a fresh machine and runs the main job: installs the build
+# dependencies (Debian packages), builds the `cellm` command, and generates
+# continuations of several prompts concurrently with the bundled model
+# (models/kjv-small). Extra arguments are passed to `cellm generate`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build --target cellm -j "$(nproc)"
+if [ "$#" -eq 0 ]; then
+  set -- --prompt "In the beginning" \
+         --prompt "And the LORD said unto Moses" \
+         --prompt "Blessed are the meek" \
+         --prompt "The LORD is my shepherd" \
+         --max-new-tokens 48
+fi
+exec ./build/cellm generate "$@"
