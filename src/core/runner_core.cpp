@@ -1,11 +1,14 @@
 #include "runner_core.h"
 
+#include "cellm/sampler.h"
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <type_traits>
 #include <utility>
 
+#include "cellm/sampler.h"
 #include "cellm/status.h"
 
 namespace cellm::detail {
@@ -258,6 +261,9 @@ void RunnerCore::handle(StartCommand& cmd) {
   if (record->close_requested.load()) return reject(FinishReason::kCancelled, "");
   if (cmd.config.max_new_tokens <= 0) return reject(FinishReason::kFailed, kMsgBudget);
   if (cmd.delta.empty()) return reject(FinishReason::kFailed, kMsgEmptyDelta);
+  if (Status s = validate_sampling(cmd.config.sampling); !s.ok()) {
+    return conclude(*gen, FinishReason::kFailed, "invalid sampling: " + s.message(), {});
+  }
   const int64_t n_pending = record->pending ? 1 : 0;
   const int64_t end =
       int64_t{record->position.load()} + n_pending + static_cast<int64_t>(cmd.delta.size());

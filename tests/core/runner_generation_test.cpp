@@ -269,6 +269,25 @@ TEST(GenerationTest, RejectsEmptyDeltaWithMessage) {
   EXPECT_EQ(updates->error_message(), handle.error_message());
 }
 
+TEST(GenerationTest, RejectsInvalidSamplingBeforeInstallingIt) {
+  FakeExecutor executor;
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  auto updates = std::make_shared<Updates>();
+  GenConfig bad = config(1);
+  bad.sampling.top_p = 1.5f;
+  GenerationHandle handle = generate(session, tokens(2), bad, updates);
+  ASSERT_TRUE(updates->wait());
+  handle.wait();
+  EXPECT_EQ(handle.finish_reason(), FinishReason::kFailed);
+  EXPECT_EQ(handle.error_message(), "invalid sampling: top_p must be in (0, 1], got 1.5");
+  // The session is not poisoned: a valid generation runs next.
+  auto next = std::make_shared<Updates>();
+  GenerationHandle ok = generate(session, tokens(2), config(1), next);
+  ok.wait();
+  EXPECT_EQ(ok.finish_reason(), FinishReason::kNewTokenLimit);
+}
+
 TEST(GenerationTest, ActiveGenerationRejectsDuplicateWithoutReseeding) {
   FakeExecutor executor;
   Fixture fixture(executor);
