@@ -6,12 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include "executor_driver.h"
 #include "fixture_model.h"
 
 namespace cellm {
 namespace {
 
+using testing::drive;
 using testing::Fixture;
+using testing::make_input;
 
 std::shared_ptr<const ModelWeights> load_weights(const Fixture& f) {
   Result<ModelWeights> w = ModelWeights::load(f.dir);
@@ -30,64 +33,6 @@ std::unique_ptr<CpuExecutor> make(std::shared_ptr<const ModelWeights> w, int32_t
   Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(std::move(w), o);
   CELLM_CHECK_MSG(e.ok(), e.status().to_string());
   return std::move(*e);
-}
-
-Input input(SessionId sid, std::shared_ptr<const std::vector<Token>> tokens, size_t offset,
-            size_t size, Position base, bool output) {
-  Input in;
-  in.sid = sid;
-  in.tokens = std::move(tokens);
-  in.offset = offset;
-  in.size = size;
-  in.position = base;
-  in.produce_output = output;
-  return in;
-}
-
-// Drives `prompts` through `e` concurrently: one batch with every prompt cut
-// into chunks of `chunk` tokens, then one batch of decodes per step, until each
-// has `n_new` tokens. Returns the generated tokens per prompt.
-std::vector<std::vector<Token>> drive(CpuExecutor& e,
-                                      const std::vector<std::vector<Token>>& prompts, size_t chunk,
-                                      size_t n_new) {
-  std::vector<SessionId> sids;
-  BatchInput first;
-  for (const auto& p : prompts) {
-    const SessionId sid = *e.open_session();
-    e.set_sampling(sid, SamplingParams{}, 0);
-    sids.push_back(sid);
-    auto buf = std::make_shared<const std::vector<Token>>(p);
-    for (size_t off = 0; off < p.size(); off += chunk) {
-      const size_t n = std::min(chunk, p.size() - off);
-      first.inputs.push_back(input(sid, buf, off, n, 0, off + n == p.size()));
-    }
-  }
-  std::vector<std::vector<Token>> out(prompts.size());
-  std::vector<Position> pos(prompts.size());
-  BatchOutput o;
-  EXPECT_TRUE(e.execute(first, o)) << e.last_error();
-  size_t k = 0;
-  for (size_t i = 0; i < first.inputs.size(); ++i) {
-    if (!first.inputs[i].produce_output) continue;
-    EXPECT_TRUE(o.outputs[i].has_value());
-    out[k].push_back(o.outputs[i]->tokens.at(0));
-    pos[k] = static_cast<Position>(prompts[k].size());
-    ++k;
-  }
-  for (size_t step = 1; step < n_new; ++step) {
-    BatchInput b;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      auto buf = std::make_shared<const std::vector<Token>>(std::vector<Token>{out[i].back()});
-      b.inputs.push_back(input(sids[i], buf, 0, 1, pos[i], true));
-    }
-    EXPECT_TRUE(e.execute(b, o)) << e.last_error();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      out[i].push_back(o.outputs[i]->tokens.at(0));
-      ++pos[i];
-    }
-  }
-  for (SessionId sid : sids) e.close_session(sid);
-  return out;
 }
 
 class CpuExecutorFixtureTest : public ::testing::TestWithParam<std::string> {};
@@ -128,7 +73,7 @@ TEST_P(CpuExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   e->set_sampling(src, SamplingParams{}, 0);
   BatchInput b;
   b.inputs.push_back(
-      input(src, std::make_shared<const std::vector<Token>>(p.ids), 0, p.ids.size(), 0, true));
+      make_input(src, std::make_shared<const std::vector<Token>>(p.ids), 0, p.ids.size(), 0, true));
   BatchOutput o;
   ASSERT_TRUE(e->execute(b, o)) << e->last_error();
   ASSERT_EQ(o.outputs[0]->tokens[0], p.greedy[0]);
@@ -143,9 +88,9 @@ TEST_P(CpuExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   Position pos = static_cast<Position>(p.ids.size());
   for (size_t step = 1; step < p.greedy.size(); ++step) {
     BatchInput d;
-    d.inputs.push_back(
-        input(*child, std::make_shared<const std::vector<Token>>(std::vector<Token>{got.back()}), 0,
-              1, pos++, true));
+    d.inputs.push_back(make_input(
+        *child, std::make_shared<const std::vector<Token>>(std::vector<Token>{got.back()}), 0, 1,
+        pos++, true));
     ASSERT_TRUE(e->execute(d, o)) << e->last_error();
     got.push_back(o.outputs[0]->tokens[0]);
   }
@@ -219,7 +164,7 @@ TEST_F(CpuExecutorCreateTest, ATokenOutsideTheVocabularyFailsTheBatchAndChangesN
   const SessionId a = *e->open_session();
   e->set_sampling(a, SamplingParams{}, 0);
   BatchInput b;
-  b.inputs.push_back(input(
+  b.inputs.push_back(make_input(
       a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 32000}), 0, 2, 0, true));
   BatchOutput o;
   EXPECT_FALSE(e->execute(b, o));
@@ -233,8 +178,8 @@ TEST_F(CpuExecutorCreateTest, AGapInASessionFailsTheBatch) {
   const SessionId a = *e->open_session();
   e->set_sampling(a, SamplingParams{}, 0);
   BatchInput b;
-  b.inputs.push_back(input(a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 2}),
-                           0, 2, 5, true));
+  b.inputs.push_back(make_input(
+      a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 2}), 0, 2, 5, true));
   BatchOutput o;
   EXPECT_FALSE(e->execute(b, o));
   EXPECT_FALSE(e->last_error().empty());

@@ -23,7 +23,8 @@ struct FixturePrompt {
   Token argmax = 0;
   // [position][sampled id] when this prompt records every position.
   std::optional<std::vector<std::vector<float>>> all_positions;
-  std::vector<Token> greedy;  // the reference's greedy continuation
+  std::vector<Token> greedy;   // the reference's greedy continuation
+  std::vector<float> margins;  // top-1 minus top-2 logit at each greedy step
 };
 
 struct Fixture {
@@ -61,6 +62,7 @@ inline Fixture load_fixture(const std::string& name) {
           p.at("all_positions").at("sampled_logits").get<std::vector<std::vector<float>>>();
     }
     fp.greedy = p.at("greedy").at("new_ids").get<std::vector<Token>>();
+    fp.margins = p.at("greedy").at("margins").get<std::vector<float>>();
     f.prompts.push_back(std::move(fp));
   }
   return f;

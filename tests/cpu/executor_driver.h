@@ -1,0 +1,80 @@
+// Drives any Executor directly through the seam, the way the runner would, for
+// executor tests: prompts (cut into prefill chunks) in one batch, then one batch
+// of single-token decodes per step.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "cellm/executor.h"
+
+namespace cellm::testing {
+
+inline Input make_input(SessionId sid, std::shared_ptr<const std::vector<Token>> tokens,
+                        size_t offset, size_t size, Position base, bool output) {
+  Input in;
+  in.sid = sid;
+  in.tokens = std::move(tokens);
+  in.offset = offset;
+  in.size = size;
+  in.position = base;
+  in.produce_output = output;
+  return in;
+}
+
+inline Input single_token(SessionId sid, Token t, Position position) {
+  return make_input(sid, std::make_shared<const std::vector<Token>>(std::vector<Token>{t}), 0, 1,
+                    position, true);
+}
+
+// Greedy-decodes every prompt concurrently for `n_new` tokens and returns them.
+// `forced`, when given, feeds forced[i][step] instead of the executor's own
+// token after each step (teacher forcing), still returning what it predicted.
+inline std::vector<std::vector<Token>> drive(
+    Executor& e, const std::vector<std::vector<Token>>& prompts, size_t chunk, size_t n_new,
+    const std::vector<std::vector<Token>>* forced = nullptr) {
+  std::vector<SessionId> sids;
+  BatchInput first;
+  for (const auto& p : prompts) {
+    const SessionId sid = *e.open_session();
+    e.set_sampling(sid, SamplingParams{}, 0);
+    sids.push_back(sid);
+    auto buf = std::make_shared<const std::vector<Token>>(p);
+    for (size_t off = 0; off < p.size(); off += chunk) {
+      const size_t n = std::min(chunk, p.size() - off);
+      first.inputs.push_back(make_input(sid, buf, off, n, 0, off + n == p.size()));
+    }
+  }
+  std::vector<std::vector<Token>> out(prompts.size());
+  std::vector<Position> pos(prompts.size());
+  BatchOutput o;
+  EXPECT_TRUE(e.execute(first, o));
+  size_t k = 0;
+  for (size_t i = 0; i < first.inputs.size(); ++i) {
+    if (!first.inputs[i].produce_output) continue;
+    EXPECT_TRUE(o.outputs[i].has_value());
+    if (!o.outputs[i]) return out;
+    out[k].push_back(o.outputs[i]->tokens.at(0));
+    pos[k] = static_cast<Position>(prompts[k].size());
+    ++k;
+  }
+  for (size_t step = 1; step < n_new; ++step) {
+    BatchInput b;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Token next = forced ? (*forced)[i][step - 1] : out[i].back();
+      b.inputs.push_back(single_token(sids[i], next, pos[i]));
+    }
+    EXPECT_TRUE(e.execute(b, o));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (!o.outputs[i]) return out;
+      out[i].push_back(o.outputs[i]->tokens.at(0));
+      ++pos[i];
+    }
+  }
+  for (SessionId sid : sids) e.close_session(sid);
+  return out;
+}
+
+}  // namespace cellm::testing
