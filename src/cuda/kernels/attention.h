@@ -74,8 +74,10 @@ int32_t attention_num_splits(int64_t n_rows, int32_t max_context);
 size_t attention_workspace_bytes(int64_t n_rows, int64_t n_heads, int64_t head_dim,
                                  int32_t max_context);
 
-// REQUIRES: the shapes above; 0 <= positions[r] < max_context; table rows hold a cell
-// in [0, max_cells) for every position the row attends.
+// REQUIRES: the shapes above; 0 <= positions[r] < table_stride; table rows hold a cell
+// in [0, max_cells) for every position the row attends. positions[r] < max_context is
+// the budget the split is sized for: a position past it stays correct (the last chunk
+// takes the rest) but that chunk's block then does the extra work alone.
 template <typename T>
 cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream);
 
