@@ -1,0 +1,480 @@
+#include "cuda/kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/kernels/attention.h"
+#include "cpu/kernels/thread_pool.h"
+#include "cuda/kernels/kv_write.h"
+#include "device_array.h"
+#include "gpu_test.h"
+
+namespace cellm::cuda {
+namespace {
+
+using testing::DeviceArray;
+using testing::expect_all_close;
+using testing::random_nonzero;
+using testing::round_to;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Tolerances against the CPU twin (f32 math both sides, different summation
+// order): f32 output within 1e-5 relative + 1e-5 absolute; bf16 output is the f32
+// result rounded once to bf16 (2^-9 relative), checked within 1e-2 relative + 1e-3 absolute.
+template <typename T>
+constexpr float kRelTol = std::is_same_v<T, float> ? 1e-5f : 1e-2f;
+template <typename T>
+constexpr float kAbsTol = std::is_same_v<T, float> ? 1e-5f : 1e-3f;
+
+struct Geometry {
+  int64_t n_heads, n_kv_heads, head_dim;
+  int32_t window, max_context;
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  int64_t q_dim() const { return n_heads * head_dim; }
+  // Fused rows: K | V | Q | 8 NaN columns (over-reads show up as NaN).
+  int64_t k_offset() const { return 0; }
+  int64_t v_offset() const { return kv_dim(); }
+  int64_t q_offset() const { return 2 * kv_dim(); }
+  int64_t row_stride() const { return 2 * kv_dim() + q_dim() + 8; }
+};
+
+// A sequence of `length` positions; a clone shares the cells of positions
+// [0, shared) of sequence `clone_of` (shared < both lengths) and owns the rest.
+struct SequenceSpec {
+  int32_t length;
+  int32_t clone_of = -1;
+  int32_t shared = 0;
+};
+
+// A pool whose sequences own scattered cells (a shuffled permutation), clones
+// sharing prefixes, and a few spare cells whose K/V are NaN: table entries past
+// a sequence's length name a spare cell, so any read outside [lo, q] gives NaN.
+struct Scenario {
+  Geometry geo;
+  int64_t max_cells = 0;
+  int64_t table_stride = 0;
+  int32_t spare_cell = 0;
+  std::vector<std::vector<int32_t>> sequences;  // cell of each position
+  std::vector<int32_t> table;                   // [sequences, table_stride]
+  std::vector<int32_t> row_seq, positions;      // [n_rows]
+  std::vector<float> k_pool, v_pool;            // [max_cells, kv_dim], values as stored in T
+  std::vector<float> qkv;                       // [n_rows, row_stride], values as stored in T
+  int64_t n_rows() const { return static_cast<int64_t>(positions.size()); }
+};
+
+template <typename T>
+Scenario make_scenario(const Geometry& geo, const std::vector<SequenceSpec>& specs,
+                       const std::vector<std::pair<int32_t, int32_t>>& rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Scenario s;
+  s.geo = geo;
+  int64_t owned = 0;
+  for (const SequenceSpec& spec : specs) owned += spec.length - spec.shared;
+  constexpr int64_t kSpare = 11;
+  s.max_cells = owned + kSpare;
+  std::vector<int32_t> order(static_cast<size_t>(s.max_cells));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  size_t next = 0;
+  for (const SequenceSpec& spec : specs) {
+    std::vector<int32_t> cells;
+    if (spec.clone_of >= 0) {
+      const std::vector<int32_t>& src = s.sequences[static_cast<size_t>(spec.clone_of)];
+      CELLM_CHECK(spec.shared < spec.length && spec.shared < static_cast<int32_t>(src.size()));
+      cells.assign(src.begin(), src.begin() + spec.shared);
+    }
+    while (static_cast<int32_t>(cells.size()) < spec.length) cells.push_back(order[next++]);
+    s.sequences.push_back(std::move(cells));
+  }
+  s.spare_cell = order[next];
+
+  int32_t longest = 0;
+  for (const auto& cells : s.sequences)
+    longest = std::max(longest, static_cast<int32_t>(cells.size()));
+  s.table_stride = std::max(longest, geo.max_context) + 3;
+  s.table.assign(s.sequences.size() * static_cast<size_t>(s.table_stride), s.spare_cell);
+  for (size_t q = 0; q < s.sequences.size(); ++q) {
+    std::copy(s.sequences[q].begin(), s.sequences[q].end(),
+              s.table.begin() + static_cast<int64_t>(q) * s.table_stride);
+  }
+
+  const int64_t kv_dim = geo.kv_dim();
+  s.k_pool.assign(static_cast<size_t>(s.max_cells * kv_dim), kNaN);
+  s.v_pool.assign(s.k_pool.size(), kNaN);
+  std::vector<bool> used(static_cast<size_t>(s.max_cells), false);
+  for (const auto& cells : s.sequences) {
+    for (int32_t c : cells) used[static_cast<size_t>(c)] = true;
+  }
+  for (int64_t c = 0; c < s.max_cells; ++c) {
+    if (!used[static_cast<size_t>(c)]) continue;
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      s.k_pool[static_cast<size_t>(c * kv_dim + i)] = round_to<T>(random_nonzero(rng, 0.05f, 1.f));
+      s.v_pool[static_cast<size_t>(c * kv_dim + i)] = round_to<T>(random_nonzero(rng, 0.05f, 1.f));
+    }
+  }
+
+  for (const auto& [seq, pos] : rows) {
+    CELLM_CHECK(pos >= 0 &&
+                pos < static_cast<int32_t>(s.sequences[static_cast<size_t>(seq)].size()));
+    CELLM_CHECK(pos < geo.max_context);
+    s.row_seq.push_back(seq);
+    s.positions.push_back(pos);
+  }
+  s.qkv.assign(static_cast<size_t>(s.n_rows() * geo.row_stride()), kNaN);
+  for (int64_t r = 0; r < s.n_rows(); ++r) {
+    float* row = s.qkv.data() + r * geo.row_stride();
+    for (int64_t i = 0; i < 2 * kv_dim; ++i) row[i] = round_to<T>(random_nonzero(rng, 0.05f, 1.f));
+    // Larger queries make the softmax peaked rather than nearly uniform.
+    for (int64_t i = 0; i < geo.q_dim(); ++i) {
+      row[geo.q_offset() + i] = round_to<T>(random_nonzero(rng, 0.25f, 3.f));
+    }
+  }
+  return s;
+}
+
+// The CPU twin over the scenario's (already T-rounded) values: [n_rows, q_dim].
+std::vector<float> cpu_attention(const Scenario& s) {
+  static cpu::ThreadPool pool(0);
+  const Geometry& g = s.geo;
+  std::vector<float> q(static_cast<size_t>(s.n_rows() * g.q_dim()));
+  for (int64_t r = 0; r < s.n_rows(); ++r) {
+    std::copy_n(s.qkv.begin() + r * g.row_stride() + g.q_offset(), g.q_dim(),
+                q.begin() + r * g.q_dim());
+  }
+  std::vector<std::span<const int32_t>> cells_of_row;
+  for (int32_t seq : s.row_seq) cells_of_row.emplace_back(s.sequences[static_cast<size_t>(seq)]);
+  std::vector<float> out(q.size(), kNaN);
+  cpu::attention(pool, cpu::AttentionArgs{.q = q.data(),
+                                          .n_rows = s.n_rows(),
+                                          .n_heads = g.n_heads,
+                                          .n_kv_heads = g.n_kv_heads,
+                                          .head_dim = g.head_dim,
+                                          .k_cells = s.k_pool.data(),
+                                          .v_cells = s.v_pool.data(),
+                                          .max_cells = s.max_cells,
+                                          .q_pos = s.positions,
+                                          .cells_of_row = cells_of_row,
+                                          .window = g.window,
+                                          .out = out.data()});
+  return out;
+}
+
+float default_scale(int64_t head_dim) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+// Device copies of a scenario, with the output and workspace poisoned with NaN.
+template <typename T>
+struct DeviceScenario {
+  explicit DeviceScenario(const Scenario& s)
+      : qkv(testing::to_typed<T>(s.qkv)),
+        k_pool(testing::to_typed<T>(s.k_pool)),
+        v_pool(testing::to_typed<T>(s.v_pool)),
+        table(s.table),
+        row_seq(s.row_seq),
+        positions(s.positions),
+        out(static_cast<size_t>(s.n_rows() * s.geo.q_dim())),
+        workspace(attention_workspace_bytes(s.n_rows(), s.geo.n_heads, s.geo.head_dim,
+                                            s.geo.max_context) /
+                  sizeof(float)) {
+    out.fill_bytes(0xff);
+    workspace.fill_bytes(0xff);
+  }
+
+  AttentionParams<T> params(const Scenario& s) const {
+    const Geometry& g = s.geo;
+    AttentionParams<T> p;
+    p.qkv = qkv.get();
+    p.row_stride = g.row_stride();
+    p.q_offset = g.q_offset();
+    p.n_rows = s.n_rows();
+    p.n_heads = g.n_heads;
+    p.n_kv_heads = g.n_kv_heads;
+    p.head_dim = g.head_dim;
+    p.k_pool = k_pool.get();
+    p.v_pool = v_pool.get();
+    p.table = table.get();
+    p.table_stride = s.table_stride;
+    p.row_seq = row_seq.get();
+    p.positions = positions.get();
+    p.window = g.window;
+    p.scale = default_scale(g.head_dim);
+    p.max_context = g.max_context;
+    p.workspace = workspace.size() > 0 ? workspace.get() : nullptr;
+    p.out = out.get();
+    return p;
+  }
+
+  DeviceArray<T> qkv, k_pool, v_pool;
+  DeviceArray<int32_t> table, row_seq, positions;
+  DeviceArray<T> out;
+  DeviceArray<float> workspace;
+};
+
+template <typename T>
+void expect_gpu_matches_cpu(const Scenario& s) {
+  DeviceScenario<T> d(s);
+  CELLM_ASSERT_CUDA(launch_attention<T>(d.params(s), nullptr));
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+  expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>, kRelTol<T>,
+                   "attention out");
+}
+
+std::string describe(const Geometry& g, int32_t context, int64_t n_rows) {
+  return "head_dim=" + std::to_string(g.head_dim) + " heads=" + std::to_string(g.n_heads) + "/" +
+         std::to_string(g.n_kv_heads) + " window=" + std::to_string(g.window) +
+         " context=" + std::to_string(context) + " max_context=" + std::to_string(g.max_context) +
+         " n_rows=" + std::to_string(n_rows) +
+         " splits=" + std::to_string(attention_num_splits(n_rows, g.max_context));
+}
+
+// Decode: row r is the last position of its own sequence r. Sequence 0 has the
+// full context; sequence 1 clones half of it; others have varied lengths (most
+// ending mid-chunk), every third a clone of a prefix of sequence 0.
+void decode_layout(int32_t context, int64_t n_rows, std::mt19937& rng,
+                   std::vector<SequenceSpec>* specs,
+                   std::vector<std::pair<int32_t, int32_t>>* rows) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    SequenceSpec spec{context};
+    if (r == 1 && context > 1) spec = {context, 0, context / 2};
+    if (r >= 2) {
+      spec.length = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(context));
+      const int32_t max_shared = std::min(spec.length, context) - 1;
+      if (r % 3 == 0 && max_shared > 0) {
+        spec.clone_of = 0;
+        spec.shared = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_shared));
+      }
+    }
+    specs->push_back(spec);
+    rows->emplace_back(static_cast<int32_t>(r), spec.length - 1);
+  }
+}
+
+template <typename T>
+class AttentionTest : public ::testing::Test {};
+using ElementTypes = ::testing::Types<float, __nv_bfloat16>;
+TYPED_TEST_SUITE(AttentionTest, ElementTypes);
+
+TYPED_TEST(AttentionTest, DecodeRowsMatchTheCpuTwin) {
+  CELLM_SKIP_WITHOUT_GPU();
+  uint32_t seed = 100;
+  for (const int64_t head_dim : {8, 64, 128, 20}) {
+    for (const int64_t ratio : {1, 4, 12}) {
+      for (const int32_t window : {0, 5}) {
+        for (const int32_t context : {1, 13, 2049}) {
+          for (const int64_t n_rows : {1, 37}) {
+            for (const int32_t max_context : {context, 3000}) {
+              const Geometry geo{2 * ratio, 2, head_dim, window, max_context};
+              SCOPED_TRACE(describe(geo, context, n_rows));
+              std::mt19937 rng(seed);
+              std::vector<SequenceSpec> specs;
+              std::vector<std::pair<int32_t, int32_t>> rows;
+              decode_layout(context, n_rows, rng, &specs, &rows);
+              expect_gpu_matches_cpu<TypeParam>(make_scenario<TypeParam>(geo, specs, rows, seed++));
+              if (::testing::Test::HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Prefill: 37 rows of one step, the last 20 positions of a clone (sequence 1,
+// sharing half of sequence 0) followed by the first 17 positions of sequence 0.
+TYPED_TEST(AttentionTest, PrefillRowsMatchTheCpuTwin) {
+  CELLM_SKIP_WITHOUT_GPU();
+  uint32_t seed = 200;
+  for (const int64_t head_dim : {8, 64, 128, 20}) {
+    for (const int64_t ratio : {1, 4}) {
+      for (const int32_t window : {0, 5}) {
+        for (const int32_t context : {37, 300, 2049}) {
+          for (const int32_t max_context : {context, 3000}) {
+            const Geometry geo{2 * ratio, 2, head_dim, window, max_context};
+            SCOPED_TRACE(describe(geo, context, 37));
+            const std::vector<SequenceSpec> specs = {{context}, {context, 0, context / 2}};
+            std::vector<std::pair<int32_t, int32_t>> rows;
+            for (int32_t i = 0; i < 20; ++i) rows.emplace_back(1, context - 20 + i);
+            for (int32_t i = 0; i < 17; ++i) rows.emplace_back(0, i);
+            expect_gpu_matches_cpu<TypeParam>(make_scenario<TypeParam>(geo, specs, rows, seed++));
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // max_context 4096 with one row: 16 chunks of 256; contexts straddle chunk edges.
+  uint32_t seed = 300;
+  for (const int32_t context : {255, 256, 257, 511, 512, 513, 4095, 4096}) {
+    const Geometry geo{8, 2, 128, 0, 4096};
+    SCOPED_TRACE(describe(geo, context, 1));
+    const std::vector<SequenceSpec> specs = {{context}};
+    expect_gpu_matches_cpu<TypeParam>(
+        make_scenario<TypeParam>(geo, specs, {{0, context - 1}}, seed++));
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // One graph: kv_write (with the table) then attention, as the executor's layer 0.
+  // Each replay is a new step of four decode rows: new sequences, cells, table and
+  // positions uploaded into the same buffers; the rows' own K/V and table entries
+  // are written by the captured kv_write.
+  const Geometry geo{8, 2, 64, 0, 1024};
+  constexpr int64_t kRows = 4;
+  constexpr int64_t kCapacityCells = 4 * 1024 + 16;
+  using T = TypeParam;
+  DeviceArray<T> qkv(static_cast<size_t>(kRows * geo.row_stride()));
+  DeviceArray<T> k_pool(static_cast<size_t>(kCapacityCells * geo.kv_dim()));
+  DeviceArray<T> v_pool(k_pool.size());
+  const int64_t table_stride = geo.max_context + 3;
+  DeviceArray<int32_t> table(static_cast<size_t>(kRows * table_stride));
+  DeviceArray<int32_t> cells(kRows), row_seq(kRows), positions(kRows);
+  DeviceArray<T> out(static_cast<size_t>(kRows * geo.q_dim()));
+  DeviceArray<float> workspace(
+      attention_workspace_bytes(kRows, geo.n_heads, geo.head_dim, geo.max_context) / sizeof(float));
+  ASSERT_GT(workspace.size(), 0u) << "the graph test should cover the split path";
+
+  AttentionParams<T> p;
+  p.qkv = qkv.get();
+  p.row_stride = geo.row_stride();
+  p.q_offset = geo.q_offset();
+  p.n_rows = kRows;
+  p.n_heads = geo.n_heads;
+  p.n_kv_heads = geo.n_kv_heads;
+  p.head_dim = geo.head_dim;
+  p.k_pool = k_pool.get();
+  p.v_pool = v_pool.get();
+  p.table = table.get();
+  p.table_stride = table_stride;
+  p.row_seq = row_seq.get();
+  p.positions = positions.get();
+  p.window = geo.window;
+  p.scale = default_scale(geo.head_dim);
+  p.max_context = geo.max_context;
+  p.workspace = workspace.get();
+  p.out = out.get();
+
+  Result<Stream> stream = Stream::create();
+  ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+  cudaGraph_t graph = nullptr;
+  CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
+  CELLM_ASSERT_CUDA(launch_kv_write<T>(qkv.get(), kRows, geo.row_stride(), geo.k_offset(),
+                                       geo.v_offset(), geo.kv_dim(), cells.get(), row_seq.get(),
+                                       positions.get(), k_pool.get(), v_pool.get(), table.get(),
+                                       table_stride, stream->get()));
+  CELLM_ASSERT_CUDA(launch_attention<T>(p, stream->get()));
+  CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
+  cudaGraphExec_t raw_exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&raw_exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CELLM_ASSERT_CUDA(inst);
+  GraphExec exec(raw_exec);
+
+  std::mt19937 rng(400);
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("replay " + std::to_string(step));
+    // Lengths vary per step (1 on the first); sequence 2 clones a prefix of sequence 1.
+    // Every length stays <= max_context, so the table stride is the captured one.
+    std::vector<SequenceSpec> specs;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int32_t length =
+          step == 0 && r == 0 ? 1 : 1 + static_cast<int32_t>(rng() % (geo.max_context - 2));
+      specs.push_back({length});
+    }
+    specs[2] = {specs[2].length + 2, 1, std::min(specs[1].length - 1, specs[2].length + 1)};
+    if (specs[2].shared == 0) specs[2] = {specs[2].length};
+    std::vector<std::pair<int32_t, int32_t>> rows;
+    for (int64_t r = 0; r < kRows; ++r) {
+      rows.emplace_back(static_cast<int32_t>(r), specs[static_cast<size_t>(r)].length - 1);
+    }
+    Scenario s = make_scenario<T>(geo, specs, rows, 500 + static_cast<uint32_t>(step));
+    ASSERT_LE(s.max_cells, kCapacityCells);
+    ASSERT_EQ(s.table_stride, table_stride);
+
+    // Before the step: the rows' own cells hold NaN and their table entries the spare cell.
+    std::vector<int32_t> step_cells;
+    std::vector<float> k_before = s.k_pool, v_before = s.v_pool;
+    std::vector<int32_t> table_before = s.table;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int32_t pos = s.positions[static_cast<size_t>(r)];
+      const int32_t cell = s.sequences[static_cast<size_t>(r)][static_cast<size_t>(pos)];
+      step_cells.push_back(cell);
+      table_before[static_cast<size_t>(r * table_stride + pos)] = s.spare_cell;
+      float* qkv_row = s.qkv.data() + r * geo.row_stride();
+      for (int64_t i = 0; i < geo.kv_dim(); ++i) {
+        const size_t at = static_cast<size_t>(cell * geo.kv_dim() + i);
+        qkv_row[geo.k_offset() + i] = s.k_pool[at];
+        qkv_row[geo.v_offset() + i] = s.v_pool[at];
+        k_before[at] = v_before[at] = kNaN;
+      }
+    }
+    k_before.resize(k_pool.size(), kNaN);
+    v_before.resize(v_pool.size(), kNaN);
+    qkv.upload(testing::to_typed<T>(s.qkv));
+    k_pool.upload(testing::to_typed<T>(k_before));
+    v_pool.upload(testing::to_typed<T>(v_before));
+    table.upload(table_before);
+    cells.upload(step_cells);
+    row_seq.upload(s.row_seq);
+    positions.upload(s.positions);
+    out.fill_bytes(0xff);
+    workspace.fill_bytes(0xff);
+
+    CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
+    CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
+    EXPECT_EQ(table.download(), s.table);
+    expect_all_close(testing::to_floats(out.download()), cpu_attention(s), kAbsTol<T>, kRelTol<T>,
+                     "graph replay out");
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TYPED_TEST(AttentionTest, AnEmptyStepSucceedsAndAMalformedOneIsRefused) {
+  CELLM_SKIP_WITHOUT_GPU();
+  AttentionParams<TypeParam> p;
+  EXPECT_EQ(launch_attention<TypeParam>(p, nullptr), cudaSuccess);  // n_rows 0
+  p.n_rows = 1;
+  p.n_heads = 6;
+  p.n_kv_heads = 4;  // does not divide n_heads
+  p.head_dim = 64;
+  EXPECT_EQ(launch_attention<TypeParam>(p, nullptr), cudaErrorInvalidValue);
+}
+
+// Host-only: needs no device, so it also runs on machines without a GPU.
+TEST(AttentionSplitTest, SplitCountDependsOnlyOnRowsAndBudget) {
+  EXPECT_EQ(attention_num_splits(1, 1), 1);
+  EXPECT_EQ(attention_num_splits(1, 256), 1);
+  EXPECT_EQ(attention_num_splits(1, 257), 2);
+  EXPECT_EQ(attention_num_splits(1, 8192), 32);
+  EXPECT_EQ(attention_num_splits(256, 8192), 2);
+  EXPECT_EQ(attention_num_splits(4096, 8192), 1);
+  EXPECT_EQ(attention_workspace_bytes(4096, 32, 128, 8192), 0u);
+  EXPECT_EQ(attention_workspace_bytes(1, 32, 128, 8192), sizeof(float) * 32 * 32 * (128 + 2));
+  for (const int64_t rows : {1, 2, 7, 37, 256, 1000}) {
+    for (const int32_t budget : {1, 100, 256, 257, 2049, 8192, 131072}) {
+      const int32_t splits = attention_num_splits(rows, budget);
+      EXPECT_GE(splits, 1);
+      EXPECT_LE(splits, 256);
+      EXPECT_EQ(attention_workspace_bytes(rows, 4, 64, budget) == 0, splits == 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cellm::cuda
