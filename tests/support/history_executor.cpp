@@ -92,6 +92,19 @@ void HistoryExecutor::set_retention_window(std::optional<Position> window) {
   retention_window_ = window;
 }
 
+void HistoryExecutor::hold() {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_ = true;
+}
+
+void HistoryExecutor::release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = false;
+  }
+  cv_.notify_all();
+}
+
 int HistoryExecutor::open_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return table_.size();
@@ -105,6 +118,11 @@ bool HistoryExecutor::wait_open_count(int n) const {
 bool HistoryExecutor::is_open(SessionId sid) const {
   std::lock_guard<std::mutex> lock(mu_);
   return table_.seq_of(sid).has_value();
+}
+
+bool HistoryExecutor::wait_closed(SessionId sid) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::seconds(5), [&] { return !table_.seq_of(sid); });
 }
 
 std::vector<Token> HistoryExecutor::history(SessionId sid) const {
@@ -215,7 +233,8 @@ std::vector<Token> HistoryExecutor::read_history(SeqId seq, Position end) const 
 }
 
 bool HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !held_; });
   const int64_t index = n_batches_++;
   out.outputs.assign(batch.inputs.size(), std::nullopt);
   std::vector<SessionId>& sids = batches_.emplace_back();

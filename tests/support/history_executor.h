@@ -19,6 +19,9 @@
 // Any int32 token is accepted (the hash reads all 32 bits); vocab_size only
 // sets the width of the logits row and hence the range of produced tokens.
 //
+// hold()/release() park the engine inside execute() so a test can start
+// several generations that are then batched together.
+//
 // Failure injection: refuse the next n clones, refuse clones of one source,
 // throw std::bad_alloc from the next n clones (an allocation failure), or only
 // allow clones within a retention window of the source's tip (an executor
@@ -88,11 +91,18 @@ class HistoryExecutor : public Executor {
   // Clones must keep at least pos(source) - window tokens; nullopt = no limit.
   void set_retention_window(std::optional<Position> window);
 
+  // While held, execute() waits before running its batch (commands pile up in
+  // the runner, so the next batches mix every session started meanwhile).
+  void hold();
+  void release();
+
   // --- observations (any thread) ---
   int open_count() const;
   // Waits until open_count() == n; false after 5 s (closes are asynchronous).
   bool wait_open_count(int n) const;
   bool is_open(SessionId sid) const;
+  // Waits until `sid` is not open; false after 5 s.
+  bool wait_closed(SessionId sid) const;
   std::vector<Token> history(SessionId sid) const;  // committed tokens; empty if unknown
   std::vector<HistoryInput> inputs() const;
   std::vector<HistoryInput> inputs_of(SessionId sid) const;
@@ -127,6 +137,7 @@ class HistoryExecutor : public Executor {
   std::set<SessionId> refused_sources_;
   int fail_allocations_ = 0;
   std::optional<Position> retention_window_;
+  bool held_ = false;
 
   int64_t n_batches_ = 0;
   std::vector<HistoryInput> inputs_;
