@@ -135,6 +135,10 @@ class PrefixCache {
   // Releases every snapshot; the counters stay.
   void clear() { entries_.clear(); }
 
+  // Aborts (CELLM_CHECK) unless: at most max_entries entries, keys non-empty
+  // and distinct, every snapshot valid and at position key.size().
+  void check_invariants() const;
+
   // Counters for metrics: lookup() calls, hits, and tokens served by hits.
   int64_t lookups() const { return n_lookups_; }
   int64_t hits() const { return n_hits_; }

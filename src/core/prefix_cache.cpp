@@ -2,6 +2,7 @@
 #include "cellm/prefix_cache.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <utility>
@@ -144,6 +145,19 @@ bool PrefixCache::insert(std::vector<Token> tokens, Session snapshot) {
   entries_.push_front(Entry{std::move(tokens), std::move(snapshot)});
   while (entries_.size() > max_entries_) entries_.pop_back();
   return true;
+}
+
+void PrefixCache::check_invariants() const {
+  CELLM_CHECK(entries_.size() <= max_entries_);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    CELLM_CHECK(!it->tokens.empty());
+    CELLM_CHECK(it->snapshot.valid());
+    CELLM_CHECK_MSG(it->snapshot.position() == static_cast<Position>(it->tokens.size()),
+                    "a snapshot moved away from its key");
+    for (auto other = std::next(it); other != entries_.end(); ++other) {
+      CELLM_CHECK_MSG(other->tokens != it->tokens, "two entries share a key");
+    }
+  }
 }
 
 std::optional<PrefixMatch> PrefixCache::lookup(std::span<const Token> request) {

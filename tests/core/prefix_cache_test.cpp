@@ -83,6 +83,7 @@ SessionId remember(Env& env, PrefixCache& cache, const std::vector<Token>& promp
   PromptCapture capture = cache.capture_prompt(source, prompt);
   EXPECT_EQ(run_captured(source, prompt, 3, capture), env.executor.greedy_continuation(prompt, 3));
   EXPECT_TRUE(capture.collect());
+  cache.check_invariants();
   const std::vector<HistoryClone> clones = env.executor.clones();
   if (clones.empty() || !clones.back().child) {
     ADD_FAILURE() << "no snapshot was cloned";
@@ -148,6 +149,7 @@ TEST(PrefixCacheTest, EqualShorterAndExtendedPromptsReplayTheFinalToken) {
   EXPECT_EQ(cache.matched_tokens_total(), static_cast<int64_t>(total));
   EXPECT_FALSE(cache.lookup(std::vector<Token>{10}).has_value()) << "one token never matches";
   EXPECT_EQ(cache.lookups(), 4);
+  cache.check_invariants();
 }
 
 TEST(PrefixCacheTest, BranchesSurviveSourceClosureAndSnapshotEviction) {
@@ -223,10 +225,12 @@ TEST(PrefixCacheTest, DuplicateInsertRefreshesLruAndReleasesTheNewSnapshot) {
   EXPECT_TRUE(cache.insert(a, std::move(*duplicate)));
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_TRUE(env.executor.wait_closed(dup_id)) << "the new snapshot is released";
+  cache.check_invariants();
 
   remember(env, cache, tokens(5, 50));  // evicts the least recently used: b
   EXPECT_TRUE(env.executor.wait_closed(snap_b));
   EXPECT_TRUE(env.executor.is_open(snap_a));
+  cache.check_invariants();
   EXPECT_FALSE(cache.lookup(concat(b, {1})).has_value());
   std::optional<PrefixMatch> hit = cache.lookup(concat(a, {1}));
   ASSERT_TRUE(hit.has_value());
@@ -248,6 +252,7 @@ TEST(PrefixCacheTest, SuccessfulLookupRefreshesLruBeforeEviction) {
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_TRUE(env.executor.wait_closed(snap_b));
   EXPECT_TRUE(env.executor.is_open(snap_a));
+  cache.check_invariants();
   EXPECT_FALSE(cache.lookup(concat(b, {1})).has_value());
   std::optional<PrefixMatch> again = cache.lookup(concat(a, {2}));
   ASSERT_TRUE(again.has_value());
@@ -332,6 +337,7 @@ TEST(PrefixCacheTest, InvalidInsertReleasesOwnershipAndPreservesExistingEntry) {
 
   EXPECT_EQ(cache.size(), 1u);
   std::optional<PrefixMatch> hit = cache.lookup(concat(a, {1}));
+  cache.check_invariants();
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(last_clone_source(env), snap_a);
   EXPECT_EQ(hit->matched_tokens, a.size());
@@ -386,6 +392,7 @@ TEST(PrefixCacheTest, OlderSnapshotCanSatisfyARefusedNewerMatch) {
   EXPECT_EQ(clones[clones_before + 1].upto, 6);
   EXPECT_EQ(cache.size(), 2u);
   expect_warm_equals_cold(env, *hit, request);
+  cache.check_invariants();
 }
 
 TEST(PrefixCacheTest, CapacityRefusalDoesNotLeakOrEvictTheSnapshot) {
@@ -408,6 +415,7 @@ TEST(PrefixCacheTest, CapacityRefusalDoesNotLeakOrEvictTheSnapshot) {
   EXPECT_TRUE(env.executor.is_open(snap_a));
 
   fillers.pop_back();
+  cache.check_invariants();
   ASSERT_TRUE(env.executor.wait_open_count(3));
   std::optional<PrefixMatch> hit = cache.lookup(request);
   ASSERT_TRUE(hit.has_value());
@@ -449,6 +457,7 @@ TEST(PrefixCacheTest, ClearAndDestructionReleaseOnlyOwnedSnapshots) {
     ASSERT_TRUE(env.executor.wait_open_count(3));
 
     cache.clear();
+    cache.check_invariants();
     EXPECT_EQ(cache.size(), 0u);
     EXPECT_TRUE(env.executor.wait_closed(snap_a));
     EXPECT_TRUE(env.executor.wait_closed(snap_b));
