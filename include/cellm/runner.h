@@ -79,6 +79,32 @@ class GenerationHandle {
   std::shared_ptr<detail::GenerationState> state_;
 };
 
+class Session;
+
+// A copyable, non-owning reference to a Session, for code that must clone a
+// session it does not own (a prompt capture in a generation callback). It
+// follows the session, not the Session wrapper: it stays valid when the
+// wrapper is moved, reassigned or destroyed, and it keeps neither the session
+// nor the runner alive. clone_async goes through the same runner path as
+// Session::clone_async and is refused (settles as nullopt on the calling
+// thread) once the session's close has been requested or the runner is gone.
+// Thread-safe; callable from callbacks (never wait on the future there).
+class SessionRef {
+ public:
+  SessionRef() = default;
+  SessionId id() const { return sid_; }  // 0 for a default reference
+  std::future<std::optional<Session>> clone_async(Position upto) const;
+
+ private:
+  friend class Session;
+  SessionRef(std::weak_ptr<detail::RunnerCore> core, std::weak_ptr<detail::SessionRecord> rec,
+             SessionId sid)
+      : core_(std::move(core)), record_(std::move(rec)), sid_(sid) {}
+  std::weak_ptr<detail::RunnerCore> core_;
+  std::weak_ptr<detail::SessionRecord> record_;
+  SessionId sid_ = 0;
+};
+
 class Session {
  public:
   Session() = default;
@@ -97,6 +123,9 @@ class Session {
   // token, no sampling. nullopt if refused (unsupported, beyond the committed
   // position, capacity, poisoned, shutting down); the source is unaffected.
   std::future<std::optional<Session>> clone_async(Position upto) const;
+
+  // A non-owning reference to this session (default when invalid).
+  SessionRef ref() const;
 
   // Starts a generation that feeds `delta` and then generates. Failures are
   // reported through the callback and the handle (kFailed with a message).

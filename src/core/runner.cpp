@@ -160,6 +160,27 @@ std::future<std::optional<Session>> Session::clone_async(Position upto) const {
   return core_->clone_session(record_, upto);
 }
 
+SessionRef Session::ref() const {
+  if (!valid()) return SessionRef();
+  return SessionRef(core_, record_, record_->sid);
+}
+
+// ---------------------------------------------------------------------------
+// SessionRef
+
+std::future<std::optional<Session>> SessionRef::clone_async(Position upto) const {
+  std::shared_ptr<detail::RunnerCore> core = core_.lock();
+  std::shared_ptr<detail::SessionRecord> record = record_.lock();
+  // A close requested before this call is queued before this clone, so the
+  // engine would refuse it anyway; refusing here spares the round trip.
+  if (!core || !record || record->close_requested.load()) {
+    std::promise<std::optional<Session>> refused;
+    refused.set_value(std::nullopt);
+    return refused.get_future();
+  }
+  return core->clone_session(std::move(record), upto);
+}
+
 GenerationHandle Session::generate_async(std::vector<Token> delta, const GenConfig& config,
                                          GenerationCallback on_update) {
   const int64_t t_submit = now_us();
