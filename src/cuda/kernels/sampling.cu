@@ -30,6 +30,50 @@ __device__ uint32_t uniform_bits24(uint64_t seed, int32_t position) {
   return static_cast<uint32_t>(bits >> 40);
 }
 
+// expf exactly as the host's libm computes it: the algorithm of ARM's optimized
+// routines expf (glibc's since 2.27; x86-64 glibc picks its FMA build on FMA
+// CPUs), with the same double operations and the same fused multiply-adds,
+// checked on the host against std::exp over every float in [-inf, -0]. CUDA's own
+// expf is up to 2 ulp off and would break ties that the host keeps.
+// kExp2Table[i] = bits(2^(i/32)) - (i << 47), the exponent added back per use.
+__constant__ uint64_t kExp2Table[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
+
+__device__ float host_expf(float x) {
+  constexpr double kInvLn2N = 0x1.71547652b82fep+0 * 32;
+  constexpr double kShift = 0x1.8p+52;
+  constexpr double kC0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32;
+  constexpr double kC1 = 0x1.ebfce50fac4f3p-3 / 32 / 32;
+  constexpr double kC2 = 0x1.62e42ff0c52d6p-1 / 32;
+  const uint32_t ix = __float_as_uint(x);
+  const uint32_t abstop = (ix >> 20) & 0x7FFu;
+  if (abstop >= 0x42Bu) {  // |x| >= 88, inf or NaN
+    if (ix == 0xFF800000u) return 0.f;
+    if (abstop >= 0x7F8u) return x + x;
+    if (x > 0x1.62e42ep6f) return __int_as_float(0x7F800000);
+    if (x < -0x1.9fe368p6f) return 0.f;
+  }
+  const double xd = static_cast<double>(x);
+  double kd = fma(kInvLn2N, xd, kShift);
+  const uint64_t ki = static_cast<uint64_t>(__double_as_longlong(kd));
+  kd = __dsub_rn(kd, kShift);
+  const double r = fma(kInvLn2N, xd, -kd);
+  const uint64_t t = kExp2Table[ki % 32] + (ki << 47);
+  const double s = __longlong_as_double(static_cast<long long>(t));
+  const double z = fma(kC0, r, kC1);
+  const double r2 = __dmul_rn(r, r);
+  double y = fma(kC2, r, 1.0);
+  y = fma(z, r2, y);
+  return __double2float_rn(__dmul_rn(y, s));
+}
+
 // The best logit seen: largest value, lowest id on ties; NaN never enters.
 struct Best {
   float value = 0.f;
@@ -306,9 +350,8 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  // Weights exactly as the host computes them: the quotient in float, the exp
-  // in double rounded once to float (the host's expf is nearly correctly
-  // rounded; the device's float expf is not), so the largest is exactly 1.
+  // Weights exactly as the host computes them, bit for bit: the quotient in
+  // float, then the host's expf; the largest is exactly 1.
   const float max_logit = best.value;
   const bool infinite_max = isinf(max_logit);
   for (int32_t i = tid; i < vocab; i += kThreads) {
@@ -319,7 +362,7 @@ __global__ void __launch_bounds__(kThreads)
     } else if (infinite_max) {
       w = v == max_logit ? 1.f : 0.f;
     } else {
-      w = static_cast<float>(exp(static_cast<double>((v - max_logit) / p.temperature)));
+      w = host_expf((v - max_logit) / p.temperature);
     }
     if (!(w >= 0.f && w <= 1.f)) w = 0.f;  // only invalid params reach here
     weight[i] = w;

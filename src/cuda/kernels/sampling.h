@@ -13,6 +13,8 @@
 // asc) order after top-k/top-p, id order otherwise, to the token where the
 // cumulative mass first exceeds r.
 //
+// The weights are the host's bit for bit (the device evaluates the host libm's
+// expf algorithm), so ties, thresholds and min-p cuts are the host's exactly.
 // How the device differs: it never sorts. The k-th largest weight, the top-p
 // cut and the walk's crossing are radix selects over the weights' float bits
 // (4 passes of 8 bits, block-wide histograms in shared memory), and ties at a
