@@ -187,16 +187,17 @@ HostTrace trace_host(std::span<const float> logits, const SamplingParams& params
     } else {
       const double target = static_cast<double>(params.top_p) * total;
       double cumulative = 0.0;
-      for (size_t i = 0; i < vocab; ++i) {
+      bool crossed = false;
+      for (size_t i = 0; i < vocab && !crossed; ++i) {
         const double before = cumulative;
         cumulative += weight[order[i]];
         if (cumulative > target) {
           kept_count = i + 1;
+          crossed = true;
           trace.boundary |= near(before, target, total) || near(cumulative, target, total);
-          break;
         }
       }
-      if (kept_count == vocab) trace.boundary = true;  // never crossed: rounding territory
+      if (!crossed) trace.boundary = true;  // never crossed: rounding territory
     }
     for (size_t i = 0; i < kept_count && weight[order[i]] >= params.min_p; ++i) {
       walk.push_back(order[i]);
