@@ -22,7 +22,8 @@
 // fixed point (w * 2^S with S = 62 - bit_width(V)), exact and deterministic, so
 // a launch always gives the same tokens for the same inputs. The host sums in
 // double; the two agree on the token unless r (or top-p's p * total) lies within
-// about 1e-5 of the kept mass from a cumulative boundary.
+// 2^(2 bit_width(V) - 63) of the kept mass (< 1e-8 below 2^18 tokens) from a
+// cumulative boundary.
 //
 // Launches are asynchronous on `stream`, allocate nothing and never synchronize
 // with the host, so they can be captured in a CUDA graph.
