@@ -1,0 +1,502 @@
+// Device sampling: one block of kThreads threads per row. See sampling.h for the
+// contract; the steps below mirror src/core/sampler.cpp one for one.
+#include "cuda/kernels/sampling.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cellm::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+constexpr int kBins = 256;                       // one radix digit of 8 bits
+constexpr int64_t kMaxVocab = int64_t{1} << 30;  // ids and loop indices stay in int32
+constexpr int64_t kMaxRows = int64_t{1} << 24;   // keeps the workspace size in range
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+__device__ uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The 24 bits of sampling_uniform(seed, position): u = bits * 2^-24.
+__device__ uint32_t uniform_bits24(uint64_t seed, int32_t position) {
+  const uint64_t key = splitmix64_mix(seed + kGolden);
+  const uint64_t counter = static_cast<uint64_t>(static_cast<uint32_t>(position));
+  const uint64_t bits = splitmix64_mix(key + (counter + 1) * kGolden);
+  return static_cast<uint32_t>(bits >> 40);
+}
+
+// expf exactly as the host's libm computes it: the algorithm of ARM's optimized
+// routines expf (glibc's since 2.27; x86-64 glibc picks its FMA build on FMA
+// CPUs), with the same double operations and the same fused multiply-adds,
+// checked on the host against std::exp over every float in [-inf, -0]. CUDA's own
+// expf is up to 2 ulp off and would break ties that the host keeps.
+// kExp2Table[i] = bits(2^(i/32)) - (i << 47), the exponent added back per use.
+__constant__ uint64_t kExp2Table[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
+
+__device__ float host_expf(float x) {
+  constexpr double kInvLn2N = 0x1.71547652b82fep+0 * 32;
+  constexpr double kShift = 0x1.8p+52;
+  constexpr double kC0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32;
+  constexpr double kC1 = 0x1.ebfce50fac4f3p-3 / 32 / 32;
+  constexpr double kC2 = 0x1.62e42ff0c52d6p-1 / 32;
+  const uint32_t ix = __float_as_uint(x);
+  const uint32_t abstop = (ix >> 20) & 0x7FFu;
+  if (abstop >= 0x42Bu) {  // |x| >= 88, inf or NaN
+    if (ix == 0xFF800000u) return 0.f;
+    if (abstop >= 0x7F8u) return x + x;
+    if (x > 0x1.62e42ep6f) return __int_as_float(0x7F800000);
+    if (x < -0x1.9fe368p6f) return 0.f;
+  }
+  const double xd = static_cast<double>(x);
+  double kd = fma(kInvLn2N, xd, kShift);
+  const uint64_t ki = static_cast<uint64_t>(__double_as_longlong(kd));
+  kd = __dsub_rn(kd, kShift);
+  const double r = fma(kInvLn2N, xd, -kd);
+  const uint64_t t = kExp2Table[ki % 32] + (ki << 47);
+  const double s = __longlong_as_double(static_cast<long long>(t));
+  const double z = fma(kC0, r, kC1);
+  const double r2 = __dmul_rn(r, r);
+  double y = fma(kC2, r, 1.0);
+  y = fma(z, r2, y);
+  return __double2float_rn(__dmul_rn(y, s));
+}
+
+// The best logit seen: largest value, lowest id on ties; NaN never enters.
+struct Best {
+  float value = 0.f;
+  int32_t index = 0;
+  bool valid = false;
+};
+
+__device__ Best better(const Best& a, const Best& b) {
+  if (!a.valid) return b;
+  if (!b.valid) return a;
+  if (a.value > b.value) return a;
+  if (b.value > a.value) return b;
+  return a.index < b.index ? a : b;
+}
+
+// The block's shared state. Every helper below is called by all threads of the
+// block together and leaves the state free for the next helper.
+struct Shared {
+  unsigned long long hist[kBins];  // radix histogram: count or fixed-point mass per digit
+  uint64_t partial[kWarps];        // per-warp partial sums
+  float best_value[kWarps];
+  int32_t best_index[kWarps];
+  int32_t best_valid[kWarps];
+  uint32_t bin;      // select_crossing: the digit found in this pass
+  uint64_t above;    // select_crossing: measure above that digit
+  int32_t found_id;  // first_crossing_in_id_order
+  int32_t found;
+};
+
+__device__ unsigned lane_id() {
+  return threadIdx.x & 31u;
+}
+__device__ unsigned warp_id() {
+  return threadIdx.x >> 5;
+}
+
+__device__ uint64_t warp_sum(uint64_t v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+__device__ uint64_t warp_inclusive_scan(uint64_t v) {
+  const unsigned lane = lane_id();
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const uint64_t other = __shfl_up_sync(kFullMask, v, offset);
+    if (lane >= static_cast<unsigned>(offset)) v += other;
+  }
+  return v;
+}
+
+// The sum of `v` over the block, returned to every thread (exact: integers).
+__device__ uint64_t block_sum(uint64_t v, Shared& sh) {
+  v = warp_sum(v);
+  if (lane_id() == 0) sh.partial[warp_id()] = v;
+  __syncthreads();
+  uint64_t total = 0;
+  for (int w = 0; w < kWarps; ++w) total += sh.partial[w];
+  __syncthreads();
+  return total;
+}
+
+// The sum of `v` over the threads before this one (thread order).
+__device__ uint64_t block_exclusive_sum(uint64_t v, Shared& sh) {
+  const uint64_t inclusive = warp_inclusive_scan(v);
+  if (lane_id() == 31) sh.partial[warp_id()] = inclusive;
+  __syncthreads();
+  uint64_t offset = 0;
+  for (unsigned w = 0; w < warp_id(); ++w) offset += sh.partial[w];
+  __syncthreads();
+  return offset + inclusive - v;
+}
+
+// The best of every thread's `b`, returned to every thread.
+__device__ Best block_best(Best b, Shared& sh) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Best other;
+    other.value = __shfl_xor_sync(kFullMask, b.value, offset);
+    other.index = __shfl_xor_sync(kFullMask, b.index, offset);
+    other.valid = __shfl_xor_sync(kFullMask, static_cast<int>(b.valid), offset) != 0;
+    b = better(b, other);
+  }
+  if (lane_id() == 0) {
+    sh.best_value[warp_id()] = b.value;
+    sh.best_index[warp_id()] = b.index;
+    sh.best_valid[warp_id()] = b.valid ? 1 : 0;
+  }
+  __syncthreads();
+  Best result;
+  for (int w = 0; w < kWarps; ++w) {
+    Best other;
+    other.value = sh.best_value[w];
+    other.index = sh.best_index[w];
+    other.valid = sh.best_valid[w] != 0;
+    result = better(result, other);
+  }
+  __syncthreads();
+  return result;
+}
+
+// hist[key] += value for every active lane, with one shared atomic per distinct
+// key in the warp (the lanes of a key sum their values first, by halving within
+// the group: Westphal's reduce_peers). All 32 lanes must call it together.
+__device__ void warp_aggregated_add(unsigned long long* hist, uint32_t key, uint64_t value,
+                                    bool active) {
+  if (__ballot_sync(kFullMask, active) == 0) return;
+  const unsigned lane = lane_id();
+  const uint32_t group_key = active ? key : 0xFFFFFFFFu;  // keys are < kBins
+  unsigned peers = __match_any_sync(kFullMask, group_key);
+  const unsigned leader = static_cast<unsigned>(__ffs(static_cast<int>(peers)) - 1);
+  unsigned rank = static_cast<unsigned>(__popc(peers & ((1u << lane) - 1u)));
+  peers &= 0xFFFFFFFEu << lane;  // the peers above this lane
+  uint64_t sum = active ? value : 0;
+  while (__any_sync(kFullMask, peers != 0)) {
+    const int next = __ffs(static_cast<int>(peers));  // 1-based; 0 when none is left
+    const uint64_t other =
+        __shfl_sync(kFullMask, sum, next > 0 ? next - 1 : static_cast<int>(lane));
+    if (next > 0) sum += other;
+    peers &= ~__ballot_sync(kFullMask, (rank & 1u) != 0);  // odd ranks have handed theirs on
+    rank >>= 1;
+  }
+  if (active && lane == leader && sum != 0)
+    atomicAdd(&hist[key], static_cast<unsigned long long>(sum));
+}
+
+// Warp 0 only: the digit (from kBins - 1 down) where `above` plus the histogram's
+// cumulative first exceeds `target`; stores it in sh.bin and the measure above it
+// in sh.above. REQUIRES: above <= target < above + sum(hist).
+__device__ void find_crossing_bin(Shared& sh, uint64_t above, uint64_t target) {
+  const unsigned lane = lane_id();
+  constexpr unsigned kPerLane = kBins / 32;
+  const unsigned top = kBins - 1 - kPerLane * lane;  // lane covers [top - 7, top], descending
+  uint64_t local = 0;
+  for (unsigned q = 0; q < kPerLane; ++q) local += sh.hist[top - q];
+  const uint64_t inclusive = warp_inclusive_scan(local);
+  const unsigned crossing = __ballot_sync(kFullMask, above + inclusive > target);
+  if (crossing == 0) {  // unreachable under REQUIRES; keeps the result defined
+    if (lane == 0) {
+      sh.bin = 0;
+      sh.above = above;
+    }
+    return;
+  }
+  if (lane == static_cast<unsigned>(__ffs(static_cast<int>(crossing)) - 1)) {
+    uint64_t cumulative = above + inclusive - local;
+    for (unsigned q = 0; q < kPerLane; ++q) {
+      const uint64_t count = sh.hist[top - q];
+      if (cumulative + count > target) {
+        sh.bin = top - q;
+        sh.above = cumulative;
+        break;
+      }
+      cumulative += count;
+    }
+  }
+}
+
+struct Selection {
+  uint32_t bits = 0;   // the weight's float bits
+  uint64_t above = 0;  // the measure of the set's elements strictly above it
+};
+
+// The weight v where the set's cumulative measure, taken in descending weight
+// order, crosses `target`: F(w > v) <= target < F(w >= v), F(.) summing
+// measure(w) over the ids i with in_set(i, w). Weights are >= 0, so their float
+// bits order like the values; four radix passes of 8 bits fix v digit by digit.
+// REQUIRES: target < F(all of the set).
+template <typename InSet, typename Measure>
+__device__ Selection select_crossing(const float* weight, int32_t vocab, InSet in_set,
+                                     Measure measure, uint64_t target, Shared& sh) {
+  uint32_t prefix = 0;
+  uint32_t prefix_mask = 0;
+  uint64_t above = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = static_cast<int>(threadIdx.x); b < kBins; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+    for (int32_t base = 0; base < vocab; base += kThreads) {
+      const int32_t i = base + static_cast<int32_t>(threadIdx.x);
+      uint32_t key = 0;
+      uint64_t value = 0;
+      if (i < vocab) {
+        const float w = weight[i];
+        const uint32_t bits = __float_as_uint(w);
+        if ((bits & prefix_mask) == prefix && in_set(i, w)) {
+          key = (bits >> shift) & 0xFFu;
+          value = measure(w);
+        }
+      }
+      warp_aggregated_add(sh.hist, key, value, value != 0);
+    }
+    __syncthreads();
+    if (warp_id() == 0) find_crossing_bin(sh, above, target);
+    __syncthreads();
+    prefix |= sh.bin << shift;
+    prefix_mask |= 0xFFu << shift;
+    above = sh.above;
+    // sh.bin and sh.above are next written after the next pass's first barrier.
+  }
+  Selection s;
+  s.bits = prefix;
+  s.above = above;
+  return s;
+}
+
+// The first id i (in id order) where the sum of measure(j, w_j) over j <= i
+// exceeds `target`, in *id; false when the whole row's sum does not. Each thread
+// sums a contiguous chunk; a block scan places the chunks; the one chunk that
+// holds the crossing is walked by its thread.
+template <typename Measure>
+__device__ bool first_crossing_in_id_order(const float* weight, int32_t vocab, Measure measure,
+                                           uint64_t target, Shared& sh, int32_t* id) {
+  const int32_t chunk = (vocab + kThreads - 1) / kThreads;
+  const int32_t begin = min(static_cast<int32_t>(threadIdx.x) * chunk, vocab);
+  const int32_t end = min(begin + chunk, vocab);
+  uint64_t sum = 0;
+  for (int32_t i = begin; i < end; ++i) sum += measure(i, weight[i]);
+  const uint64_t before = block_exclusive_sum(sum, sh);
+  if (threadIdx.x == 0) sh.found = 0;
+  __syncthreads();
+  if (before <= target && target - before < sum) {  // exactly one thread when it exists
+    uint64_t cumulative = before;
+    for (int32_t i = begin; i < end; ++i) {
+      cumulative += measure(i, weight[i]);
+      if (cumulative > target) {
+        sh.found_id = i;
+        sh.found = 1;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const bool found = sh.found != 0;
+  *id = sh.found_id;
+  __syncthreads();
+  return found;
+}
+
+// The id of the rank-th (1-based) lowest id whose weight has float bits `bits`.
+__device__ bool nth_id_with_weight(const float* weight, int32_t vocab, uint32_t bits, uint64_t rank,
+                                   Shared& sh, int32_t* id) {
+  auto is_tie = [bits](int32_t, float w) -> uint64_t {
+    return __float_as_uint(w) == bits ? 1u : 0u;
+  };
+  return first_crossing_in_id_order(weight, vocab, is_tie, rank - 1, sh, id);
+}
+
+// One block per row. weights: [n_rows, vocab] f32 scratch. A token's mass is its
+// weight in fixed point, round(w * 2^mass_shift); the masses of a row sum below 2^62.
+__global__ void __launch_bounds__(kThreads)
+    sample_rows_kernel(const float* __restrict__ logits, int32_t vocab,
+                       const SamplingRow* __restrict__ params, int32_t* __restrict__ out_tokens,
+                       float* __restrict__ weights, int mass_shift) {
+  __shared__ Shared sh;
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * vocab;
+  float* weight = weights + row * vocab;
+  const SamplingRow p = params[row];
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
+
+  // Argmax: the answer at temperature 0, and the fallback without mass.
+  Best best;
+  for (int32_t i = tid; i < vocab; i += kThreads) {
+    const float v = x[i];
+    if (isnan(v)) continue;
+    Best candidate;
+    candidate.value = v;
+    candidate.index = i;
+    candidate.valid = true;
+    best = better(best, candidate);
+  }
+  best = block_best(best, sh);
+  const int32_t argmax = best.valid ? best.index : 0;
+  if (p.temperature == 0.f || !best.valid || (isinf(best.value) && best.value < 0.f)) {
+    if (tid == 0) out_tokens[row] = argmax;
+    return;
+  }
+
+  // Weights exactly as the host computes them, bit for bit: the quotient in
+  // float, then the host's expf; the largest is exactly 1.
+  const float max_logit = best.value;
+  const bool infinite_max = isinf(max_logit);
+  for (int32_t i = tid; i < vocab; i += kThreads) {
+    const float v = x[i];
+    float w;
+    if (isnan(v)) {
+      w = 0.f;
+    } else if (infinite_max) {
+      w = v == max_logit ? 1.f : 0.f;
+    } else {
+      w = host_expf((v - max_logit) / p.temperature);
+    }
+    if (!(w >= 0.f && w <= 1.f)) w = 0.f;  // only invalid params reach here
+    weight[i] = w;
+  }
+  __syncthreads();
+
+  const double scale = ldexp(1.0, mass_shift);
+  auto mass = [scale](float w) -> uint64_t {
+    return __double2ull_rn(static_cast<double>(w) * scale);
+  };
+  auto everything = [](int32_t, float) { return true; };
+
+  // The kept set before min-p: {w > threshold} and, at the threshold, the ids up
+  // to and including `cutoff` (the host's stable order keeps the lowest ids).
+  const bool use_top_k = p.top_k > 0 && p.top_k < vocab;
+  const bool use_top_p = !use_top_k && p.top_p > 0.f && p.top_p < 1.f;
+  uint32_t threshold_bits = 0;
+  int32_t cutoff = vocab - 1;
+  if (use_top_k) {
+    auto count = [](float) -> uint64_t { return 1; };
+    const uint64_t k = static_cast<uint64_t>(p.top_k);
+    const Selection s = select_crossing(weight, vocab, everything, count, k - 1, sh);
+    threshold_bits = s.bits;
+    if (!nth_id_with_weight(weight, vocab, s.bits, k - s.above, sh, &cutoff)) cutoff = vocab - 1;
+  } else if (use_top_p) {
+    uint64_t local = 0;
+    for (int32_t i = tid; i < vocab; i += kThreads) local += mass(weight[i]);
+    const uint64_t total = block_sum(local, sh);
+    // The host keeps tokens until the cumulative exceeds p * total; for an
+    // integer cumulative that is exceeding floor(p * total).
+    const uint64_t target =
+        __double2ull_rd(static_cast<double>(p.top_p) * static_cast<double>(total));
+    if (target < total) {
+      const Selection s = select_crossing(weight, vocab, everything, mass, target, sh);
+      const uint64_t tie_mass = mass(__uint_as_float(s.bits));
+      const uint64_t rank = tie_mass > 0 ? (target - s.above) / tie_mass + 1 : 1;
+      threshold_bits = s.bits;
+      if (!nth_id_with_weight(weight, vocab, s.bits, rank, sh, &cutoff)) cutoff = vocab - 1;
+    }
+  }
+
+  // Min-p, the kept mass and the draw r = u * kept (exact: 24-bit u times a
+  // mass below 2^62, shifted back).
+  const float min_p = p.min_p;
+  auto kept = [threshold_bits, cutoff, min_p](int32_t i, float w) {
+    const uint32_t bits = __float_as_uint(w);
+    return (bits > threshold_bits || (bits == threshold_bits && i <= cutoff)) && w >= min_p;
+  };
+  uint64_t local = 0;
+  for (int32_t i = tid; i < vocab; i += kThreads) {
+    const float w = weight[i];
+    if (kept(i, w)) local += mass(w);
+  }
+  const uint64_t kept_mass = block_sum(local, sh);
+  if (kept_mass == 0) {  // only invalid params get here
+    if (tid == 0) out_tokens[row] = argmax;
+    return;
+  }
+  const uint64_t u = uniform_bits24(p.seed, p.position);
+  const uint64_t r = (__umul64hi(u, kept_mass) << 40) | ((u * kept_mass) >> 24);
+
+  // The walk: descending (weight desc, id asc) after top-k/top-p, id order otherwise.
+  int32_t token = argmax;
+  bool found = false;
+  if (use_top_k || use_top_p) {
+    const Selection s = select_crossing(weight, vocab, kept, mass, r, sh);
+    const uint64_t tie_mass = mass(__uint_as_float(s.bits));
+    const uint64_t rank = tie_mass > 0 ? (r - s.above) / tie_mass + 1 : 1;
+    // The kept ids at any weight are the lowest ids with that weight.
+    found = nth_id_with_weight(weight, vocab, s.bits, rank, sh, &token);
+  } else {
+    auto kept_mass_of = [min_p, mass](int32_t, float w) -> uint64_t {
+      return w >= min_p ? mass(w) : 0;
+    };
+    found = first_crossing_in_id_order(weight, vocab, kept_mass_of, r, sh, &token);
+  }
+  if (tid == 0) out_tokens[row] = found ? token : argmax;
+}
+
+__global__ void sampling_uniform_kernel(const uint64_t* __restrict__ seeds,
+                                        const int32_t* __restrict__ positions, int64_t n,
+                                        float* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = static_cast<float>(uniform_bits24(seeds[i], positions[i])) * 0x1.0p-24f;
+}
+
+int bit_width(uint64_t v) {
+  int bits = 0;
+  while (v != 0) {
+    ++bits;
+    v >>= 1;
+  }
+  return bits;
+}
+
+}  // namespace
+
+size_t sample_workspace_bytes(int64_t n_rows, int64_t vocab) {
+  if (n_rows <= 0 || vocab <= 0) return 0;
+  const size_t bytes = static_cast<size_t>(n_rows) * static_cast<size_t>(vocab) * sizeof(float);
+  return (bytes + 255) / 256 * 256;
+}
+
+cudaError_t launch_sample(const float* logits, int64_t n_rows, int64_t vocab,
+                          const SamplingRow* params, int32_t* out_tokens, void* workspace,
+                          size_t workspace_bytes, cudaStream_t stream) {
+  // REQUIRES: a valid shape, device pointers, enough workspace.
+  if (n_rows < 0 || n_rows > kMaxRows || vocab < 1 || vocab > kMaxVocab) {
+    return cudaErrorInvalidValue;
+  }
+  if (n_rows == 0) return cudaSuccess;
+  if (logits == nullptr || params == nullptr || out_tokens == nullptr || workspace == nullptr ||
+      workspace_bytes < sample_workspace_bytes(n_rows, vocab)) {
+    return cudaErrorInvalidValue;
+  }
+  const int mass_shift = 62 - bit_width(static_cast<uint64_t>(vocab));
+  sample_rows_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(
+      logits, static_cast<int32_t>(vocab), params, out_tokens, static_cast<float*>(workspace),
+      mass_shift);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sampling_uniform(const uint64_t* seeds, const int32_t* positions, int64_t n,
+                                    float* out, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (seeds == nullptr || positions == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  constexpr int kBlock = 256;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  sampling_uniform_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(seeds, positions, n,
+                                                                                out);
+  return cudaGetLastError();
+}
+
+}  // namespace cellm::cuda
