@@ -38,13 +38,15 @@
 namespace cellm::cuda {
 namespace {
 
+using testing::device_array;
 using testing::DeviceArray;
+using testing::download_floats;
 using testing::expect_all_close;
 using testing::HostTyped;
 using testing::OutputTolerance;
+using testing::poison;
 using testing::random_values;
 using testing::round_to;
-using testing::to_device;
 
 constexpr int64_t kRowCounts[] = {1, 3, 17};
 constexpr int64_t kWidths[] = {1, 67, 64, 128, 4096};
@@ -83,21 +85,21 @@ TYPED_TEST(EmbeddingKernelTest, RowsEqualTheCpuGatherForEveryShape) {
   for (const int64_t d : kWidths) {
     const std::vector<float> table = random_values<T>(rng, kVocab * d);
     const HostTyped<T> host_table(table);
-    const DeviceArray<T> dev_table(table);
+    const auto dev_table = device_array<T>(table);
     for (const int64_t n : kRowCounts) {
       SCOPED_TRACE(shape(n, d));
       std::uniform_int_distribution<int32_t> pick(0, kVocab - 1);
       std::vector<int32_t> tokens(static_cast<size_t>(n));
       for (int32_t& t : tokens) t = pick(rng);
       tokens.back() = kVocab - 1;
-      const DeviceBuffer dev_tokens = to_device(tokens);
-      DeviceArray<float> out(n * d);
-      out.poison();
-      CELLM_ASSERT_CUDA(launch_embedding<T>(dev_table.get(), kVocab, d, dev_tokens.as<int32_t>(), n,
-                                            out.get(), nullptr));
+      const DeviceArray<int32_t> dev_tokens(tokens);
+      DeviceArray<float> out(static_cast<size_t>(n * d));
+      poison(out);
+      CELLM_ASSERT_CUDA(
+          launch_embedding<T>(dev_table.get(), kVocab, d, dev_tokens.get(), n, out.get(), nullptr));
       std::vector<float> want(static_cast<size_t>(n * d));
       cpu::embedding_gather(host_table.ptr(), kVocab, d, tokens, want.data());
-      expect_all_close(out.download(), want, 0.0f, 0.0f, "embedding");
+      expect_all_close(download_floats(out), want, 0.0f, 0.0f, "embedding");
     }
   }
 }
@@ -110,22 +112,22 @@ TYPED_TEST(EmbeddingKernelTest, TokensOutsideTheVocabularyWriteZeroRows) {
   for (const int64_t d : {int64_t{67}, int64_t{64}}) {
     SCOPED_TRACE(shape(6, d));
     const std::vector<float> table = random_values<T>(rng, kVocab * d);
-    const DeviceArray<T> dev_table(table);
+    const auto dev_table = device_array<T>(table);
     const std::vector<int32_t> tokens = {
         -1, 7, kVocab, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min(), 0};
-    const DeviceBuffer dev_tokens = to_device(tokens);
+    const DeviceArray<int32_t> dev_tokens(tokens);
     const auto n = static_cast<int64_t>(tokens.size());
-    DeviceArray<float> out(n * d);
-    out.poison();
-    CELLM_ASSERT_CUDA(launch_embedding<T>(dev_table.get(), kVocab, d, dev_tokens.as<int32_t>(), n,
-                                          out.get(), nullptr));
+    DeviceArray<float> out(static_cast<size_t>(n * d));
+    poison(out);
+    CELLM_ASSERT_CUDA(
+        launch_embedding<T>(dev_table.get(), kVocab, d, dev_tokens.get(), n, out.get(), nullptr));
     std::vector<float> want(static_cast<size_t>(n * d), 0.0f);
     for (int64_t i = 0; i < n; ++i) {
       const int32_t t = tokens[static_cast<size_t>(i)];
       if (t < 0 || t >= kVocab) continue;
       for (int64_t c = 0; c < d; ++c) want[i * d + c] = table[t * d + c];
     }
-    expect_all_close(out.download(), want, 0.0f, 0.0f, "embedding");
+    expect_all_close(download_floats(out), want, 0.0f, 0.0f, "embedding");
   }
 }
 
@@ -135,7 +137,7 @@ TEST(GatherRowsKernelTest, SelectedRowsAreCopiedExactlyAndNegativeRowsAreZero) {
   constexpr int64_t kSourceRows = 23;
   for (const int64_t d : kWidths) {
     const std::vector<float> x = random_values<float>(rng, kSourceRows * d, 10.0f);
-    const DeviceArray<float> dev_x(x);
+    const auto dev_x = device_array<float>(x);
     for (const int64_t n : kRowCounts) {
       SCOPED_TRACE(shape(n, d));
       std::uniform_int_distribution<int32_t> pick(0, kSourceRows - 1);
@@ -143,18 +145,17 @@ TEST(GatherRowsKernelTest, SelectedRowsAreCopiedExactlyAndNegativeRowsAreZero) {
       for (int32_t& r : rows) r = pick(rng);
       rows.back() = kSourceRows - 1;
       if (n > 2) rows[1] = -1;
-      const DeviceBuffer dev_rows = to_device(rows);
-      DeviceArray<float> out(n * d);
-      out.poison();
-      CELLM_ASSERT_CUDA(
-          launch_gather_rows(dev_x.get(), d, dev_rows.as<int32_t>(), n, out.get(), nullptr));
+      const DeviceArray<int32_t> dev_rows(rows);
+      DeviceArray<float> out(static_cast<size_t>(n * d));
+      poison(out);
+      CELLM_ASSERT_CUDA(launch_gather_rows(dev_x.get(), d, dev_rows.get(), n, out.get(), nullptr));
       std::vector<float> want(static_cast<size_t>(n * d), 0.0f);
       for (int64_t i = 0; i < n; ++i) {
         const int32_t r = rows[static_cast<size_t>(i)];
         if (r < 0) continue;
         for (int64_t c = 0; c < d; ++c) want[i * d + c] = x[r * d + c];
       }
-      expect_all_close(out.download(), want, 0.0f, 0.0f, "gather_rows");
+      expect_all_close(download_floats(out), want, 0.0f, 0.0f, "gather_rows");
     }
   }
 }
@@ -181,11 +182,11 @@ TYPED_TEST(RmsNormKernelTest, AddRmsNormMatchesTheCpuTwinWithAndWithoutDelta) {
           const std::vector<float> residual = random_values<float>(rng, m * d, 4.0f);
           const std::vector<float> delta = random_values<T>(rng, m * d, 2.0f);
           const std::vector<float> weight = random_values<T>(rng, d);
-          DeviceArray<float> dev_residual(with_prefix(residual, shift));
-          const DeviceArray<T> dev_delta(with_prefix(delta, shift));
-          const DeviceArray<T> dev_weight(with_prefix(weight, shift));
-          DeviceArray<T> dev_out(m * d + shift);
-          dev_out.poison();
+          auto dev_residual = device_array<float>(with_prefix(residual, shift));
+          const auto dev_delta = device_array<T>(with_prefix(delta, shift));
+          const auto dev_weight = device_array<T>(with_prefix(weight, shift));
+          DeviceArray<T> dev_out(static_cast<size_t>(m * d + shift));
+          poison(dev_out);
           CELLM_ASSERT_CUDA(launch_add_rmsnorm<T>(
               dev_residual.get() + shift, with_delta ? dev_delta.get() + shift : nullptr,
               dev_weight.get() + shift, m, d, kEps, dev_out.get() + shift, nullptr));
@@ -200,10 +201,10 @@ TYPED_TEST(RmsNormKernelTest, AddRmsNormMatchesTheCpuTwinWithAndWithoutDelta) {
             cpu::rmsnorm(pool, want_residual.data(), m, d, host_weight.ptr(), kEps,
                          want_out.data());
           }
-          expect_all_close(drop_prefix(dev_residual.download(), shift), want_residual, 0.0f, 0.0f,
-                           "residual");
-          expect_all_close(drop_prefix(dev_out.download(), shift), want_out, Tol::kAbs, Tol::kRel,
-                           "out");
+          expect_all_close(drop_prefix(download_floats(dev_residual), shift), want_residual, 0.0f,
+                           0.0f, "residual");
+          expect_all_close(drop_prefix(download_floats(dev_out), shift), want_out, Tol::kAbs,
+                           Tol::kRel, "out");
         }
       }
     }
@@ -223,9 +224,9 @@ TYPED_TEST(RmsNormKernelTest, AddRmsNormMayWriteOverItsDelta) {
     const std::vector<float> residual = random_values<float>(rng, kM * d, 4.0f);
     const std::vector<float> delta = random_values<T>(rng, kM * d, 2.0f);
     const std::vector<float> weight = random_values<T>(rng, d);
-    DeviceArray<float> dev_residual(residual);
-    DeviceArray<T> dev_delta_out(delta);
-    const DeviceArray<T> dev_weight(weight);
+    auto dev_residual = device_array<float>(residual);
+    auto dev_delta_out = device_array<T>(delta);
+    const auto dev_weight = device_array<T>(weight);
     CELLM_ASSERT_CUDA(launch_add_rmsnorm<T>(dev_residual.get(), dev_delta_out.get(),
                                             dev_weight.get(), kM, d, kEps, dev_delta_out.get(),
                                             nullptr));
@@ -233,8 +234,8 @@ TYPED_TEST(RmsNormKernelTest, AddRmsNormMayWriteOverItsDelta) {
     std::vector<float> want_out(static_cast<size_t>(kM * d));
     cpu::add_rmsnorm(pool, want_residual.data(), delta.data(), kM, d, HostTyped<T>(weight).ptr(),
                      kEps, want_out.data());
-    expect_all_close(dev_residual.download(), want_residual, 0.0f, 0.0f, "residual");
-    expect_all_close(dev_delta_out.download(), want_out, Tol::kAbs, Tol::kRel, "out");
+    expect_all_close(download_floats(dev_residual), want_residual, 0.0f, 0.0f, "residual");
+    expect_all_close(download_floats(dev_delta_out), want_out, Tol::kAbs, Tol::kRel, "out");
   }
 }
 
@@ -255,14 +256,14 @@ TYPED_TEST(RmsNormKernelTest, HeadRmsNormNormalisesTheNamedHeadsInPlaceAndNothin
       const std::vector<float> x = random_values<T>(rng, m * row_stride, 3.0f);
       const std::vector<float> q_weight = random_values<T>(rng, hd);
       const std::vector<float> k_weight = random_values<T>(rng, hd);
-      DeviceArray<T> dev_x(x);
-      const DeviceArray<T> dev_q_weight(q_weight);
-      const DeviceArray<T> dev_k_weight(k_weight);
+      auto dev_x = device_array<T>(x);
+      const auto dev_q_weight = device_array<T>(q_weight);
+      const auto dev_k_weight = device_array<T>(k_weight);
       CELLM_ASSERT_CUDA(launch_head_rmsnorm<T>(dev_x.get(), m, row_stride, 0, kQHeads, hd,
                                                dev_q_weight.get(), kEps, nullptr));
       CELLM_ASSERT_CUDA(launch_head_rmsnorm<T>(dev_x.get(), m, row_stride, kQHeads * hd, kKvHeads,
                                                hd, dev_k_weight.get(), kEps, nullptr));
-      const std::vector<float> got = dev_x.download();
+      const std::vector<float> got = download_floats(dev_x);
 
       // Normalised elements against cpu::rmsnorm per head; every other element unchanged.
       std::vector<float> got_normed, want_normed, got_kept, want_kept;
@@ -309,7 +310,7 @@ TYPED_TEST(RopeKernelTest, RotatesTheQAndKHeadsLikeTheCpuTwinAndNothingElse) {
       const std::vector<float> inv_freq =
           llama3 ? cpu::rope_inv_freq(500000.0, hd, cpu::Llama3RopeScaling{})
                  : cpu::rope_inv_freq(10000.0, hd);
-      const DeviceBuffer dev_inv_freq = to_device(inv_freq);
+      const DeviceArray<float> dev_inv_freq(inv_freq);
       for (const int64_t m : kRowCounts) {
         SCOPED_TRACE("head_dim=" + std::to_string(hd) + " m=" + std::to_string(m) +
                      (llama3 ? " llama3" : " theta=1e4"));
@@ -322,12 +323,12 @@ TYPED_TEST(RopeKernelTest, RotatesTheQAndKHeadsLikeTheCpuTwinAndNothingElse) {
         positions[0] = 10000;
         if (m > 1) positions[1] = 0;
         const std::vector<float> x = random_values<T>(rng, m * row_stride);
-        DeviceArray<T> dev_x(x);
-        const DeviceBuffer dev_positions = to_device(positions);
+        auto dev_x = device_array<T>(x);
+        const DeviceArray<int32_t> dev_positions(positions);
         CELLM_ASSERT_CUDA(launch_rope<T>(dev_x.get(), m, row_stride, kQOffset, kQHeads, k_offset,
-                                         kKvHeads, hd, dev_positions.as<int32_t>(),
-                                         dev_inv_freq.as<float>(), nullptr));
-        const std::vector<float> got = dev_x.download();
+                                         kKvHeads, hd, dev_positions.get(), dev_inv_freq.get(),
+                                         nullptr));
+        const std::vector<float> got = download_floats(dev_x);
 
         // The CPU twin on contiguous copies of the q and k heads.
         std::vector<float> q(static_cast<size_t>(m * kQHeads * hd));
@@ -382,9 +383,9 @@ TYPED_TEST(SwigluKernelTest, MatchesTheCpuSiluMulForEveryShape) {
         SCOPED_TRACE("m=" + std::to_string(m) + " ff=" + std::to_string(ff) +
                      (shift ? " unaligned" : ""));
         const std::vector<float> gate_up = random_values<T>(rng, m * 2 * ff, 6.0f);
-        const DeviceArray<T> dev_gate_up(with_prefix(gate_up, shift));
-        DeviceArray<T> dev_out(m * ff + shift);
-        dev_out.poison();
+        const auto dev_gate_up = device_array<T>(with_prefix(gate_up, shift));
+        DeviceArray<T> dev_out(static_cast<size_t>(m * ff + shift));
+        poison(dev_out);
         CELLM_ASSERT_CUDA(
             launch_swiglu<T>(dev_gate_up.get() + shift, m, ff, dev_out.get() + shift, nullptr));
         std::vector<float> gate, up;
@@ -395,7 +396,7 @@ TYPED_TEST(SwigluKernelTest, MatchesTheCpuSiluMulForEveryShape) {
         }
         std::vector<float> want(static_cast<size_t>(m * ff));
         cpu::silu_mul(pool, gate.data(), up.data(), m * ff, want.data());
-        expect_all_close(drop_prefix(dev_out.download(), shift), want, Tol::kAbs, Tol::kRel,
+        expect_all_close(drop_prefix(download_floats(dev_out), shift), want, Tol::kAbs, Tol::kRel,
                          "swiglu");
       }
     }
@@ -429,11 +430,11 @@ TYPED_TEST(ConvertKernelTest, RoundsToNearestEvenExactlyLikeTheCpuConversion) {
       std::vector<float> src(static_cast<size_t>(n));
       for (float& v : src) v = (negative(rng) ? -1.0f : 1.0f) * std::exp2(exponent(rng));
       for (size_t i = 0; i < specials.size() && i < src.size(); ++i) src[i] = specials[i];
-      const DeviceArray<float> dev_src(with_prefix(src, shift));
-      DeviceArray<T> dev_dst(n + shift);
-      dev_dst.poison();
+      const auto dev_src = device_array<float>(with_prefix(src, shift));
+      DeviceArray<T> dev_dst(static_cast<size_t>(n + shift));
+      poison(dev_dst);
       CELLM_ASSERT_CUDA(launch_f32_to<T>(dev_src.get() + shift, n, dev_dst.get() + shift, nullptr));
-      const std::vector<float> got = drop_prefix(dev_dst.download(), shift);
+      const std::vector<float> got = drop_prefix(download_floats(dev_dst), shift);
       size_t bad = 0;
       for (size_t i = 0; i < src.size(); ++i) {
         const float want = round_to<T>(src[i]);
@@ -456,14 +457,14 @@ void check_add_bias(std::mt19937& rng) {
                    " m=" + std::to_string(m) + " n=" + std::to_string(n));
       const std::vector<float> y = random_values<TOut>(rng, m * n, 3.0f);
       const std::vector<float> bias = random_values<TBias>(rng, n);
-      DeviceArray<TOut> dev_y(y);
-      const DeviceArray<TBias> dev_bias(bias);
+      auto dev_y = device_array<TOut>(y);
+      const auto dev_bias = device_array<TBias>(bias);
       CELLM_ASSERT_CUDA((launch_add_bias<TOut, TBias>(dev_y.get(), m, n, dev_bias.get(), nullptr)));
       std::vector<float> want(y.size());
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) want[i * n + j] = round_to<TOut>(y[i * n + j] + bias[j]);
       }
-      expect_all_close(dev_y.download(), want, 0.0f, 0.0f, "add_bias");
+      expect_all_close(download_floats(dev_y), want, 0.0f, 0.0f, "add_bias");
     }
   }
 }
@@ -528,16 +529,19 @@ TEST(KernelGraphCaptureTest, LaunchersRecordIntoAGraphAndReplayLikeEagerLaunches
   const std::vector<float> gate_up = random_values<B>(rng, kM * 2 * kFf, 4.0f);
   const std::vector<float> f32_values = random_values<float>(rng, 1000);
 
-  const DeviceBuffer dev_tokens = to_device(tokens), dev_positions = to_device(positions),
-                     dev_rows = to_device(rows), dev_inv_freq = to_device(inv_freq);
-  const DeviceArray<B> dev_table(table), dev_delta(delta), dev_weight(weight),
-      dev_head_weight(head_weight), dev_gate_up(gate_up);
-  const DeviceArray<float> dev_f32(f32_values);
+  const DeviceArray<int32_t> dev_tokens(tokens), dev_positions(positions), dev_rows(rows);
+  const DeviceArray<float> dev_inv_freq(inv_freq);
+  const auto dev_table = device_array<B>(table);
+  const auto dev_delta = device_array<B>(delta);
+  const auto dev_weight = device_array<B>(weight);
+  const auto dev_head_weight = device_array<B>(head_weight);
+  const auto dev_gate_up = device_array<B>(gate_up);
+  const auto dev_f32 = device_array<float>(f32_values);
   DeviceArray<B> dev_qkv(kM * kQkv), dev_normed(kM * kD), dev_act(kM * kFf), dev_converted(1000);
   DeviceArray<float> dev_residual(kM * kD), dev_selected(2 * kD);
 
   const auto enqueue = [&](cudaStream_t s) {
-    cudaError_t e = launch_embedding<B>(dev_table.get(), kVocab, kD, dev_tokens.as<int32_t>(), kM,
+    cudaError_t e = launch_embedding<B>(dev_table.get(), kVocab, kD, dev_tokens.get(), kM,
                                         dev_residual.get(), s);
     if (e == cudaSuccess) {
       e = launch_add_rmsnorm<B>(dev_residual.get(), dev_delta.get(), dev_weight.get(), kM, kD,
@@ -549,38 +553,40 @@ TEST(KernelGraphCaptureTest, LaunchersRecordIntoAGraphAndReplayLikeEagerLaunches
     }
     if (e == cudaSuccess) {
       e = launch_rope<B>(dev_qkv.get(), kM, kQkv, 0, kQ, kQ * kHeadDim, kKv, kHeadDim,
-                         dev_positions.as<int32_t>(), dev_inv_freq.as<float>(), s);
+                         dev_positions.get(), dev_inv_freq.get(), s);
     }
     if (e == cudaSuccess) e = launch_swiglu<B>(dev_gate_up.get(), kM, kFf, dev_act.get(), s);
     if (e == cudaSuccess) e = launch_f32_to<B>(dev_f32.get(), 1000, dev_converted.get(), s);
     if (e == cudaSuccess) {
-      e = launch_gather_rows(dev_residual.get(), kD, dev_rows.as<int32_t>(), 2, dev_selected.get(),
-                             s);
+      e = launch_gather_rows(dev_residual.get(), kD, dev_rows.get(), 2, dev_selected.get(), s);
     }
     return e;
   };
+  // Fresh inputs and poisoned outputs; the device sync orders these legacy-stream copies
+  // and memsets before work on the non-blocking stream.
   const auto reset = [&] {
-    dev_qkv.upload(qkv);
-    for (auto* a : {&dev_normed, &dev_act, &dev_converted}) a->poison();
-    for (auto* a : {&dev_residual, &dev_selected}) a->poison();
+    dev_qkv.upload(testing::to_typed<B>(qkv));
+    for (auto* a : {&dev_normed, &dev_act, &dev_converted}) poison(*a);
+    for (auto* a : {&dev_residual, &dev_selected}) poison(*a);
+    return cudaDeviceSynchronize();
   };
   const auto results = [&] {
     std::vector<std::vector<float>> r;
     for (const auto* a : {&dev_qkv, &dev_normed, &dev_act, &dev_converted}) {
-      r.push_back(a->download());
+      r.push_back(download_floats(*a));
     }
-    for (const auto* a : {&dev_residual, &dev_selected}) r.push_back(a->download());
+    for (const auto* a : {&dev_residual, &dev_selected}) r.push_back(download_floats(*a));
     return r;
   };
 
   auto stream = Stream::create();
   ASSERT_TRUE(stream.ok()) << stream.status().to_string();
-  reset();
+  CELLM_ASSERT_CUDA(reset());
   CELLM_ASSERT_CUDA(enqueue(stream->get()));
   CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
   const std::vector<std::vector<float>> eager = results();
 
-  reset();
+  CELLM_ASSERT_CUDA(reset());
   CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
   const cudaError_t recorded = enqueue(stream->get());
   cudaGraph_t graph = nullptr;

@@ -28,7 +28,10 @@
 namespace cellm::cuda {
 namespace {
 
+using testing::device_array;
 using testing::DeviceArray;
+using testing::download_floats;
+using testing::poison;
 using testing::random_values;
 using testing::type_name;
 
@@ -76,9 +79,9 @@ struct ProductCase {
         w(random_values<T>(rng, n * k)),
         bias(random_values<T>(rng, n)),
         want(host_product(x, w, m, k, n)),
-        dev_x(x),
-        dev_w(w),
-        dev_bias(bias) {}
+        dev_x(device_array<T>(x)),
+        dev_w(device_array<T>(w)),
+        dev_bias(device_array<T>(bias)) {}
 
   std::string name(bool with_bias) const {
     return "m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
@@ -96,7 +99,7 @@ struct ProductCase {
   void expect_output(const DeviceArray<TOut>& y, bool with_bias) const {
     constexpr bool kBf16Out = std::is_same_v<TOut, Bf16>;
     constexpr double kRel = kBf16Out ? 1e-2 : 1e-5;
-    const std::vector<float> got = y.download();
+    const std::vector<float> got = download_floats(y);
     ASSERT_EQ(static_cast<int64_t>(got.size()), m * n);
     size_t bad = 0;
     for (int64_t i = 0; i < m; ++i) {
@@ -137,14 +140,14 @@ TEST(GemmTest, Bf16ProductsMatchADoubleReferenceForBothOutputTypes) {
     for (const int64_t m : kRowCounts) {
       const ProductCase<Bf16> c(rng, m, dims.k, dims.n);
       for (const bool with_bias : {false, true}) {
-        DeviceArray<Bf16> y16(m * dims.n);
-        y16.poison();
+        DeviceArray<Bf16> y16(static_cast<size_t>(m * dims.n));
+        poison(y16);
         const Status s16 = c.run(gemm, with_bias, y16, nullptr);
         ASSERT_TRUE(s16.ok()) << s16.to_string();
         c.expect_output(y16, with_bias);
 
-        DeviceArray<float> y32(m * dims.n);
-        y32.poison();
+        DeviceArray<float> y32(static_cast<size_t>(m * dims.n));
+        poison(y32);
         const Status s32 = c.run(gemm, with_bias, y32, nullptr);
         ASSERT_TRUE(s32.ok()) << s32.to_string();
         c.expect_output(y32, with_bias);
@@ -161,8 +164,8 @@ TEST(GemmTest, F32ModeMatchesADoubleReferenceToTrueF32Precision) {
     for (const int64_t m : kRowCounts) {
       const ProductCase<float> c(rng, m, dims.k, dims.n);
       for (const bool with_bias : {false, true}) {
-        DeviceArray<float> y(m * dims.n);
-        y.poison();
+        DeviceArray<float> y(static_cast<size_t>(m * dims.n));
+        poison(y);
         const Status s = c.run(gemm, with_bias, y, nullptr);
         ASSERT_TRUE(s.ok()) << s.to_string();
         c.expect_output(y, with_bias);
@@ -178,11 +181,11 @@ TEST(GemmTest, ASecondRunOfTheSameShapeReusesItsCachedPlan) {
   const ProductCase<Bf16> a(rng, 7, 64, 96);
   const ProductCase<Bf16> b(rng, 8, 64, 96);
   DeviceArray<Bf16> y_a(7 * 96), y_b(8 * 96);
-  DeviceArray<float> y32_a(7 * 96);
+  DeviceArray<float> y32_a(static_cast<size_t>(7 * 96));
   EXPECT_EQ(gemm.cached_plans(), 0u);
   ASSERT_TRUE(a.run(gemm, false, y_a, nullptr).ok());
   EXPECT_EQ(gemm.cached_plans(), 1u);
-  y_a.poison();
+  poison(y_a);
   ASSERT_TRUE(a.run(gemm, false, y_a, nullptr).ok());
   EXPECT_EQ(gemm.cached_plans(), 1u);
   a.expect_output(y_a, false);
@@ -220,14 +223,16 @@ TEST(GemmTest, OperandsOffTheirUsualAlignmentGetTheirOwnPlanAndStayCorrect) {
   const std::vector<float> x = random_values<Bf16>(rng, kM * kK + 1);
   const std::vector<float> w = random_values<Bf16>(rng, kN * kK);
   const std::vector<float> bias = random_values<Bf16>(rng, kN);
-  const DeviceArray<Bf16> dev_x(x), dev_w(w), dev_bias(bias);
-  DeviceArray<Bf16> y(kM * kN + 1);
-  y.poison();
+  const auto dev_x = device_array<Bf16>(x);
+  const auto dev_w = device_array<Bf16>(w);
+  const auto dev_bias = device_array<Bf16>(bias);
+  DeviceArray<Bf16> y(static_cast<size_t>(kM * kN + 1));
+  poison(y);
   const Status s = gemm.run<Bf16, Bf16>(dev_x.get() + 1, kM, kK, dev_w.get(), kN, dev_bias.get(),
                                         y.get() + 1, nullptr);
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(gemm.cached_plans(), 1u);
-  const std::vector<float> got = y.download();
+  const std::vector<float> got = download_floats(y);
   const HostProduct want = host_product(std::vector<float>(x.begin() + 1, x.end()), w, kM, kK, kN);
   size_t bad = 0;
   for (int64_t e = 0; e < kM * kN; ++e) {
@@ -255,7 +260,7 @@ TEST(GemmTest, WarmedShapesRecordIntoACudaGraphAndReplayCorrectly) {
   const ProductCase<Bf16> qkv(rng, 7, 64, 96);     // bf16 -> bf16 + bias (epilogue)
   const ProductCase<Bf16> head(rng, 1, 128, 64);   // bf16 -> f32 + bias (bias kernel)
   const ProductCase<float> exact(rng, 3, 67, 67);  // f32 -> f32 + bias
-  DeviceArray<Bf16> y_qkv(7 * 96);
+  DeviceArray<Bf16> y_qkv(static_cast<size_t>(7 * 96));
   DeviceArray<float> y_head(64), y_exact(3 * 67);
   const auto enqueue = [&] {
     Status s = qkv.run(gemm, true, y_qkv, stream->get());
@@ -264,15 +269,18 @@ TEST(GemmTest, WarmedShapesRecordIntoACudaGraphAndReplayCorrectly) {
     return s;
   };
 
+  // Orders the inputs' uploads (legacy stream) before work on the non-blocking stream.
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   const Status warm = enqueue();  // builds the plans, outside capture
   ASSERT_TRUE(warm.ok()) << warm.to_string();
   CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
   const size_t plans = gemm.cached_plans();
   EXPECT_EQ(plans, 3u);
 
-  y_qkv.poison();
-  y_head.poison();
-  y_exact.poison();
+  poison(y_qkv);
+  poison(y_head);
+  poison(y_exact);
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
   const Status recorded = enqueue();
   cudaGraph_t graph = nullptr;
