@@ -1,0 +1,147 @@
+#include "cuda/kernels/rmsnorm.h"
+
+#include "cuda/kernels/common.cuh"
+
+namespace cellm::cuda {
+namespace {
+
+using detail::kPack;
+
+template <typename T>
+struct AddRmsNormParams {
+  float* residual;  // [m, d] f32, += delta when delta is set
+  const T* delta;   // [m, d] or null
+  const T* weight;  // [d]
+  int64_t d;        // row width, elements
+  float eps;
+  T* out;  // [m, d]
+};
+
+// One block per row. Pass 1 adds delta into the residual row (each thread owns the same
+// elements in both passes, so it re-reads only what it wrote) and sums the squares; the
+// block reduction separates it from pass 2, which writes the normalised row.
+template <typename T, int N>
+__global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
+  const int64_t row = blockIdx.x;
+  float* res = p.residual + row * p.d;
+  const T* delta = p.delta != nullptr ? p.delta + row * p.d : nullptr;
+  T* out = p.out + row * p.d;
+  const int64_t begin = int64_t{threadIdx.x} * N;
+  const int64_t step = int64_t{blockDim.x} * N;
+
+  float sum_sq = 0.0f;
+  for (int64_t c = begin; c < p.d; c += step) {
+    float r[N];
+    detail::load_floats<N>(res + c, r);
+    if (delta != nullptr) {
+      float dl[N];
+      detail::load_floats<N>(delta + c, dl);
+#pragma unroll
+      for (int j = 0; j < N; ++j) r[j] += dl[j];
+      detail::store_floats<N>(res + c, r);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) sum_sq += r[j] * r[j];
+  }
+  const float total = detail::block_sum(sum_sq);
+  const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.d) + p.eps);
+
+  for (int64_t c = begin; c < p.d; c += step) {
+    float r[N], w[N], o[N];
+    detail::load_floats<N>(res + c, r);
+    detail::load_floats<N>(p.weight + c, w);
+#pragma unroll
+    for (int j = 0; j < N; ++j) o[j] = r[j] * inv_rms * w[j];
+    detail::store_floats<N>(out + c, o);
+  }
+}
+
+template <typename T>
+struct HeadRmsNormParams {
+  T* x;                // rows of row_stride elements
+  int64_t m;           // rows
+  int64_t row_stride;  // elements between rows
+  int64_t offset;      // first element of head 0 within a row
+  int64_t n_heads;
+  int64_t head_dim;
+  const T* weight;  // [head_dim]
+  float eps;
+};
+
+// One warp per (row, head), heads of a row adjacent; lanes stride over head_dim.
+template <typename T>
+__global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
+  const int64_t unit = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  if (unit >= p.m * p.n_heads) return;  // uniform over the warp: blockDim.x % 32 == 0
+  const int64_t row = unit / p.n_heads;
+  const int64_t head = unit % p.n_heads;
+  T* x = p.x + row * p.row_stride + p.offset + head * p.head_dim;
+
+  float sum_sq = 0.0f;
+  for (int64_t c = lane; c < p.head_dim; c += 32) {
+    const float v = detail::to_float(x[c]);
+    sum_sq += v * v;
+  }
+  const float total = detail::warp_sum(sum_sq);
+  const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.head_dim) + p.eps);
+  for (int64_t c = lane; c < p.head_dim; c += 32) {
+    x[c] = detail::from_float<T>(detail::to_float(x[c]) * inv_rms * detail::to_float(p.weight[c]));
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight, int64_t m,
+                               int64_t d, float eps, T* out, cudaStream_t stream) {
+  if (m < 0 || d <= 0 || !(eps >= 0.0f) || m > 0x7fffffff) return cudaErrorInvalidValue;
+  if (m == 0) return cudaSuccess;
+  if (residual == nullptr || weight == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const AddRmsNormParams<T> p{residual, delta, weight, d, eps, out};
+  const bool packed = d % kPack == 0 && detail::aligned_to(residual, sizeof(float) * kPack) &&
+                      detail::aligned_to(delta, sizeof(T) * kPack) &&
+                      detail::aligned_to(weight, sizeof(T) * kPack) &&
+                      detail::aligned_to(out, sizeof(T) * kPack);
+  const int threads = detail::threads_for_row(packed ? d / kPack : d, 512);
+  const auto blocks = static_cast<unsigned>(m);
+  if (packed) {
+    add_rmsnorm_kernel<T, kPack><<<blocks, threads, 0, stream>>>(p);
+  } else {
+    add_rmsnorm_kernel<T, 1><<<blocks, threads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_head_rmsnorm(T* x, int64_t m, int64_t row_stride, int64_t offset,
+                                int64_t n_heads, int64_t head_dim, const T* weight, float eps,
+                                cudaStream_t stream) {
+  if (m < 0 || n_heads < 0 || head_dim <= 0 || offset < 0 || !(eps >= 0.0f) ||
+      offset + n_heads * head_dim > row_stride) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t units = m * n_heads;
+  if (units == 0) return cudaSuccess;
+  if (x == nullptr || weight == nullptr) return cudaErrorInvalidValue;
+  constexpr int kThreads = 256;  // 8 warps, one (row, head) each
+  constexpr int64_t kUnitsPerBlock = kThreads / 32;
+  const int64_t blocks = (units + kUnitsPerBlock - 1) / kUnitsPerBlock;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  head_rmsnorm_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      HeadRmsNormParams<T>{x, m, row_stride, offset, n_heads, head_dim, weight, eps});
+  return cudaGetLastError();
+}
+
+template cudaError_t launch_add_rmsnorm<float>(float*, const float*, const float*, int64_t, int64_t,
+                                               float, float*, cudaStream_t);
+template cudaError_t launch_add_rmsnorm<__nv_bfloat16>(float*, const __nv_bfloat16*,
+                                                       const __nv_bfloat16*, int64_t, int64_t,
+                                                       float, __nv_bfloat16*, cudaStream_t);
+template cudaError_t launch_head_rmsnorm<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                const float*, float, cudaStream_t);
+template cudaError_t launch_head_rmsnorm<__nv_bfloat16>(__nv_bfloat16*, int64_t, int64_t, int64_t,
+                                                        int64_t, int64_t, const __nv_bfloat16*,
+                                                        float, cudaStream_t);
+
+}  // namespace cellm::cuda

@@ -1,0 +1,41 @@
+// RMSNorm as Hugging Face's LlamaRMSNorm / Qwen3RMSNorm compute it, in f32 throughout:
+//   out = (x / sqrt(mean(x²) + eps)) * weight      (normalise first, then the weight)
+// Two forms: the residual step fused with the next norm (the f32 residual stream), and
+// Qwen3's per-head q/k norm applied in place inside the fused qkv rows.
+// CPU twins: cpu::add_rmsnorm / cpu::rmsnorm (src/cpu/kernels/rmsnorm.h).
+//
+// T is the activation type (float or __nv_bfloat16). Launchers enqueue on `stream`,
+// never allocate or synchronise (safe inside CUDA graph capture), and return the launch
+// error (cudaErrorInvalidValue for bad arguments). m = 0 launches nothing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cellm::cuda {
+
+// For each row i in [0, m): if delta != nullptr, residual[i, :] += float(delta[i, :]);
+// then out[i, :] = T(residual[i, :] / sqrt(mean(residual[i, :]²) + eps) * float(weight)).
+// residual: [m, d] f32 (updated in place when delta is given); delta: [m, d] T or null;
+// weight: [d] T; out: [m, d] T. All rows contiguous (row stride d).
+// out may equal delta (a row of delta is read before its row of out is written); out must
+// not overlap residual. REQUIRES: m >= 0, d > 0, eps >= 0.
+template <typename T>
+cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight, int64_t m,
+                               int64_t d, float eps, T* out, cudaStream_t stream);
+
+// Qwen3's q/k norm, in place: for each row i in [0, m) and head h in [0, n_heads), the
+// head_dim elements at x[i * row_stride + offset + h * head_dim] are RMS-normalised and
+// multiplied by weight[0, head_dim).
+// x: rows of row_stride elements of T (e.g. the fused [m, (n_q + 2 n_kv) * head_dim] qkv);
+// weight: [head_dim] T.
+// REQUIRES: m >= 0, n_heads >= 0, head_dim > 0, offset >= 0,
+//           offset + n_heads * head_dim <= row_stride, eps >= 0.
+template <typename T>
+cudaError_t launch_head_rmsnorm(T* x, int64_t m, int64_t row_stride, int64_t offset,
+                                int64_t n_heads, int64_t head_dim, const T* weight, float eps,
+                                cudaStream_t stream);
+
+}  // namespace cellm::cuda
