@@ -27,7 +27,8 @@ const std::vector<FlagSpec> kFlags = {
     {"npp", "LIST", "prompt lengths, comma-separated (default 128)"},
     {"ntg", "LIST", "generated tokens per session (default 128)"},
     {"npl", "LIST", "sessions in parallel (default 1)"},
-    {"executor", "KIND", "cpu or cuda (default cpu)"},
+    {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+    {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
@@ -195,6 +196,7 @@ int run_bench(int argc, const char* const* argv) {
   EngineLimits limits;
   limits.step_width = static_cast<int32_t>(*step_width);
   limits.num_threads = static_cast<int32_t>(*threads);
+  limits.cuda_graphs = !args->has("no-cuda-graphs");
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();

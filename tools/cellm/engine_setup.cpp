@@ -8,6 +8,9 @@
 #include <filesystem>
 
 #include "cellm/cpu_executor.h"
+#ifdef CELLM_HAVE_CUDA
+#include "cellm/cuda_executor.h"
+#endif
 #include "cellm/decode_first_scheduler.h"
 
 namespace cellm::cli {
@@ -119,7 +122,20 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
                                                 std::shared_ptr<const ModelWeights> weights,
                                                 const EngineLimits& limits) {
   if (kind == ExecutorKind::kCuda) {
-    return NotSupported("the CUDA executor is not part of this build yet; use --executor cpu");
+#ifdef CELLM_HAVE_CUDA
+    CudaExecutorOptions o;
+    o.max_sessions = limits.max_sessions;
+    o.max_session_tokens = limits.max_session_tokens;
+    o.step_width = std::max(2, limits.step_width);
+    o.cuda_graph_for_decode = limits.cuda_graphs;
+    CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
+                           CudaExecutor::create(std::move(weights), o));
+    return std::unique_ptr<Executor>(std::move(e));
+#else
+    return NotSupported(
+        "this build of cellm has no CUDA executor (nvcc was not found); use "
+        "--executor cpu");
+#endif
   }
   CpuExecutorOptions o;
   o.max_sessions = limits.max_sessions;

@@ -45,6 +45,7 @@ struct EngineLimits {
   int32_t max_session_tokens = 1024;
   int32_t step_width = 256;  // tokens per forward and per scheduler batch
   int32_t num_threads = 0;   // CPU kernel threads; 0 = all
+  bool cuda_graphs = true;   // CUDA: replay decode steps from captured graphs
 };
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,

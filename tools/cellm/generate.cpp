@@ -33,7 +33,8 @@ const std::vector<FlagSpec> kFlags = {
     {"max-session-tokens", "N", "positions per session (default 1024, at most the context)"},
     {"step-width", "W", "tokens per forward (default 256)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
-    {"executor", "KIND", "cpu or cuda (default cpu)"},
+    {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+    {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
     {"report-json", "FILE", "write a JSON report of generations, timing and metrics"},
 };
 
@@ -232,6 +233,7 @@ int run_generate(int argc, const char* const* argv) {
   limits.step_width =
       static_cast<int32_t>(std::min<int64_t>(*step_width, limits.max_session_tokens));
   limits.num_threads = static_cast<int32_t>(*threads);
+  limits.cuda_graphs = !args.has("no-cuda-graphs");
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t need = static_cast<int64_t>(prompts[i].tokens.size()) + gen.max_new_tokens;
     if (need > limits.max_session_tokens) {

@@ -1,0 +1,98 @@
+// CudaExecutor: runs a loaded model on one NVIDIA GPU behind the executor seam
+// (the CUDA counterpart of CpuExecutor, driven unchanged by the same Runner and
+// DecodeFirstScheduler).
+//
+// K/V live on the device in the cell layout: per layer K and V are
+// [max_cells, n_kv_heads, head_dim], allocated once; a per-sequence cell table
+// on the device (row = pool sequence, column = position) is updated in place by
+// each step's K/V write, and a clone copies only its table prefix (cells are
+// shared, never copied).
+//
+// execute() routes a batch of single-token decodes of distinct sessions to the
+// batched `decode` method: one CUDA graph per batch-size bucket (1, 2, 4, 8, 16,
+// 24, 32, then steps of 16 up to the decode cap), padded slots writing the
+// scratch cell. Any other batch is cut by plan_slices into eager `prefill`
+// forwards of [min_prefill, W] tokens and lone-tail decodes. Each forward
+// declares its tokens, runs, and samples its selected rows on the device; only
+// token ids come back to the host.
+//
+// This header includes no CUDA header. Thread-safety: like every executor,
+// driven by one thread (the runner's engine thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cellm/executor.h"
+#include "cellm/model_weights.h"
+#include "cellm/status.h"
+
+namespace cellm {
+
+enum class CudaPrecision {
+  kBF16,  // weights, activations and K/V in bf16; f32 accumulation and residual
+  kF32,   // everything f32 (no TF32): the exact-parity mode for tests
+};
+
+struct CudaExecutorOptions {
+  int32_t max_sessions = 8;           // resident sessions: active, snapshots and clones
+  int32_t max_session_tokens = 1024;  // per-session budget of positions
+  int32_t max_cells = 0;              // 0 = max_sessions * max_session_tokens + 1
+  int32_t step_width = 512;           // W: the widest prefill forward
+  int32_t min_prefill = 2;            // narrower slices run as decodes
+  int32_t max_decode_batch = 0;       // decode cap; 0 = min(max_sessions, 512)
+  bool cuda_graph_for_decode = true;  // capture one graph per decode bucket
+  CudaPrecision precision = CudaPrecision::kBF16;
+  int device = 0;  // CUDA device ordinal
+};
+
+namespace cuda {
+class ExecutorImpl;
+}
+
+// True when this process can use a CUDA device.
+bool cuda_device_available();
+
+class CudaExecutor final : public Executor {
+ public:
+  // Validates, in order (messages start with "CudaExecutor: " and name the
+  // numbers): a model is given (InvalidArgument); session limits positive with
+  // their product below 2^31 (InvalidArgument); max_session_tokens <= the
+  // model's context (InvalidArgument); 2 <= min_prefill <= W <= max_cells
+  // (InvalidArgument); the capacity rule max_sessions * max_session_tokens <
+  // max_cells (InvalidArgument: one cell is the scratch row of padded slots); a
+  // usable CUDA device (NotSupported); the weights and the KV pool fit in device
+  // memory (OutOfResources). Then uploads the weights and allocates everything.
+  static Result<std::unique_ptr<CudaExecutor>> create(std::shared_ptr<const ModelWeights> weights,
+                                                      const CudaExecutorOptions& options);
+  ~CudaExecutor() override;
+
+  size_t preferred_batch_tokens() const override;
+  std::optional<SessionId> open_session() override;
+  void close_session(SessionId id) override;
+  std::optional<SessionId> clone(SessionId source, Position upto) override;
+  void set_sampling(SessionId id, const SamplingParams& params,
+                    std::optional<uint64_t> seed) override;
+  bool execute(const BatchInput& batch, BatchOutput& out) override;
+  KvMetrics kv_metrics() const override;
+
+  const CudaExecutorOptions& options() const;
+  // The message of the last failed execute(), for logs; empty if none failed.
+  const std::string& last_error() const;
+  // Forwards run so far, by method: decode graph replays, eager decodes, prefills.
+  struct MethodCalls {
+    int64_t decode_graph_replays = 0;
+    int64_t decode_graph_captures = 0;
+    int64_t decode_eager = 0;
+    int64_t prefill = 0;
+  };
+  MethodCalls method_calls() const;
+
+ private:
+  explicit CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl);
+  std::unique_ptr<cuda::ExecutorImpl> impl_;
+};
+
+}  // namespace cellm

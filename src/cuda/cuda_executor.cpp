@@ -1,0 +1,345 @@
+#include "cellm/cuda_executor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <vector>
+
+#include "cellm/cell_pool.h"
+#include "cellm/session_table.h"
+#include "cellm/step_plan.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_forward.h"
+
+namespace cellm {
+namespace cuda {
+namespace {
+
+std::string prefixed(const std::string& m) {
+  return "CudaExecutor: " + m;
+}
+
+int32_t decode_cap(const CudaExecutorOptions& o) {
+  return o.max_decode_batch > 0 ? o.max_decode_batch : std::min(o.max_sessions, 512);
+}
+
+// The decode buckets: 1, 2, 4, 8, 16, 24, 32, then steps of 16, up to the cap.
+int32_t bucket_for(int32_t b, int32_t cap) {
+  int32_t bucket = 1;
+  while (bucket < b) {
+    if (bucket < 8) {
+      bucket *= 2;
+    } else if (bucket < 32) {
+      bucket += 8;
+    } else {
+      bucket += 16;
+    }
+  }
+  return std::min(bucket, cap);
+}
+
+Status validate(const ModelWeights* w, const CudaExecutorOptions& o) {
+  if (w == nullptr) return InvalidArgument(prefixed("no model was given"));
+  if (o.max_sessions <= 0 || o.max_session_tokens <= 0 ||
+      int64_t{o.max_sessions} * o.max_session_tokens >= std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument(prefixed("invalid session limits: max_sessions " +
+                                    std::to_string(o.max_sessions) + " x max_session_tokens " +
+                                    std::to_string(o.max_session_tokens) +
+                                    " must be positive and below 2^31 - 1"));
+  }
+  const int64_t context = w->config().max_position_embeddings();
+  if (o.max_session_tokens > context) {
+    return InvalidArgument(prefixed("max_session_tokens " + std::to_string(o.max_session_tokens) +
+                                    " exceeds the model's context of " + std::to_string(context) +
+                                    " tokens"));
+  }
+  const int64_t sessions_cells = int64_t{o.max_sessions} * o.max_session_tokens;
+  const int64_t max_cells = o.max_cells == 0 ? sessions_cells + 1 : o.max_cells;
+  if (o.min_prefill < 2 || o.min_prefill > o.step_width || o.step_width > max_cells) {
+    return InvalidArgument(prefixed("need 2 <= min_prefill <= W <= max_cells, got min_prefill " +
+                                    std::to_string(o.min_prefill) + ", W " +
+                                    std::to_string(o.step_width) + ", max_cells " +
+                                    std::to_string(max_cells)));
+  }
+  if (sessions_cells >= max_cells) {
+    return InvalidArgument(
+        prefixed("max_sessions " + std::to_string(o.max_sessions) + " x max_session_tokens " +
+                 std::to_string(o.max_session_tokens) + " = " + std::to_string(sessions_cells) +
+                 " cells must be below max_cells " + std::to_string(max_cells) +
+                 " (one cell is a scratch row for padded slots)"));
+  }
+  if (o.max_decode_batch < 0) {
+    return InvalidArgument(prefixed("max_decode_batch must be >= 0"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+class ExecutorImpl {
+ public:
+  ExecutorImpl(std::shared_ptr<const ModelWeights> weights, const CudaExecutorOptions& o,
+               std::unique_ptr<ForwardEngine> engine)
+      : weights_(std::move(weights)),
+        options_(o),
+        pool_(o.max_cells - 1),
+        sessions_(pool_, o.max_sessions, o.max_session_tokens,
+                  static_cast<int32_t>(weights_->config().vocab_size())),
+        engine_(std::move(engine)) {}
+
+  std::shared_ptr<const ModelWeights> weights_;
+  CudaExecutorOptions options_;
+  CellPool pool_;
+  SessionTable sessions_;
+  std::unique_ptr<ForwardEngine> engine_;
+  std::string last_error_;
+  bool broken_ = false;  // a sticky CUDA error: every later batch fails
+  CudaExecutor::MethodCalls calls_;
+
+  bool fail(std::string message) {
+    last_error_ = prefixed(message);
+    std::fprintf(stderr, "%s\n", last_error_.c_str());
+    return false;
+  }
+
+  bool fail_cuda(const Status& s) {
+    broken_ = true;
+    return fail(s.to_string());
+  }
+
+  // Fills the sampling row of selected row `s` for batch input `input`.
+  bool fill_sampling(int32_t s, const Input& input, Position next) {
+    const SamplingPolicy* policy = sessions_.policy_of(input.sid);
+    if (policy == nullptr) return false;
+    SamplingRow& r = engine_->host().sampling[s];
+    r.temperature = policy->params.temperature;
+    r.top_k = policy->params.top_k;
+    r.top_p = policy->params.top_p;
+    r.min_p = policy->params.min_p;
+    r.seed = policy->seed;
+    r.position = next;
+    r.pad = 0;
+    return true;
+  }
+
+  // True if the batch is single-token decodes of distinct sessions, each
+  // wanting output, at most the decode cap.
+  bool is_batched_decode(const BatchInput& batch) const {
+    if (batch.inputs.empty() ||
+        batch.inputs.size() > static_cast<size_t>(engine_->dims().max_rows) ||
+        batch.inputs.size() > static_cast<size_t>(decode_cap(options_))) {
+      return false;
+    }
+    std::set<SessionId> seen;
+    for (const Input& in : batch.inputs) {
+      if (in.size != 1 || !in.produce_output || !seen.insert(in.sid).second) return false;
+    }
+    return true;
+  }
+
+  bool execute(const BatchInput& batch, BatchOutput& out) {
+    last_error_.clear();
+    out.outputs.assign(batch.inputs.size(), std::nullopt);
+    if (broken_) return fail("a previous CUDA error left the device unusable");
+    Result<PackedStep> packed_or = sessions_.pack(batch);
+    if (!packed_or.ok()) return fail(packed_or.status().to_string());
+    const PackedStep& packed = *packed_or;
+    const int64_t vocab = weights_->config().vocab_size();
+    for (size_t i = 0; i < packed.tokens.size(); ++i) {
+      if (packed.tokens[i] < 0 || packed.tokens[i] >= vocab) {
+        return fail("token " + std::to_string(packed.tokens[i]) + " of session " +
+                    std::to_string(packed.sids[i]) + " is outside the vocabulary [0, " +
+                    std::to_string(vocab) + ")");
+      }
+    }
+    if (is_batched_decode(batch)) return run_decode(batch, packed, out);
+    const auto total = static_cast<int>(packed.tokens.size());
+    for (const StepSlice& slice : plan_slices(total, options_.step_width, options_.min_prefill)) {
+      if (!run_slice(batch, packed, slice, out)) return false;
+    }
+    return true;
+  }
+
+  // One batched decode of B sessions from the bucket's graph (or eagerly).
+  bool run_decode(const BatchInput& batch, const PackedStep& packed, BatchOutput& out) {
+    const auto b = static_cast<int32_t>(packed.tokens.size());
+    std::optional<StepPlacement> placement = pool_.declare_step(packed.seq_ids);
+    if (!placement) return fail("the cell pool refused a decode of " + std::to_string(b));
+    const int32_t bucket = options_.cuda_graph_for_decode ? bucket_for(b, decode_cap(options_)) : b;
+    StepHost& h = engine_->host();
+    for (int32_t r = 0; r < bucket; ++r) {
+      const bool real = r < b;
+      h.tokens[r] = real ? packed.tokens[static_cast<size_t>(r)] : 0;
+      h.positions[r] = real ? packed.positions[static_cast<size_t>(r)] : 0;
+      h.row_seq[r] = real ? packed.seq_ids[static_cast<size_t>(r)] : engine_->scratch_seq();
+      h.cells[r] = real ? placement->cells[static_cast<size_t>(r)] : engine_->scratch_cell();
+      h.selected[r] = r;
+      if (real) {
+        if (!fill_sampling(r, batch.inputs[static_cast<size_t>(r)], h.positions[r] + 1)) {
+          return fail("session " + std::to_string(batch.inputs[static_cast<size_t>(r)].sid) +
+                      " has no sampling policy");
+        }
+      } else {
+        h.sampling[r] = SamplingRow{};
+      }
+    }
+    Status s;
+    if (options_.cuda_graph_for_decode) {
+      const int64_t captures = engine_->graph_captures();
+      s = engine_->run_decode_graph(bucket);
+      if (engine_->graph_captures() > captures) ++calls_.decode_graph_captures;
+      ++calls_.decode_graph_replays;
+    } else {
+      s = engine_->run_eager(bucket, bucket);
+      ++calls_.decode_eager;
+    }
+    if (!s.ok()) return fail_cuda(s);
+    for (int32_t r = 0; r < b; ++r) {
+      out.outputs[static_cast<size_t>(r)] =
+          Output{batch.inputs[static_cast<size_t>(r)].sid, {h.out_tokens[r]}};
+    }
+    return true;
+  }
+
+  // One slice of the plan: an eager prefill, or a one-token decode.
+  bool run_slice(const BatchInput& batch, const PackedStep& packed, const StepSlice& slice,
+                 BatchOutput& out) {
+    const auto off = static_cast<size_t>(slice.offset);
+    const auto len = static_cast<size_t>(slice.length);
+    std::span<const SeqId> seq_ids(packed.seq_ids.data() + off, len);
+    std::optional<StepPlacement> placement = pool_.declare_step(seq_ids);
+    if (!placement) return fail("the cell pool refused a slice of " + std::to_string(len));
+    StepHost& h = engine_->host();
+    for (size_t r = 0; r < len; ++r) {
+      h.tokens[r] = packed.tokens[off + r];
+      h.positions[r] = packed.positions[off + r];
+      h.row_seq[r] = packed.seq_ids[off + r];
+      h.cells[r] = placement->cells[r];
+    }
+    SliceRows rows = select_rows(packed, slice.offset, slice.length);
+    if (rows.inputs.empty()) rows.selector.clear();
+    for (size_t s = 0; s < rows.selector.size(); ++s) {
+      h.selected[s] = rows.selector[s];
+      const Input& in = batch.inputs[static_cast<size_t>(rows.inputs[s])];
+      const Position next = packed.positions[off + static_cast<size_t>(rows.selector[s])] + 1;
+      if (!fill_sampling(static_cast<int32_t>(s), in, next)) {
+        return fail("session " + std::to_string(in.sid) + " has no sampling policy");
+      }
+    }
+    Status st;
+    if (slice.method == StepMethod::kDecode && options_.cuda_graph_for_decode &&
+        rows.selector.size() == 1) {
+      st = engine_->run_decode_graph(1);
+      ++calls_.decode_graph_replays;
+    } else {
+      st =
+          engine_->run_eager(static_cast<int32_t>(len), static_cast<int32_t>(rows.selector.size()));
+      ++(slice.method == StepMethod::kDecode ? calls_.decode_eager : calls_.prefill);
+    }
+    if (!st.ok()) return fail_cuda(st);
+    for (size_t s = 0; s < rows.inputs.size(); ++s) {
+      const auto input = static_cast<size_t>(rows.inputs[s]);
+      out.outputs[input] = Output{batch.inputs[input].sid, {h.out_tokens[s]}};
+    }
+    return true;
+  }
+};
+
+}  // namespace cuda
+
+bool cuda_device_available() {
+  return cuda::gpu_available();
+}
+
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
+    std::shared_ptr<const ModelWeights> weights, const CudaExecutorOptions& options) {
+  CELLM_RETURN_IF_ERROR(cuda::validate(weights.get(), options));
+  CudaExecutorOptions o = options;
+  if (o.max_cells == 0) o.max_cells = o.max_sessions * o.max_session_tokens + 1;
+  if (!cuda::gpu_available()) {
+    return NotSupported(cuda::prefixed("no usable CUDA device (cudaGetDeviceCount found none)"));
+  }
+  CELLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device), "CudaExecutor: selecting the device");
+  cuda::ForwardDims dims;
+  dims.max_rows = std::max(o.step_width, cuda::decode_cap(o));
+  dims.max_cells = o.max_cells;
+  dims.max_seqs = o.max_sessions;
+  dims.max_session_tokens = o.max_session_tokens;
+  size_t free_bytes = 0, total_bytes = 0;
+  CELLM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
+                             "CudaExecutor: reading free device memory");
+  const size_t need = cuda::ForwardEngine::device_bytes(weights->config(), dims, o.precision);
+  if (need > free_bytes) {
+    return OutOfResources(cuda::prefixed(
+        "needs " + std::to_string(need >> 20) + " MiB of device memory (weights, KV pool of " +
+        std::to_string(o.max_cells) + " cells, buffers) but only " +
+        std::to_string(free_bytes >> 20) + " MiB are free"));
+  }
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ForwardEngine> engine,
+                         cuda::ForwardEngine::create(*weights, dims, o.precision));
+  return std::unique_ptr<CudaExecutor>(new CudaExecutor(
+      std::make_unique<cuda::ExecutorImpl>(std::move(weights), o, std::move(engine))));
+}
+
+CudaExecutor::CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl) : impl_(std::move(impl)) {}
+CudaExecutor::~CudaExecutor() = default;
+
+size_t CudaExecutor::preferred_batch_tokens() const {
+  return static_cast<size_t>(impl_->options_.step_width);
+}
+
+std::optional<SessionId> CudaExecutor::open_session() {
+  return impl_->sessions_.open();
+}
+
+void CudaExecutor::close_session(SessionId id) {
+  impl_->sessions_.close(id);
+}
+
+std::optional<SessionId> CudaExecutor::clone(SessionId source, Position upto) {
+  std::optional<SeqId> src_seq = impl_->sessions_.seq_of(source);
+  std::optional<SessionId> child = impl_->sessions_.clone(source, upto);
+  if (!child) return std::nullopt;
+  const SeqId dst_seq = *impl_->sessions_.seq_of(*child);
+  const Status s = impl_->engine_->copy_table_prefix(dst_seq, *src_seq, upto);
+  if (!s.ok()) {
+    impl_->sessions_.close(*child);
+    impl_->fail_cuda(s);
+    return std::nullopt;
+  }
+  return child;
+}
+
+void CudaExecutor::set_sampling(SessionId id, const SamplingParams& params,
+                                std::optional<uint64_t> seed) {
+  impl_->sessions_.set_sampling(id, params, seed);
+}
+
+bool CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
+  return impl_->execute(batch, out);
+}
+
+KvMetrics CudaExecutor::kv_metrics() const {
+  KvMetrics m;
+  m.cells_capacity = impl_->pool_.capacity();
+  m.cells_in_use = impl_->pool_.used_cells();
+  m.used_end = impl_->pool_.used_end();
+  m.rows_allocated = impl_->options_.max_cells;
+  m.allocated_bytes = impl_->engine_->kv_allocated_bytes();
+  m.bytes_per_cell = impl_->engine_->kv_bytes_per_cell();
+  m.growth_count = 0;
+  return m;
+}
+
+const CudaExecutorOptions& CudaExecutor::options() const {
+  return impl_->options_;
+}
+const std::string& CudaExecutor::last_error() const {
+  return impl_->last_error_;
+}
+CudaExecutor::MethodCalls CudaExecutor::method_calls() const {
+  return impl_->calls_;
+}
+
+}  // namespace cellm

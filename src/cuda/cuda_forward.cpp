@@ -1,0 +1,388 @@
+#include "cuda/cuda_forward.h"
+
+#include <cuda_bf16.h>
+
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "cpu/kernels/rope.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_memory.h"
+#include "cuda/device_model.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels/attention.h"
+#include "cuda/kernels/embedding.h"
+#include "cuda/kernels/kv_write.h"
+#include "cuda/kernels/rmsnorm.h"
+#include "cuda/kernels/rope.h"
+#include "cuda/kernels/swiglu.h"
+
+namespace cellm::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+// Where each piece of the step metadata sits, identically in the pinned host
+// block and the device block (one copy moves it all).
+struct MetaLayout {
+  size_t tokens = 0, positions = 0, row_seq = 0, cells = 0, selected = 0, sampling = 0;
+  size_t bytes = 0;
+  explicit MetaLayout(size_t rows) {
+    const size_t ints = align_up(rows * sizeof(int32_t));
+    tokens = 0;
+    positions = tokens + ints;
+    row_seq = positions + ints;
+    cells = row_seq + ints;
+    selected = cells + ints;
+    sampling = selected + ints;
+    bytes = sampling + align_up(rows * sizeof(SamplingRow));
+  }
+};
+
+std::vector<float> model_inv_freq(const ModelConfig& c) {
+  std::optional<cpu::Llama3RopeScaling> llama3;
+  if (c.rope_scaling().type == RopeScalingType::kLlama3) {
+    const RopeScaling& s = c.rope_scaling();
+    llama3 = cpu::Llama3RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor,
+                                    static_cast<double>(s.original_max_position_embeddings)};
+  }
+  return cpu::rope_inv_freq(c.rope_theta(), c.head_dim(), llama3);
+}
+
+// Bytes of every activation buffer for `rows` rows, in the order they are carved.
+struct BufferLayout {
+  size_t residual, h, qkv, attn, delta, gate_up, act, sel, sel_norm, logits, out_tokens;
+  size_t attn_ws, sample_ws, bytes;
+  template <typename T>
+  static BufferLayout of(const ModelConfig& c, const ForwardDims& dims) {
+    BufferLayout b{};
+    const auto rows = static_cast<size_t>(dims.max_rows);
+    const auto d = static_cast<size_t>(c.hidden_size());
+    const auto ff = static_cast<size_t>(c.intermediate_size());
+    const auto qkv_dim = static_cast<size_t>(c.q_dim() + 2 * c.kv_dim());
+    size_t at = 0;
+    auto carve = [&](size_t bytes) {
+      const size_t here = at;
+      at += align_up(bytes);
+      return here;
+    };
+    b.residual = carve(rows * d * sizeof(float));
+    b.h = carve(rows * d * sizeof(T));
+    b.qkv = carve(rows * qkv_dim * sizeof(T));
+    b.attn = carve(rows * static_cast<size_t>(c.q_dim()) * sizeof(T));
+    b.delta = carve(rows * d * sizeof(T));
+    b.gate_up = carve(rows * 2 * ff * sizeof(T));
+    b.act = carve(rows * ff * sizeof(T));
+    b.sel = carve(rows * d * sizeof(float));
+    b.sel_norm = carve(rows * d * sizeof(T));
+    b.logits = carve(rows * static_cast<size_t>(c.vocab_size()) * sizeof(float));
+    b.out_tokens = carve(rows * sizeof(int32_t));
+    b.attn_ws = carve(attention_workspace_bytes(dims.max_rows, c.num_heads(), c.head_dim(),
+                                                dims.max_session_tokens));
+    b.sample_ws = carve(sample_workspace_bytes(dims.max_rows, c.vocab_size()));
+    b.bytes = at;
+    return b;
+  }
+};
+
+template <typename T>
+size_t kv_pool_bytes(const ModelConfig& c, const ForwardDims& dims) {
+  return 2 * static_cast<size_t>(c.num_layers()) * static_cast<size_t>(dims.max_cells) *
+         static_cast<size_t>(c.kv_dim()) * sizeof(T);
+}
+
+size_t table_bytes(const ForwardDims& dims) {
+  return static_cast<size_t>(dims.max_seqs + 1) * static_cast<size_t>(dims.max_session_tokens) *
+         sizeof(int32_t);
+}
+
+template <typename T>
+class CudaForward final : public ForwardEngine {
+ public:
+  CudaForward(const ModelConfig& config, const ForwardDims& dims)
+      : config_(config),
+        dims_(dims),
+        meta_(static_cast<size_t>(dims.max_rows)),
+        buf_(BufferLayout::of<T>(config, dims)) {}
+
+  Status init(const ModelWeights& weights) {
+    CELLM_ASSIGN_OR_RETURN(model_, DeviceModel<T>::upload(weights));
+    CELLM_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+    CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
+    CELLM_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(meta_.bytes + dims_.max_rows * 4));
+    CELLM_ASSIGN_OR_RETURN(meta_dev_, DeviceBuffer::allocate(meta_.bytes));
+    CELLM_ASSIGN_OR_RETURN(buffers_, DeviceBuffer::allocate(buf_.bytes));
+    CELLM_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(kv_pool_bytes<T>(config_, dims_)));
+    CELLM_ASSIGN_OR_RETURN(table_, DeviceBuffer::allocate(table_bytes(dims_)));
+    const std::vector<float> inv_freq = model_inv_freq(config_);
+    CELLM_ASSIGN_OR_RETURN(inv_freq_, DeviceBuffer::allocate(inv_freq.size() * sizeof(float)));
+    CELLM_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_freq_.get(), inv_freq.data(),
+                                          inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
+                               "copying inv_freq");
+    // Zeroed cell table and KV: a padded slot's reads stay finite.
+    CELLM_CUDA_RETURN_IF_ERROR(cudaMemset(table_.get(), 0, table_.bytes()), "clearing the table");
+    CELLM_CUDA_RETURN_IF_ERROR(cudaMemset(kv_.get(), 0, kv_.bytes()), "clearing the KV pool");
+    CELLM_CUDA_RETURN_IF_ERROR(cudaMemset(meta_host_.get(), 0, meta_host_.bytes()),
+                               "clearing the step staging");
+
+    auto* h = static_cast<unsigned char*>(meta_host_.get());
+    host_.tokens = reinterpret_cast<int32_t*>(h + meta_.tokens);
+    host_.positions = reinterpret_cast<int32_t*>(h + meta_.positions);
+    host_.row_seq = reinterpret_cast<int32_t*>(h + meta_.row_seq);
+    host_.cells = reinterpret_cast<int32_t*>(h + meta_.cells);
+    host_.selected = reinterpret_cast<int32_t*>(h + meta_.selected);
+    host_.sampling = reinterpret_cast<SamplingRow*>(h + meta_.sampling);
+    host_.out_tokens = reinterpret_cast<int32_t*>(h + meta_.bytes);
+    return Status::Ok();
+  }
+
+  StepHost& host() override { return host_; }
+  const ForwardDims& dims() const override { return dims_; }
+
+  Status run_eager(int32_t n, int32_t n_sel) override {
+    CELLM_CHECK(n > 0 && n <= dims_.max_rows && n_sel >= 0 && n_sel <= n);
+    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel));
+    return sync();
+  }
+
+  Status run_decode_graph(int32_t bucket) override {
+    CELLM_CHECK(bucket > 0 && bucket <= dims_.max_rows);
+    auto it = graphs_.find(bucket);
+    if (it == graphs_.end()) {
+      if (!warmed_.count(bucket)) {
+        warmed_.insert(bucket);
+        return run_eager(bucket, bucket);
+      }
+      CELLM_RETURN_IF_ERROR(capture(bucket));
+      it = graphs_.find(bucket);
+    }
+    CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream_.get()),
+                               "replaying the decode graph");
+    ++replays_;
+    return sync();
+  }
+
+  Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) override {
+    if (upto <= 0) return Status::Ok();
+    int32_t* t = table_.as<int32_t>();
+    const size_t stride = static_cast<size_t>(dims_.max_session_tokens);
+    CELLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t + static_cast<size_t>(dst) * stride,
+                                               t + static_cast<size_t>(src) * stride,
+                                               static_cast<size_t>(upto) * sizeof(int32_t),
+                                               cudaMemcpyDeviceToDevice, stream_.get()),
+                               "copying a cell-table prefix");
+    return sync();
+  }
+
+  int64_t kv_bytes_per_cell() const override {
+    return 2 * config_.num_layers() * config_.kv_dim() * static_cast<int64_t>(sizeof(T));
+  }
+  int64_t kv_allocated_bytes() const override { return static_cast<int64_t>(kv_.bytes()); }
+  int64_t graph_captures() const override { return static_cast<int64_t>(graphs_.size()); }
+  int64_t graph_replays() const override { return replays_; }
+
+ private:
+  template <typename U>
+  U* buf(size_t offset) const {
+    return reinterpret_cast<U*>(buffers_.as<unsigned char>() + offset);
+  }
+  template <typename U>
+  U* meta(size_t offset) const {
+    return reinterpret_cast<U*>(meta_dev_.as<unsigned char>() + offset);
+  }
+  T* k_pool(int64_t l) const {
+    return kv_.as<T>() + static_cast<size_t>(2 * l) * static_cast<size_t>(dims_.max_cells) *
+                             static_cast<size_t>(config_.kv_dim());
+  }
+  T* v_pool(int64_t l) const {
+    return kv_.as<T>() + static_cast<size_t>(2 * l + 1) * static_cast<size_t>(dims_.max_cells) *
+                             static_cast<size_t>(config_.kv_dim());
+  }
+
+  Status sync() {
+    CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "running a step");
+    return Status::Ok();
+  }
+
+  Status capture(int32_t bucket) {
+    CELLM_CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
+        "beginning a decode graph capture");
+    const Status enqueued = enqueue_step(bucket, bucket);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
+    CELLM_RETURN_IF_ERROR(enqueued);
+    CELLM_CUDA_RETURN_IF_ERROR(ended, "ending a decode graph capture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CELLM_CUDA_RETURN_IF_ERROR(inst, "instantiating a decode graph");
+    graphs_.emplace(bucket, GraphExec(exec));
+    return Status::Ok();
+  }
+
+  // Everything of one step on the stream: metadata in, forward, sampling, tokens out.
+  Status enqueue_step(int32_t n, int32_t n_sel) {
+    cudaStream_t s = stream_.get();
+    CELLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(), meta_.bytes, cudaMemcpyHostToDevice, s),
+        "copying the step metadata");
+    CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel));
+    if (n_sel > 0) {
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_sample(buf<float>(buf_.logits), n_sel, config_.vocab_size(),
+                        meta<SamplingRow>(meta_.sampling), buf<int32_t>(buf_.out_tokens),
+                        buf<void>(buf_.sample_ws),
+                        sample_workspace_bytes(dims_.max_rows, config_.vocab_size()), s),
+          "sampling");
+      CELLM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(host_.out_tokens, buf<int32_t>(buf_.out_tokens),
+                          static_cast<size_t>(n_sel) * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+          "copying the sampled tokens");
+    }
+    return Status::Ok();
+  }
+
+  Status enqueue_forward(int32_t n, int32_t n_sel) {
+    cudaStream_t s = stream_.get();
+    const ModelConfig& c = config_;
+    const int64_t d = c.hidden_size(), hd = c.head_dim(), ff = c.intermediate_size();
+    const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
+    const auto eps = static_cast<float>(c.rms_norm_eps());
+    const int32_t* tokens = meta<int32_t>(meta_.tokens);
+    const int32_t* positions = meta<int32_t>(meta_.positions);
+    const int32_t* row_seq = meta<int32_t>(meta_.row_seq);
+    const int32_t* cells = meta<int32_t>(meta_.cells);
+    float* residual = buf<float>(buf_.residual);
+    T* h = buf<T>(buf_.h);
+    T* qkv = buf<T>(buf_.qkv);
+    T* attn = buf<T>(buf_.attn);
+    T* delta = buf<T>(buf_.delta);
+    T* gate_up = buf<T>(buf_.gate_up);
+    T* act = buf<T>(buf_.act);
+
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_embedding<T>(model_->embed(), c.vocab_size(), d, tokens, n, residual, s),
+        "embedding");
+    for (int64_t l = 0; l < c.num_layers(); ++l) {
+      const DeviceLayer<T>& w = model_->layers()[static_cast<size_t>(l)];
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_add_rmsnorm<T>(residual, l == 0 ? nullptr : delta, w.input_norm, n, d, eps, h, s),
+          "input rmsnorm");
+      CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.qkv, qkv_dim, w.qkv_bias, qkv, s)));
+      if (w.q_norm != nullptr) {
+        CELLM_CUDA_RETURN_IF_ERROR(
+            launch_head_rmsnorm<T>(qkv, n, qkv_dim, 0, c.num_heads(), hd, w.q_norm, eps, s),
+            "q norm");
+        CELLM_CUDA_RETURN_IF_ERROR(
+            launch_head_rmsnorm<T>(qkv, n, qkv_dim, q_dim, c.num_kv_heads(), hd, w.k_norm, eps, s),
+            "k norm");
+      }
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_rope<T>(qkv, n, qkv_dim, 0, c.num_heads(), q_dim, c.num_kv_heads(), hd, positions,
+                         inv_freq_.as<float>(), s),
+          "rope");
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_kv_write<T>(qkv, n, qkv_dim, q_dim, q_dim + kv_dim, kv_dim, cells, row_seq,
+                             positions, k_pool(l), v_pool(l),
+                             l == 0 ? table_.as<int32_t>() : nullptr, dims_.max_session_tokens, s),
+          "writing K/V");
+      AttentionParams<T> ap;
+      ap.qkv = qkv;
+      ap.row_stride = qkv_dim;
+      ap.q_offset = 0;
+      ap.n_rows = n;
+      ap.n_heads = c.num_heads();
+      ap.n_kv_heads = c.num_kv_heads();
+      ap.head_dim = hd;
+      ap.k_pool = k_pool(l);
+      ap.v_pool = v_pool(l);
+      ap.table = table_.as<int32_t>();
+      ap.table_stride = dims_.max_session_tokens;
+      ap.row_seq = row_seq;
+      ap.positions = positions;
+      ap.window = static_cast<int32_t>(c.window(l));
+      ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      ap.max_context = dims_.max_session_tokens;
+      ap.workspace = buf<float>(buf_.attn_ws);
+      ap.out = attn;
+      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
+      CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(attn, n, q_dim, w.o_proj, d, w.o_bias, delta, s)));
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s), "post rmsnorm");
+      CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
+      CELLM_CUDA_RETURN_IF_ERROR(launch_swiglu<T>(gate_up, n, ff, act, s), "swiglu");
+      CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(act, n, ff, w.down_proj, d, nullptr, delta, s)));
+    }
+    if (n_sel == 0) return Status::Ok();
+    // residual += the last MLP output (h is scratch here), then the final norm
+    // and the LM head only for the selected rows.
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_add_rmsnorm<T>(residual, delta, model_->final_norm(), n, d, eps, h, s),
+        "final residual");
+    float* sel = buf<float>(buf_.sel);
+    T* sel_norm = buf<T>(buf_.sel_norm);
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_gather_rows(residual, d, meta<int32_t>(meta_.selected), n_sel, sel, s),
+        "gathering the selected rows");
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_add_rmsnorm<T>(sel, nullptr, model_->final_norm(), n_sel, d, eps, sel_norm, s),
+        "final rmsnorm");
+    CELLM_RETURN_IF_ERROR(
+        (gemm_->run<T, float>(sel_norm, n_sel, d, model_->lm_head(), c.vocab_size(), nullptr,
+                             buf<float>(buf_.logits), s)));
+    return Status::Ok();
+  }
+
+  ModelConfig config_;
+  ForwardDims dims_;
+  MetaLayout meta_;
+  BufferLayout buf_;
+  std::unique_ptr<DeviceModel<T>> model_;
+  std::optional<Gemm> gemm_;  // set by init()
+  Stream stream_;
+  PinnedBuffer meta_host_;  // [meta_.bytes] staging + [max_rows] sampled tokens
+  DeviceBuffer meta_dev_;   // [meta_.bytes]
+  DeviceBuffer buffers_;    // activations and workspaces, carved by buf_
+  DeviceBuffer kv_;         // [layers][K, V][max_cells, kv_dim] of T
+  DeviceBuffer table_;      // [max_seqs + 1, max_session_tokens] int32
+  DeviceBuffer inv_freq_;   // [head_dim / 2] f32
+  StepHost host_;
+  std::map<int32_t, GraphExec> graphs_;
+  std::set<int32_t> warmed_;
+  int64_t replays_ = 0;
+};
+
+template <typename T>
+Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const ForwardDims& dims) {
+  auto engine = std::make_unique<CudaForward<T>>(weights.config(), dims);
+  CELLM_RETURN_IF_ERROR(engine->init(weights));
+  return std::unique_ptr<ForwardEngine>(std::move(engine));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create(const ModelWeights& weights,
+                                                             const ForwardDims& dims,
+                                                             CudaPrecision precision) {
+  if (precision == CudaPrecision::kF32) return make<float>(weights, dims);
+  return make<__nv_bfloat16>(weights, dims);
+}
+
+size_t ForwardEngine::device_bytes(const ModelConfig& config, const ForwardDims& dims,
+                                   CudaPrecision precision) {
+  if (precision == CudaPrecision::kF32) {
+    return DeviceModel<float>::slab_bytes(config) + kv_pool_bytes<float>(config, dims) +
+           BufferLayout::of<float>(config, dims).bytes + table_bytes(dims);
+  }
+  return DeviceModel<__nv_bfloat16>::slab_bytes(config) +
+         kv_pool_bytes<__nv_bfloat16>(config, dims) +
+         BufferLayout::of<__nv_bfloat16>(config, dims).bytes + table_bytes(dims);
+}
+
+}  // namespace cellm::cuda

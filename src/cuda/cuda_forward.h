@@ -1,0 +1,82 @@
+// ForwardEngine: the CUDA forward of a Llama-family model over one step of a
+// packed batch, with the step's metadata, buffers, KV pool and cell table all at
+// fixed device addresses so a decode step can be captured in a CUDA graph once
+// per batch-size bucket and replayed for any mix of sessions.
+//
+// The caller fills the pinned host staging (StepHost) for n rows, n_sel of them
+// selected for sampling, then calls run(). One run is:
+//   H2D copy of the step metadata -> embedding -> per layer:
+//     h = rmsnorm(residual (+ previous delta)); qkv = h Wqkvᵀ (+b)
+//     [q/k norm]; rope(q, k); K/V -> cells (+ cell table on layer 0)
+//     attn = attention over each row's sequence cells; delta = attn Woᵀ (+b)
+//     h = rmsnorm(residual += delta); delta = down(swiglu(h Wgateupᵀ))
+//   -> residual += delta -> gather selected rows -> final norm -> logits
+//   -> sample on the device -> D2H copy of the sampled tokens.
+//
+// Thread-safety: none; one step at a time (the executor's engine thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "cellm/cuda_executor.h"
+#include "cellm/model_weights.h"
+#include "cellm/status.h"
+#include "cuda/kernels/sampling.h"
+
+namespace cellm::cuda {
+
+// Sizes the engine is built for.
+struct ForwardDims {
+  int32_t max_rows = 0;            // C: widest step (max of W and the decode cap)
+  int32_t max_cells = 0;           // KV pool rows; the last is the scratch cell
+  int32_t max_seqs = 0;            // cell-table rows for live sequences; one more is scratch
+  int32_t max_session_tokens = 0;  // cell-table row width
+};
+
+// The pinned host side of a step. Arrays hold max_rows entries.
+struct StepHost {
+  int32_t* tokens = nullptr;        // [n] token ids
+  int32_t* positions = nullptr;     // [n] absolute positions
+  int32_t* row_seq = nullptr;       // [n] cell-table row (pool sequence) of each token
+  int32_t* cells = nullptr;         // [n] the cell each token's K/V goes to
+  int32_t* selected = nullptr;      // [n_sel] rows to sample, ascending
+  SamplingRow* sampling = nullptr;  // [n_sel] policy of each selected row
+  int32_t* out_tokens = nullptr;    // [n_sel] sampled tokens, after run()
+};
+
+class ForwardEngine {
+ public:
+  virtual ~ForwardEngine() = default;
+
+  // Uploads the weights in `precision` and allocates every buffer.
+  static Result<std::unique_ptr<ForwardEngine>> create(const ModelWeights& weights,
+                                                       const ForwardDims& dims,
+                                                       CudaPrecision precision);
+  // Device bytes create() would allocate (weights, KV pool, buffers).
+  static size_t device_bytes(const ModelConfig& config, const ForwardDims& dims,
+                             CudaPrecision precision);
+
+  virtual StepHost& host() = 0;
+  virtual const ForwardDims& dims() const = 0;
+  // The scratch cell and cell-table row padded decode slots use.
+  int32_t scratch_cell() const { return dims().max_cells - 1; }
+  int32_t scratch_seq() const { return dims().max_seqs; }
+
+  // Runs the step eagerly and waits for its tokens. REQUIRES: 0 < n <= max_rows,
+  // 0 <= n_sel <= n.
+  virtual Status run_eager(int32_t n, int32_t n_sel) = 0;
+  // Runs a decode step of `bucket` rows, all selected, from the bucket's CUDA
+  // graph: the first call of a bucket runs eagerly (warming cuBLASLt), the
+  // second captures, later ones replay. Waits for the tokens.
+  virtual Status run_decode_graph(int32_t bucket) = 0;
+  // Copies the cell-table prefix [0, upto) of row `src` into row `dst` (clone).
+  virtual Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) = 0;
+
+  virtual int64_t kv_bytes_per_cell() const = 0;
+  virtual int64_t kv_allocated_bytes() const = 0;
+  virtual int64_t graph_captures() const = 0;
+  virtual int64_t graph_replays() const = 0;
+};
+
+}  // namespace cellm::cuda
