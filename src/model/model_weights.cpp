@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -133,6 +134,10 @@ size_t align_up(size_t n) {
 }  // namespace
 
 Result<ModelWeights> ModelWeights::load(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return NotFound(dir.string() + ": the model folder does not exist");
+  }
   CELLM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load(dir / "config.json"));
   CELLM_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::open_dir(dir));
   return from_checkpoint(std::move(config), std::move(checkpoint), dir.string());
@@ -154,7 +159,12 @@ Result<ModelWeights> ModelWeights::from_checkpoint(ModelConfig config,
       return InvalidProgram(std::move(message));
     }
     if (found->shape != slot.shape) {
-      return InvalidProgram(source + ": tensor '" + slot.name + "' has shape " +
+      // Name the file that holds the tensor (a shard, for sharded checkpoints).
+      std::string file = source;
+      for (const SafetensorsFile& f : storage->files()) {
+        if (f.find(slot.name) == found) file = f.path().string();
+      }
+      return InvalidProgram(file + ": tensor '" + slot.name + "' has shape " +
                             shape_to_string(found->shape) + ", expected " +
                             shape_to_string(slot.shape) + " from " + weights.config_.source());
     }

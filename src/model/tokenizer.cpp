@@ -88,6 +88,10 @@ Status parse_pipeline(const json& j, Tokenizer::Impl& impl) {
 
 Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
   const std::filesystem::path dir(model_dir);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return NotFound(dir.string() + ": the model folder does not exist (no tokenizer.json)");
+  }
   auto impl = std::make_shared<Impl>();
 
   const std::filesystem::path tokenizer_path = dir / "tokenizer.json";

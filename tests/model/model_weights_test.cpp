@@ -261,9 +261,10 @@ TEST(ModelWeightsTest, AWrongShapeNamesTheTensorAndBothShapes) {
     }
     return all;
   });
-  ExpectError(ModelWeights::load(dir.path()).status(), StatusCode::kInvalidProgram,
-              {"model.layers.0.mlp.up_proj.weight", "has shape [8, 16]", "expected [16, 8]",
-               "config.json"});
+  ExpectError(
+      ModelWeights::load(dir.path()).status(), StatusCode::kInvalidProgram,
+      {(dir / "model.safetensors").string() + ": tensor 'model.layers.0.mlp.up_proj.weight'",
+       "has shape [8, 16]", "expected [16, 8]", "config.json"});
 }
 
 TEST(ModelWeightsTest, LoadsShardedCheckpointsWithMixedDtypes) {
@@ -294,6 +295,12 @@ TEST(ModelWeightsTest, LoadsShardedCheckpointsWithMixedDtypes) {
   EXPECT_EQ(w->layer(1).input_norm.dtype, DType::kF32);
   EXPECT_EQ(At(w->layer(1).gate_proj, 17), Written(all, "model.layers.1.mlp.gate_proj.weight", 17));
   EXPECT_EQ(At(w->lm_head(), 1), Written(all, "lm_head.weight", 1));
+}
+
+TEST(ModelWeightsTest, AnAbsentFolderIsNamedAsTheFolder) {
+  TempDir dir;
+  ExpectError(ModelWeights::load(dir / "absent").status(), StatusCode::kNotFound,
+              {(dir / "absent").string() + ": the model folder does not exist"});
 }
 
 TEST(ModelWeightsTest, MissingFilesAreNamed) {

@@ -483,10 +483,14 @@ class TokenizerFolderTest : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(TokenizerFolderTest, AMissingFolderNamesTokenizerJson) {
+TEST_F(TokenizerFolderTest, AMissingFolderIsNamedAsTheFolder) {
   const Result<Tokenizer> t = Tokenizer::load((dir_ / "absent").string());
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(
+      t.status().message().find((dir_ / "absent").string() + ": the model folder does not exist"),
+      std::string::npos)
+      << t.status().message();
   EXPECT_NE(t.status().message().find("tokenizer.json"), std::string::npos);
 }
 

@@ -14,6 +14,14 @@ const FlagSpec* find_spec(const std::vector<FlagSpec>& specs, const std::string&
   return nullptr;
 }
 
+// True if `arg` is `--name`, `-name` or `--name=...` for a declared flag.
+bool is_declared_flag(const std::vector<FlagSpec>& specs, const std::string& arg) {
+  if (arg.size() < 2 || arg[0] != '-') return false;
+  std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
+  name = name.substr(0, name.find('='));
+  return find_spec(specs, name) != nullptr;
+}
+
 Result<int64_t> parse_int(const std::string& flag, const std::string& text, int64_t min_value,
                           int64_t max_value) {
   int64_t v = 0;
@@ -58,8 +66,11 @@ Result<Args> Args::parse(int argc, const char* const* argv, int first,
     } else if (inline_value) {
       value = *inline_value;
     } else {
-      if (i + 1 >= argc)
+      // A following declared flag is not taken as the value (`--model --prompt x`
+      // is a missing value, not a model called "--prompt"); `--name=--x` passes one.
+      if (i + 1 >= argc || is_declared_flag(specs, argv[i + 1])) {
         return InvalidArgument("--" + name + " needs a value <" + spec->value_name + ">");
+      }
       value = argv[++i];
     }
     auto& slot = args.values_[name];

@@ -4,7 +4,8 @@
 //
 // Accepted forms: `--name value`, `--name=value`, `-name value` (llama.cpp's
 // `-npp 128,512` style) and bare `--flag` for booleans. Repeatable flags keep
-// every value in order.
+// every value in order. A value that is itself a declared flag counts as
+// missing (pass such a value as `--name=value`).
 #pragma once
 
 #include <cstdint>

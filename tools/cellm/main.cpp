@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   if (command == "generate") return cellm::cli::run_generate(argc, args);
   if (command == "tokenize") return cellm::cli::run_tokenize(argc, args);
   if (command == "bench") return cellm::cli::run_bench(argc, args);
-  std::fprintf(stderr, "cellm: error: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  std::fprintf(stderr,
+               "cellm: error: unknown command '%s' (commands: generate, tokenize, bench; see "
+               "cellm --help)\n",
+               command.c_str());
   return 2;
 }

@@ -1,0 +1,132 @@
+// `cellm tokenize`, `cellm bench` and every command's --help, run as a user runs
+// them.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_cellm.h"
+
+namespace cellm {
+namespace {
+
+using nlohmann::json;
+using testing::CellmRun;
+using testing::run_cellm;
+
+void ExpectSuccess(const CellmRun& r) {
+  ASSERT_TRUE(r.exited) << r.describe();
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+}
+
+TEST(CellmTokenizeTest, PrintsIdsWithTheBosFirstAndTheirDecoding) {
+  const CellmRun r = run_cellm(
+      {"tokenize", "--model", testing::kjv_dir(), "--text", "In the beginning", "--add-special"});
+  ExpectSuccess(r);
+  EXPECT_EQ(r.err, "");
+  const json j = json::parse(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j.size(), 2u) << r.out;
+  // kjv_reference.json's prompt ids for "In the beginning"; <|bos|> is id 0.
+  EXPECT_EQ(j.at("ids").get<std::vector<int32_t>>(), (std::vector<int32_t>{0, 1115, 260, 2130}));
+  EXPECT_EQ(j.at("decoded").get<std::string>(), "<|bos|>In the beginning");
+}
+
+TEST(CellmTokenizeTest, WithoutAddSpecialThereIsNoBos) {
+  const CellmRun r =
+      run_cellm({"tokenize", "--model", testing::kjv_dir(), "--text", "In the beginning"});
+  ExpectSuccess(r);
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j.at("ids").get<std::vector<int32_t>>(), (std::vector<int32_t>{1115, 260, 2130}));
+  EXPECT_EQ(j.at("decoded").get<std::string>(), "In the beginning");
+}
+
+TEST(CellmTokenizeTest, UsesTheBundledModelByDefault) {
+  const CellmRun r = run_cellm({"tokenize", "--text", "In the beginning", "--add-special"});
+  ExpectSuccess(r);
+  EXPECT_EQ(json::parse(r.out).at("ids").get<std::vector<int32_t>>(),
+            (std::vector<int32_t>{0, 1115, 260, 2130}));
+}
+
+struct HelpCase {
+  std::string command;
+  std::vector<std::string> flags;  // each must appear as "--<flag>"
+};
+
+TEST(CellmHelpTest, EverySubcommandDescribesItsFlags) {
+  const std::vector<HelpCase> cases = {
+      {"generate",
+       {"model", "prompt", "prompts-file", "prompt-tokens", "max-new-tokens", "temperature",
+        "top-k", "top-p", "min-p", "seed", "ignore-eos", "max-sessions", "max-session-tokens",
+        "step-width", "threads", "executor", "report-json", "help"}},
+      {"tokenize", {"model", "text", "add-special", "help"}},
+      {"bench",
+       {"model", "preset", "npp", "ntg", "npl", "executor", "step-width", "threads", "seed",
+        "peak-bandwidth", "json", "help"}},
+  };
+  for (const HelpCase& c : cases) {
+    for (const char* help : {"--help", "-h"}) {
+      SCOPED_TRACE(c.command + " " + help);
+      const CellmRun r = run_cellm({c.command, help});
+      ExpectSuccess(r);
+      EXPECT_EQ(r.err, "");
+      EXPECT_EQ(r.out.rfind("usage: cellm " + c.command, 0), 0u) << r.out;
+      for (const std::string& flag : c.flags) {
+        EXPECT_NE(r.out.find("--" + flag), std::string::npos) << "--" << flag << " in\n" << r.out;
+      }
+    }
+  }
+}
+
+TEST(CellmHelpTest, HelpWinsOverOtherFlags) {
+  const CellmRun r = run_cellm({"generate", "--model", "/absent", "--bogus", "--help"});
+  ExpectSuccess(r);
+  EXPECT_EQ(r.out.rfind("usage: cellm generate", 0), 0u) << r.out;
+}
+
+TEST(CellmHelpTest, TheTopLevelHelpListsTheCommands) {
+  const CellmRun r = run_cellm({"--help"});
+  ExpectSuccess(r);
+  for (const char* c : {"generate", "tokenize", "bench"}) {
+    EXPECT_NE(r.out.find(std::string("  ") + c), std::string::npos) << c << " in\n" << r.out;
+  }
+}
+
+TEST(CellmHelpTest, NoCommandPrintsTheUsageAndFails) {
+  const CellmRun r = run_cellm({});
+  ASSERT_TRUE(r.exited) << r.describe();
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("usage: cellm <command>"), std::string::npos) << r.out;
+}
+
+TEST(CellmBenchTest, JsonPrintsOneRowPerParallelismWithEveryColumn) {
+  const CellmRun r = run_cellm({"bench", "--preset", "110m", "-npp", "8", "-ntg", "4", "-npl",
+                                "1,2", "--json", "--threads", "2"});
+  ExpectSuccess(r);
+  std::vector<json> rows;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const json& row = rows[i];
+    SCOPED_TRACE(row.dump());
+    const int64_t pl = static_cast<int64_t>(i) + 1;
+    EXPECT_EQ(row.at("pp").get<int64_t>(), 8);
+    EXPECT_EQ(row.at("tg").get<int64_t>(), 4);
+    EXPECT_EQ(row.at("pl").get<int64_t>(), pl);
+    EXPECT_EQ(row.at("n_kv").get<int64_t>(), pl * (8 + 4));
+    const double t_pp = row.at("t_pp").get<double>(), t_tg = row.at("t_tg").get<double>();
+    ASSERT_GT(t_pp, 0.0);
+    ASSERT_GT(t_tg, 0.0);
+    EXPECT_DOUBLE_EQ(row.at("speed_pp").get<double>(), static_cast<double>(pl * 8) / t_pp);
+    EXPECT_DOUBLE_EQ(row.at("speed_tg").get<double>(), static_cast<double>(pl * 4) / t_tg);
+    EXPECT_DOUBLE_EQ(row.at("t").get<double>(), t_pp + t_tg);
+    EXPECT_DOUBLE_EQ(row.at("speed").get<double>(), static_cast<double>(pl * 12) / (t_pp + t_tg));
+    EXPECT_FALSE(row.contains("tg_floor_fraction"));
+  }
+}
+
+}  // namespace
+}  // namespace cellm
