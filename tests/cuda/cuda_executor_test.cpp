@@ -4,9 +4,12 @@
 // (duplicate prompts, cell reuse, refused limits, clones, teardown).
 //
 // Precision: in f32 mode (no TF32) tokens must equal the reference exactly. In
-// bf16 mode the logits carry bf16 rounding, so the test teacher-forces the
+// bf16 mode the logits carry bf16 rounding (weights, activations and K/V are
+// rounded to 8 significant bits; on these random tiny models that moves logits
+// of magnitude ~10 by up to a few tenths), so the test teacher-forces the
 // reference continuation and requires the predicted token to equal the
-// reference's wherever the reference's top-1/top-2 margin exceeds kBf16Margin.
+// reference's wherever the reference's top-1/top-2 margin exceeds
+// kBf16MarginFraction of the largest logit at the prompt's last position.
 #include "cellm/cuda_executor.h"
 
 #include <gtest/gtest.h>
@@ -22,7 +25,7 @@ namespace {
 using testing::drive;
 using testing::Fixture;
 
-constexpr float kBf16Margin = 0.25f;
+constexpr float kBf16MarginFraction = 0.08f;
 
 std::shared_ptr<const ModelWeights> load_weights(const Fixture& f) {
   Result<ModelWeights> w = ModelWeights::load(f.dir);
@@ -111,7 +114,9 @@ TEST_P(CudaExecutorFixtureTest, Bf16PredictsTheReferenceWhereItsMarginIsClear) {
   int checked = 0;
   for (size_t i = 0; i < f.prompts.size(); ++i) {
     for (size_t s = 0; s < f.prompts[i].greedy.size(); ++s) {
-      if (f.prompts[i].margins[s] < kBf16Margin) continue;
+      float scale = 1;
+      for (float l : f.prompts[i].top_logits) scale = std::max(scale, std::abs(l));
+      if (f.prompts[i].margins[s] < kBf16MarginFraction * scale) continue;
       EXPECT_EQ(by_mode[1][i][s], f.prompts[i].greedy[s]) << f.prompts[i].text << " step " << s;
       ++checked;
     }
