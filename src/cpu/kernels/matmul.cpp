@@ -1,10 +1,16 @@
 #include "cpu/kernels/matmul.h"
 
 #include <algorithm>
+#include <limits>
+#include <mutex>
 #include <vector>
 
 #include "cellm/status.h"
 #include "cpu/kernels/simd.h"
+
+#if defined(CELLM_HAVE_OPENBLAS)
+#include <cblas.h>
+#endif
 
 namespace cellm::cpu {
 namespace {
@@ -19,9 +25,18 @@ constexpr int64_t kNb = 64;          // rows of W per cache tile
 constexpr int64_t kKc = 512;         // columns (k) per cache tile
 constexpr int64_t kPackMinRows = 5;  // widen W tiles once when m reaches this
 
+#if defined(CELLM_HAVE_OPENBLAS)
+// From this many rows of x (prefill) OpenBLAS's sgemm on f32-widened W tiles
+// beats the kernel below (bench/matmul_bench: ~2x at m = 128); below it the
+// kernel wins, reading W once without the widening pass.
+constexpr int64_t kBlasMinRows = 32;
+constexpr int64_t kBlasTileRows = 256;  // W rows widened per sgemm call
+#endif
+
 // acc[i][j] = dot(x row i, w row j) over kc columns, for MR x NR rows; then
-// y[i, j] = acc + y[i, j] (accumulate) or acc + bias[j].
-template <DType T, int MR, int NR>
+// y[i, j] = acc + y[i, j] (accumulate) or acc + bias[j]. kStream: W comes from
+// memory (not a packed tile in cache), so the next tile's rows are prefetched.
+template <DType T, int MR, int NR, bool kStream>
 void micro_tile(const float* x, int64_t ldx, const Storage<T>* w, int64_t ldw, int64_t kc, float* y,
                 int64_t ldy, bool accumulate, const float* bias) {
   Vf acc[MR][NR];
@@ -29,6 +44,20 @@ void micro_tile(const float* x, int64_t ldx, const Storage<T>* w, int64_t ldw, i
     for (int j = 0; j < NR; ++j) acc[i][j] = simd::zero();
   int64_t kk = 0;
   for (; kk + kLanes <= kc; kk += kLanes) {
+#if defined(CELLM_SIMD_AVX512) || defined(CELLM_SIMD_AVX2)
+    // Streaming W from memory (small m): fetch the next tile's rows a tile ahead.
+    if constexpr (kStream) {
+      if ((kk * static_cast<int64_t>(sizeof(Storage<T>))) % 64 == 0) {
+        // Integer arithmetic: past the last tile the address leaves W, which a
+        // prefetch tolerates but pointer arithmetic would not.
+        const auto base = reinterpret_cast<uintptr_t>(w + kk);
+        for (int j = 0; j < NR; ++j) {
+          const uintptr_t ahead = static_cast<uintptr_t>((NR + j) * ldw) * sizeof(Storage<T>);
+          _mm_prefetch(reinterpret_cast<const char*>(base + ahead), _MM_HINT_T0);
+        }
+      }
+    }
+#endif
     Vf wv[NR];
     for (int j = 0; j < NR; ++j) wv[j] = simd::load<T>(w + j * ldw + kk);
     for (int i = 0; i < MR; ++i) {
@@ -59,37 +88,37 @@ template <DType T>
 using MicroFn = void (*)(const float*, int64_t, const Storage<T>*, int64_t, int64_t, float*,
                          int64_t, bool, const float*);
 
-template <DType T, int MR>
+template <DType T, int MR, bool kStream>
 constexpr MicroFn<T> pick_nr(int nr) {
   switch (nr) {
     case 1:
-      return &micro_tile<T, MR, 1>;
+      return &micro_tile<T, MR, 1, kStream>;
     case 2:
-      return &micro_tile<T, MR, 2>;
+      return &micro_tile<T, MR, 2, kStream>;
     case 3:
-      return &micro_tile<T, MR, 3>;
+      return &micro_tile<T, MR, 3, kStream>;
     default:
-      return &micro_tile<T, MR, 4>;
+      return &micro_tile<T, MR, 4, kStream>;
   }
 }
 
-template <DType T>
+template <DType T, bool kStream>
 constexpr MicroFn<T> pick(int mr, int nr) {
   switch (mr) {
     case 1:
-      return pick_nr<T, 1>(nr);
+      return pick_nr<T, 1, kStream>(nr);
     case 2:
-      return pick_nr<T, 2>(nr);
+      return pick_nr<T, 2, kStream>(nr);
     case 3:
-      return pick_nr<T, 3>(nr);
+      return pick_nr<T, 3, kStream>(nr);
     default:
-      return pick_nr<T, 4>(nr);
+      return pick_nr<T, 4, kStream>(nr);
   }
 }
 
 // Every row of x against W rows [j0, j1), for columns [kb, kb + kc), with W
 // elements of type T at w (row stride ldw, already offset to row j0 / column kb).
-template <DType T>
+template <DType T, bool kStream>
 void tile_all_rows(const float* x, int64_t m, int64_t k, int64_t kb, int64_t kc,
                    const Storage<T>* w, int64_t ldw, int64_t j0, int64_t j1, float* y, int64_t n,
                    const float* bias) {
@@ -98,8 +127,8 @@ void tile_all_rows(const float* x, int64_t m, int64_t k, int64_t kb, int64_t kc,
     const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
     for (int64_t j = j0; j < j1; j += kNr) {
       const int nr = static_cast<int>(std::min<int64_t>(kNr, j1 - j));
-      pick<T>(mr, nr)(x + i * k + kb, k, w + (j - j0) * ldw, ldw, kc, y + i * n + j, n, accumulate,
-                      bias + (j - j0));
+      pick<T, kStream>(mr, nr)(x + i * k + kb, k, w + (j - j0) * ldw, ldw, kc, y + i * n + j, n,
+                               accumulate, bias + (j - j0));
     }
   }
 }
@@ -122,25 +151,78 @@ void matmul_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int6
         for (int64_t j = j0; j < j1; ++j) {
           simd::widen<T>(w + j * k + kb, kc, packed.data() + (j - j0) * kc);
         }
-        tile_all_rows<DType::kF32>(x, m, k, kb, kc, packed.data(), kc, j0, j1, y, n, bias_tile);
+        tile_all_rows<DType::kF32, false>(x, m, k, kb, kc, packed.data(), kc, j0, j1, y, n,
+                                          bias_tile);
       } else {
-        tile_all_rows<T>(x, m, k, kb, kc, w + j0 * k + kb, k, j0, j1, y, n, bias_tile);
+        tile_all_rows<T, true>(x, m, k, kb, kc, w + j0 * k + kb, k, j0, j1, y, n, bias_tile);
       }
       if (k == 0) break;
     }
   }
 }
 
+#if defined(CELLM_HAVE_OPENBLAS)
+// The band [band_begin, band_end) of y's columns by single-threaded sgemm calls
+// (the pool provides the parallelism), W widened to f32 one tile at a time.
+template <DType T>
+void blas_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int64_t n, TypedPtr bias,
+               float* y, int64_t band_begin, int64_t band_end) {
+  thread_local std::vector<float> wide;
+  for (int64_t t0 = band_begin; t0 < band_end; t0 += kBlasTileRows) {
+    const int64_t rows = std::min(band_end, t0 + kBlasTileRows) - t0;
+    const float* tile = nullptr;
+    if constexpr (T == DType::kF32) {
+      tile = w + t0 * k;
+    } else {
+      wide.resize(static_cast<size_t>(rows * k));
+      simd::widen<T>(w + t0 * k, rows * k, wide.data());
+      tile = wide.data();
+    }
+    float beta = 0.0f;
+    if (bias.data != nullptr) {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < rows; ++j)
+          y[i * n + t0 + j] = load_as_f32(bias.data, bias.dtype, t0 + j);
+      }
+      beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k), tile,
+                static_cast<int>(k), beta, y + t0, static_cast<int>(n));
+  }
+}
+
+bool use_blas(int64_t m, int64_t k, int64_t n) {
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  if (m < kBlasMinRows || k < 1 || m > kIntMax || n > kIntMax || k > kIntMax) return false;
+  // OpenBLAS must not start its own threads: the pool already owns the cores.
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+  return true;
+}
+#endif
+
 template <DType T>
 void matmul_typed(ThreadPool& pool, const float* x, int64_t m, int64_t k, const Storage<T>* w,
                   int64_t n, TypedPtr bias, float* y) {
   // Bands are whole groups of kNr rows; each thread takes a contiguous run of them.
   const int64_t groups = (n + kNr - 1) / kNr;
+#if defined(CELLM_HAVE_OPENBLAS)
+  const bool blas = use_blas(m, k, n);
+#else
+  const bool blas = false;
+#endif
   const auto band = [&](int64_t g0, int64_t g1) {
+#if defined(CELLM_HAVE_OPENBLAS)
+    if (blas) {
+      blas_band<T>(x, m, k, w, n, bias, y, g0 * kNr, std::min(n, g1 * kNr));
+      return;
+    }
+#endif
     matmul_band<T>(x, m, k, w, n, bias, y, g0 * kNr, std::min(n, g1 * kNr));
   };
   // Below ~64k multiply-adds a second thread costs more than it saves.
-  if (m * n * k < (int64_t{1} << 16)) {
+  if (m * n * k < (int64_t{1} << 16) && !blas) {
     band(0, groups);
   } else {
     pool.parallel_for(groups, band);
