@@ -6,9 +6,9 @@
 //   M=1    GB/s of weight bytes read, with the weights rotated over > 2x L3 so
 //          every call streams them from DRAM ("cold"), and repeated ("hot");
 //   M=128  GFLOP/s (2*M*N*K per call), weights hot.
-// Then one decode token of the whole model's linear layers (M=1, cold) as
-// ms/token and GB/s, and a DRAM read bandwidth baseline (a plain f32 sum on the
-// same threads) to compare against.
+// Also: a DRAM read bandwidth baseline (a plain f32 sum on the same threads) to
+// compare against, the thread pool's per-call floor, and one decode token of the
+// whole model's linear layers (M=1, cold) as ms/token and GB/s.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -132,8 +132,19 @@ int main(int argc, char** argv) {
   const int reps = quick ? 3 : 7;
   std::printf("matmul_bench: %d threads, weights %s, isa %s\n", pool.num_threads(),
               cellm::cpu::to_string(dtype), cellm::cpu::simd::isa_name());
-  std::printf("DRAM read baseline (f32 sum over %lld MiB): %.1f GB/s\n\n",
+  std::printf("DRAM read baseline (f32 sum over %lld MiB): %.1f GB/s\n",
               static_cast<long long>(kColdBytes >> 20), dram_read_gbps(pool));
+
+  {
+    // Cost of one parallel_for whose chunks do almost nothing: the pool's floor.
+    std::vector<int64_t> sink(static_cast<size_t>(pool.num_threads()) * 16);
+    const double t = time_per_call(reps, 100000, [&](int) {
+      pool.parallel_for(pool.num_threads(), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) sink[static_cast<size_t>(i) * 16] += 1;
+      });
+    });
+    std::printf("ThreadPool::parallel_for overhead: %.2f us/call\n\n", t * 1e6);
+  }
 
   struct Shape {
     int64_t n, k;
