@@ -1,11 +1,11 @@
 // matmul_bench: achieved bandwidth and throughput of cpu::matmul.
 //
-//   matmul_bench [--threads N] [--dtype bf16|f16|f32] [--quick]
+//   matmul_bench [--threads N] [--dtype bf16|f16|f32] [--prefill-m M] [--quick]
 //
 // Prints, per weight shape [n, k] of the 110M model (d 768, ff 2048, vocab 32000):
 //   M=1    GB/s of weight bytes read, with the weights rotated over > 2x L3 so
 //          every call streams them from DRAM ("cold"), and repeated ("hot");
-//   M=128  GFLOP/s (2*M*N*K per call), weights hot.
+//   M=128  GFLOP/s (2*M*N*K per call), weights hot (--prefill-m changes M).
 // Also: a DRAM read bandwidth baseline (a plain f32 sum on the same threads) to
 // compare against, the thread pool's per-call floor, and one decode token of the
 // whole model's linear layers (M=1, cold) as ms/token and GB/s.
@@ -114,6 +114,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   DType dtype = DType::kBF16;
   bool quick = false;
+  int64_t pm = 128;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -121,10 +122,14 @@ int main(int argc, char** argv) {
     } else if (a == "--dtype" && i + 1 < argc) {
       const std::string d = argv[++i];
       dtype = d == "f32" ? DType::kF32 : d == "f16" ? DType::kF16 : DType::kBF16;
+    } else if (a == "--prefill-m" && i + 1 < argc) {
+      pm = std::stoll(argv[++i]);
     } else if (a == "--quick") {
       quick = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--dtype bf16|f16|f32] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--dtype bf16|f16|f32] [--prefill-m M] [--quick]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -150,9 +155,11 @@ int main(int argc, char** argv) {
     int64_t n, k;
   };
   const Shape shapes[] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
+  const std::string pm_title = "M=" + std::to_string(pm) + " GFLOP/s";
   std::printf("%-12s %14s %14s %16s\n", "[n x k]", "M=1 cold GB/s", "M=1 hot GB/s",
-              "M=128 GFLOP/s");
-  std::vector<float> x(128 * 2048), y(128 * 32000);
+              pm_title.c_str());
+  std::vector<float> x(static_cast<size_t>(std::max<int64_t>(pm, 1) * 2048)),
+      y(static_cast<size_t>(std::max<int64_t>(pm, 1) * 32000));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) * 0.01f - 0.08f;
   for (const Shape& s : shapes) {
     const Weights cold(dtype, s.n, s.k,
@@ -166,10 +173,11 @@ int main(int argc, char** argv) {
     const double t_hot = time_per_call(reps, hot_iters, [&](int) {
       cellm::cpu::matmul(pool, x.data(), 1, s.k, cold.at(0), s.n, TypedPtr{}, y.data());
     });
-    const double flops = 2.0 * 128 * static_cast<double>(s.n) * static_cast<double>(s.k);
+    const double flops =
+        2.0 * static_cast<double>(pm) * static_cast<double>(s.n) * static_cast<double>(s.k);
     const int pf_iters = std::max(2, static_cast<int>(4e9 / flops / (quick ? 4 : 1)));
     const double t_pf = time_per_call(reps, pf_iters, [&](int) {
-      cellm::cpu::matmul(pool, x.data(), 128, s.k, cold.at(0), s.n, TypedPtr{}, y.data());
+      cellm::cpu::matmul(pool, x.data(), pm, s.k, cold.at(0), s.n, TypedPtr{}, y.data());
     });
     char name[32];
     std::snprintf(name, sizeof(name), "%lld x %lld", static_cast<long long>(s.n),

@@ -26,10 +26,11 @@ constexpr int64_t kKc = 512;         // columns (k) per cache tile
 constexpr int64_t kPackMinRows = 5;  // widen W tiles once when m reaches this
 
 #if defined(CELLM_HAVE_OPENBLAS)
-// From this many rows of x (prefill) OpenBLAS's sgemm on f32-widened W tiles
-// beats the kernel below (bench/matmul_bench: ~2x at m = 128); below it the
-// kernel wins, reading W once without the widening pass.
-constexpr int64_t kBlasMinRows = 32;
+// From this many rows of x, OpenBLAS's sgemm on f32-widened W tiles beats the
+// built-in kernel (bench/matmul_bench, 2 Zen 4 cores, bf16: m = 16 ~1.1-2x,
+// m = 32 ~1.3-1.6x, m = 128 ~1.8x); below it the built-in kernel reads W once
+// with no widening pass.
+constexpr int64_t kBlasMinRows = 16;
 constexpr int64_t kBlasTileRows = 256;  // W rows widened per sgemm call
 #endif
 
@@ -145,7 +146,10 @@ void matmul_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int6
     for (int64_t j = j0; j < j1; ++j) {
       bias_tile[j - j0] = bias.data == nullptr ? 0.0f : load_as_f32(bias.data, bias.dtype, j);
     }
-    for (int64_t kb = 0; kb < k || kb == 0; kb += kKc) {
+    // k == 0 still takes one (empty) block, which writes the bias.
+    const int64_t k_blocks = k == 0 ? 1 : (k + kKc - 1) / kKc;
+    for (int64_t b = 0; b < k_blocks; ++b) {
+      const int64_t kb = b * kKc;
       const int64_t kc = std::min(kKc, k - kb);
       if (pack) {
         for (int64_t j = j0; j < j1; ++j) {
@@ -156,7 +160,6 @@ void matmul_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int6
       } else {
         tile_all_rows<T, true>(x, m, k, kb, kc, w + j0 * k + kb, k, j0, j1, y, n, bias_tile);
       }
-      if (k == 0) break;
     }
   }
 }

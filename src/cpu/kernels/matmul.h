@@ -6,10 +6,14 @@
 // left 16; f16: F16C); activations are never rounded, and every product is
 // accumulated in f32 (so results match an f32 reference to ~1e-6 relative).
 //
-// Work is split over n (each thread owns a contiguous band of W's rows, so W is
-// streamed from memory once per call), and every row of x is computed against a
-// W tile while it is in cache. For m > 4 a W tile is widened once into a small
-// per-thread f32 buffer and reused by all rows of x.
+// Work is split over n: each thread owns a contiguous band of W's rows, so W is
+// streamed from memory once per call, and every row of x is computed against a
+// W tile while it is in cache.
+//   m <= 4 (decode): W widened in registers, next tile prefetched (memory-bound);
+//   m >= 5: each W tile is widened once into a per-thread f32 buffer;
+//   m >= 16, when built with OpenBLAS: W tiles of 256 rows are widened to f32
+//     and multiplied by single-threaded sgemm, one call per thread band
+//     (measured up to ~2x the built-in kernel; the pool keeps owning the cores).
 // Thread-safety: reentrant; runs on `pool` and returns when y is complete.
 #pragma once
 
