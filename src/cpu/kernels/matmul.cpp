@@ -1,16 +1,10 @@
 #include "cpu/kernels/matmul.h"
 
 #include <algorithm>
-#include <limits>
-#include <mutex>
 #include <vector>
 
 #include "cellm/status.h"
 #include "cpu/kernels/simd.h"
-
-#if defined(CELLM_HAVE_OPENBLAS)
-#include <cblas.h>
-#endif
 
 namespace cellm::cpu {
 namespace {
@@ -24,15 +18,6 @@ constexpr int kNr = 4;               // rows of W per micro tile
 constexpr int64_t kNb = 64;          // rows of W per cache tile
 constexpr int64_t kKc = 512;         // columns (k) per cache tile
 constexpr int64_t kPackMinRows = 5;  // widen W tiles once when m reaches this
-
-#if defined(CELLM_HAVE_OPENBLAS)
-// From this many rows of x, OpenBLAS's sgemm on f32-widened W tiles beats the
-// built-in kernel (bench/matmul_bench, 2 Zen 4 cores, bf16: m = 16 ~1.1-2x,
-// m = 32 ~1.3-1.6x, m = 128 ~1.8x); below it the built-in kernel reads W once
-// with no widening pass.
-constexpr int64_t kBlasMinRows = 16;
-constexpr int64_t kBlasTileRows = 256;  // W rows widened per sgemm call
-#endif
 
 // acc[i][j] = dot(x row i, w row j) over kc columns, for MR x NR rows; then
 // y[i, j] = acc + y[i, j] (accumulate) or acc + bias[j]. kStream: W comes from
@@ -62,9 +47,13 @@ void micro_tile(const float* x, int64_t ldx, const Storage<T>* w, int64_t ldw, i
     }
 #endif
     Vf wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = simd::load<T>(w + j * ldw + kk);
+    for (int j = 0; j < NR; ++j) {
+      wv[j] = simd::load<T>(w + j * ldw + kk);
+      simd::keep_in_register(wv[j]);
+    }
     for (int i = 0; i < MR; ++i) {
-      const Vf xv = simd::load<DType::kF32>(x + i * ldx + kk);
+      Vf xv = simd::load<DType::kF32>(x + i * ldx + kk);
+      simd::keep_in_register(xv);
       for (int j = 0; j < NR; ++j) acc[i][j] = simd::fma(xv, wv[j], acc[i][j]);
     }
   }
@@ -136,6 +125,22 @@ void tile_all_rows(const float* x, int64_t m, int64_t k, int64_t kb, int64_t kc,
   }
 }
 
+// Asks for elements [base + offset, base + offset + n) in L2 (the next W tile while this one is
+// widened). Integer arithmetic: past the band's end the address may leave W,
+// which a prefetch tolerates but pointer arithmetic would not.
+template <typename E>
+void prefetch_l2([[maybe_unused]] const E* base, [[maybe_unused]] int64_t offset,
+                 [[maybe_unused]] int64_t n) {
+#if defined(CELLM_SIMD_AVX512) || defined(CELLM_SIMD_AVX2)
+  const uintptr_t begin =
+      reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(offset) * sizeof(E);
+  const uintptr_t end = begin + static_cast<uintptr_t>(n) * sizeof(E);
+  for (uintptr_t a = begin; a < end; a += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
+  }
+#endif
+}
+
 template <DType T>
 void matmul_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int64_t n,
                  TypedPtr bias, float* y, int64_t band_begin, int64_t band_end) {
@@ -155,6 +160,7 @@ void matmul_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int6
       const int64_t kc = std::min(kKc, k - kb);
       if (pack) {
         for (int64_t j = j0; j < j1; ++j) {
+          prefetch_l2(w, (j + kNb) * k + kb, kc);
           simd::widen<T>(w + j * k + kb, kc, packed.data() + (j - j0) * kc);
         }
         tile_all_rows<DType::kF32, false>(x, m, k, kb, kc, packed.data(), kc, j0, j1, y, n,
@@ -166,68 +172,16 @@ void matmul_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int6
   }
 }
 
-#if defined(CELLM_HAVE_OPENBLAS)
-// The band [band_begin, band_end) of y's columns by single-threaded sgemm calls
-// (the pool provides the parallelism), W widened to f32 one tile at a time.
-template <DType T>
-void blas_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int64_t n, TypedPtr bias,
-               float* y, int64_t band_begin, int64_t band_end) {
-  thread_local std::vector<float> wide;
-  for (int64_t t0 = band_begin; t0 < band_end; t0 += kBlasTileRows) {
-    const int64_t rows = std::min(band_end, t0 + kBlasTileRows) - t0;
-    const float* tile = nullptr;
-    if constexpr (T == DType::kF32) {
-      tile = w + t0 * k;
-    } else {
-      wide.resize(static_cast<size_t>(rows * k));
-      simd::widen<T>(w + t0 * k, rows * k, wide.data());
-      tile = wide.data();
-    }
-    float beta = 0.0f;
-    if (bias.data != nullptr) {
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < rows; ++j)
-          y[i * n + t0 + j] = load_as_f32(bias.data, bias.dtype, t0 + j);
-      }
-      beta = 1.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k), tile,
-                static_cast<int>(k), beta, y + t0, static_cast<int>(n));
-  }
-}
-
-bool use_blas(int64_t m, int64_t k, int64_t n) {
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  if (m < kBlasMinRows || k < 1 || m > kIntMax || n > kIntMax || k > kIntMax) return false;
-  // OpenBLAS must not start its own threads: the pool already owns the cores.
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-  return true;
-}
-#endif
-
 template <DType T>
 void matmul_typed(ThreadPool& pool, const float* x, int64_t m, int64_t k, const Storage<T>* w,
                   int64_t n, TypedPtr bias, float* y) {
   // Bands are whole groups of kNr rows; each thread takes a contiguous run of them.
   const int64_t groups = (n + kNr - 1) / kNr;
-#if defined(CELLM_HAVE_OPENBLAS)
-  const bool blas = use_blas(m, k, n);
-#else
-  const bool blas = false;
-#endif
   const auto band = [&](int64_t g0, int64_t g1) {
-#if defined(CELLM_HAVE_OPENBLAS)
-    if (blas) {
-      blas_band<T>(x, m, k, w, n, bias, y, g0 * kNr, std::min(n, g1 * kNr));
-      return;
-    }
-#endif
     matmul_band<T>(x, m, k, w, n, bias, y, g0 * kNr, std::min(n, g1 * kNr));
   };
   // Below ~64k multiply-adds a second thread costs more than it saves.
-  if (m * n * k < (int64_t{1} << 16) && !blas) {
+  if (m * n * k < (int64_t{1} << 16)) {
     band(0, groups);
   } else {
     pool.parallel_for(groups, band);
