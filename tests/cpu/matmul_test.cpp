@@ -94,13 +94,21 @@ TEST(MatmulTest, ModelShapesMatchOnOneAndTwoThreads) {
 }
 
 TEST(MatmulTest, ActivationsAreNotRoundedToSixteenBits) {
-  // x = 1 + 2^-20 is not a bf16 or f16 value; with w = 1, y must keep the 2^-20.
+  // x = 1 + 2^-20 (twice, among zeros) is not a bf16 or f16 value; with w = 1
+  // the sum 2 + 2^-19 is exact in f32 in any order, and keeps the low bits only
+  // if x is used unrounded. m covers the in-register, packed and sgemm paths.
   ThreadPool pool(1);
-  const std::vector<float> x(32, 1.0f + 0x1p-20f);
-  const std::vector<uint16_t> w(32, f32_to_bf16(1.0f));
-  float y = 0.0f;
-  matmul(pool, x.data(), 1, 32, TypedPtr{w.data(), DType::kBF16}, 1, TypedPtr{}, &y);
-  EXPECT_EQ(y, 32.0f * (1.0f + 0x1p-20f));
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (int64_t m : {1, 3, 8, 20}) {
+      std::vector<float> x(static_cast<size_t>(m * 32), 0.0f);
+      for (int64_t i = 0; i < m; ++i) x[i * 32 + 5] = x[i * 32 + 20] = 1.0f + 0x1p-20f;
+      const uint16_t one = t == DType::kBF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
+      const std::vector<uint16_t> w(32, one);
+      std::vector<float> y(static_cast<size_t>(m), 0.0f);
+      matmul(pool, x.data(), m, 32, TypedPtr{w.data(), t}, 1, TypedPtr{}, y.data());
+      for (float v : y) EXPECT_EQ(v, 2.0f + 0x1p-19f) << to_string(t) << " m " << m;
+    }
+  }
 }
 
 TEST(MatmulTest, ZeroColumnsGiveTheBiasAndZeroRowsWriteNothing) {

@@ -20,8 +20,9 @@ constexpr int64_t kKc = 512;         // columns (k) per cache tile
 constexpr int64_t kPackMinRows = 5;  // widen W tiles once when m reaches this
 
 // acc[i][j] = dot(x row i, w row j) over kc columns, for MR x NR rows; then
-// y[i, j] = acc + y[i, j] (accumulate) or acc + bias[j].
-template <DType T, int MR, int NR>
+// y[i, j] = acc + y[i, j] (accumulate) or acc + bias[j]. kStream: W comes from
+// memory (not a packed tile in cache), so the next tile's rows are prefetched.
+template <DType T, int MR, int NR, bool kStream>
 void micro_tile(const float* x, int64_t ldx, const Storage<T>* w, int64_t ldw, int64_t kc, float* y,
                 int64_t ldy, bool accumulate, const float* bias) {
   Vf acc[MR][NR];
@@ -29,10 +30,30 @@ void micro_tile(const float* x, int64_t ldx, const Storage<T>* w, int64_t ldw, i
     for (int j = 0; j < NR; ++j) acc[i][j] = simd::zero();
   int64_t kk = 0;
   for (; kk + kLanes <= kc; kk += kLanes) {
+#if defined(CELLM_SIMD_AVX512) || defined(CELLM_SIMD_AVX2)
+    // Streaming W from memory: prefetch into L2 the rows two tiles ahead, one line
+    // per row per 64 bytes (measured: T1 two tiles ahead beat T0 one tile ahead by
+    // ~25% in decode GB/s).
+    if constexpr (kStream) {
+      if ((kk * static_cast<int64_t>(sizeof(Storage<T>))) % 64 == 0) {
+        // Integer arithmetic: past the last tile the address leaves W, which a
+        // prefetch tolerates but pointer arithmetic would not.
+        const auto base = reinterpret_cast<uintptr_t>(w + kk);
+        for (int j = 0; j < NR; ++j) {
+          const uintptr_t ahead = static_cast<uintptr_t>((2 * NR + j) * ldw) * sizeof(Storage<T>);
+          _mm_prefetch(reinterpret_cast<const char*>(base + ahead), _MM_HINT_T1);
+        }
+      }
+    }
+#endif
     Vf wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = simd::load<T>(w + j * ldw + kk);
+    for (int j = 0; j < NR; ++j) {
+      wv[j] = simd::load<T>(w + j * ldw + kk);
+      simd::keep_in_register(wv[j]);
+    }
     for (int i = 0; i < MR; ++i) {
-      const Vf xv = simd::load<DType::kF32>(x + i * ldx + kk);
+      Vf xv = simd::load<DType::kF32>(x + i * ldx + kk);
+      simd::keep_in_register(xv);
       for (int j = 0; j < NR; ++j) acc[i][j] = simd::fma(xv, wv[j], acc[i][j]);
     }
   }
@@ -59,37 +80,37 @@ template <DType T>
 using MicroFn = void (*)(const float*, int64_t, const Storage<T>*, int64_t, int64_t, float*,
                          int64_t, bool, const float*);
 
-template <DType T, int MR>
+template <DType T, int MR, bool kStream>
 constexpr MicroFn<T> pick_nr(int nr) {
   switch (nr) {
     case 1:
-      return &micro_tile<T, MR, 1>;
+      return &micro_tile<T, MR, 1, kStream>;
     case 2:
-      return &micro_tile<T, MR, 2>;
+      return &micro_tile<T, MR, 2, kStream>;
     case 3:
-      return &micro_tile<T, MR, 3>;
+      return &micro_tile<T, MR, 3, kStream>;
     default:
-      return &micro_tile<T, MR, 4>;
+      return &micro_tile<T, MR, 4, kStream>;
   }
 }
 
-template <DType T>
+template <DType T, bool kStream>
 constexpr MicroFn<T> pick(int mr, int nr) {
   switch (mr) {
     case 1:
-      return pick_nr<T, 1>(nr);
+      return pick_nr<T, 1, kStream>(nr);
     case 2:
-      return pick_nr<T, 2>(nr);
+      return pick_nr<T, 2, kStream>(nr);
     case 3:
-      return pick_nr<T, 3>(nr);
+      return pick_nr<T, 3, kStream>(nr);
     default:
-      return pick_nr<T, 4>(nr);
+      return pick_nr<T, 4, kStream>(nr);
   }
 }
 
 // Every row of x against W rows [j0, j1), for columns [kb, kb + kc), with W
 // elements of type T at w (row stride ldw, already offset to row j0 / column kb).
-template <DType T>
+template <DType T, bool kStream>
 void tile_all_rows(const float* x, int64_t m, int64_t k, int64_t kb, int64_t kc,
                    const Storage<T>* w, int64_t ldw, int64_t j0, int64_t j1, float* y, int64_t n,
                    const float* bias) {
@@ -98,10 +119,26 @@ void tile_all_rows(const float* x, int64_t m, int64_t k, int64_t kb, int64_t kc,
     const int mr = static_cast<int>(std::min<int64_t>(kMr, m - i));
     for (int64_t j = j0; j < j1; j += kNr) {
       const int nr = static_cast<int>(std::min<int64_t>(kNr, j1 - j));
-      pick<T>(mr, nr)(x + i * k + kb, k, w + (j - j0) * ldw, ldw, kc, y + i * n + j, n, accumulate,
-                      bias + (j - j0));
+      pick<T, kStream>(mr, nr)(x + i * k + kb, k, w + (j - j0) * ldw, ldw, kc, y + i * n + j, n,
+                               accumulate, bias + (j - j0));
     }
   }
+}
+
+// Asks for elements [base + offset, base + offset + n) in L2 (the next W tile while this one is
+// widened). Integer arithmetic: past the band's end the address may leave W,
+// which a prefetch tolerates but pointer arithmetic would not.
+template <typename E>
+void prefetch_l2([[maybe_unused]] const E* base, [[maybe_unused]] int64_t offset,
+                 [[maybe_unused]] int64_t n) {
+#if defined(CELLM_SIMD_AVX512) || defined(CELLM_SIMD_AVX2)
+  const uintptr_t begin =
+      reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(offset) * sizeof(E);
+  const uintptr_t end = begin + static_cast<uintptr_t>(n) * sizeof(E);
+  for (uintptr_t a = begin; a < end; a += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
+  }
+#endif
 }
 
 template <DType T>
@@ -116,17 +153,21 @@ void matmul_band(const float* x, int64_t m, int64_t k, const Storage<T>* w, int6
     for (int64_t j = j0; j < j1; ++j) {
       bias_tile[j - j0] = bias.data == nullptr ? 0.0f : load_as_f32(bias.data, bias.dtype, j);
     }
-    for (int64_t kb = 0; kb < k || kb == 0; kb += kKc) {
+    // k == 0 still takes one (empty) block, which writes the bias.
+    const int64_t k_blocks = k == 0 ? 1 : (k + kKc - 1) / kKc;
+    for (int64_t b = 0; b < k_blocks; ++b) {
+      const int64_t kb = b * kKc;
       const int64_t kc = std::min(kKc, k - kb);
       if (pack) {
         for (int64_t j = j0; j < j1; ++j) {
+          prefetch_l2(w, (j + kNb) * k + kb, kc);
           simd::widen<T>(w + j * k + kb, kc, packed.data() + (j - j0) * kc);
         }
-        tile_all_rows<DType::kF32>(x, m, k, kb, kc, packed.data(), kc, j0, j1, y, n, bias_tile);
+        tile_all_rows<DType::kF32, false>(x, m, k, kb, kc, packed.data(), kc, j0, j1, y, n,
+                                          bias_tile);
       } else {
-        tile_all_rows<T>(x, m, k, kb, kc, w + j0 * k + kb, k, j0, j1, y, n, bias_tile);
+        tile_all_rows<T, true>(x, m, k, kb, kc, w + j0 * k + kb, k, j0, j1, y, n, bias_tile);
       }
-      if (k == 0) break;
     }
   }
 }

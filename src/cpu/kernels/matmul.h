@@ -6,10 +6,15 @@
 // left 16; f16: F16C); activations are never rounded, and every product is
 // accumulated in f32 (so results match an f32 reference to ~1e-6 relative).
 //
-// Work is split over n (each thread owns a contiguous band of W's rows, so W is
-// streamed from memory once per call), and every row of x is computed against a
-// W tile while it is in cache. For m > 4 a W tile is widened once into a small
-// per-thread f32 buffer and reused by all rows of x.
+// Work is split over n: each thread owns a contiguous band of W's rows, so W is
+// streamed from memory once per call, and every row of x is computed against a
+// W tile while it is in cache.
+//   m <= 4 (decode): W widened in registers as it streams from memory, rows two
+//     tiles ahead prefetched into L2 (memory-bound: ~90% of DRAM read bandwidth);
+//   m >= 5: each W tile [64 rows, 512 columns] is widened once into a per-thread
+//     f32 buffer (the next one prefetched) and shared by all rows of x in 4x4
+//     register tiles (compute-bound: ~170-180 GFLOP/s on 2 Zen 4 cores, on par
+//     with OpenBLAS sgemm on pre-widened weights, so no BLAS is used).
 // Thread-safety: reentrant; runs on `pool` and returns when y is complete.
 #pragma once
 

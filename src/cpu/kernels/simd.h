@@ -258,6 +258,14 @@ inline void reduce4(Vf a, Vf b, Vf c, Vf d, float* out) {
 
 #endif
 
+// Pins v to a register at this point: GCC otherwise re-reads a value that many
+// FMAs share as a memory operand of each, which makes the kernels load-bound.
+inline void keep_in_register([[maybe_unused]] Vf& v) {
+#if (defined(CELLM_SIMD_AVX512) || defined(CELLM_SIMD_AVX2)) && defined(__GNUC__)
+  asm("" : "+v"(v));
+#endif
+}
+
 // sum(a[i] * b[i]) for i in [0, n), f32.
 inline float dot(const float* a, const float* b, int64_t n) {
   Vf acc0 = zero(), acc1 = zero();
