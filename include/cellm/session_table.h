@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -37,6 +38,21 @@ struct SliceRows {
 // Keeps the wanted rows that fall in the slice, rebased to it. If none are
 // wanted, returns {length - 1} with no inputs (a forward always yields a row).
 SliceRows select_rows(const PackedStep& step, int32_t offset, int32_t length);
+
+// Checks shared by every executor's create(), with InvalidArgument messages that
+// start with "<who>: " and name the numbers. validate_session_limits: both
+// limits positive, their product below 2^31 - 1, and max_session_tokens within
+// the model's context. validate_capacity: the capacity rule max_sessions x
+// max_session_tokens < max_cells, since one cell is a scratch row never handed
+// out; every resident session can then fill its budget at once.
+Status validate_session_limits(std::string_view who, int32_t max_sessions,
+                               int32_t max_session_tokens, int64_t context_tokens);
+Status validate_capacity(std::string_view who, int32_t max_sessions, int32_t max_session_tokens,
+                         int64_t max_cells);
+
+// InvalidArgument naming the token and its session if a packed token lies
+// outside [0, vocab_size).
+Status check_tokens_in_vocab(const PackedStep& step, int64_t vocab_size);
 
 class SessionTable {
  public:

@@ -1,5 +1,6 @@
 #include "cellm/session_table.h"
 
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -195,6 +196,48 @@ const SamplingPolicy* SessionTable::policy_of(SessionId sid) const {
   auto it = sessions_.find(sid);
   if (it == sessions_.end() || !it->second.policy) return nullptr;
   return &*it->second.policy;
+}
+
+Status validate_session_limits(std::string_view who, int32_t max_sessions,
+                               int32_t max_session_tokens, int64_t context_tokens) {
+  const std::string prefix = std::string(who) + ": ";
+  if (max_sessions <= 0 || max_session_tokens <= 0 ||
+      int64_t{max_sessions} * max_session_tokens >= std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument(prefix + "invalid session limits: max_sessions " +
+                           std::to_string(max_sessions) + " x max_session_tokens " +
+                           std::to_string(max_session_tokens) +
+                           " must be positive and below 2^31 - 1");
+  }
+  if (max_session_tokens > context_tokens) {
+    return InvalidArgument(prefix + "max_session_tokens " + std::to_string(max_session_tokens) +
+                           " exceeds the model's context of " + std::to_string(context_tokens) +
+                           " tokens");
+  }
+  return Status::Ok();
+}
+
+Status validate_capacity(std::string_view who, int32_t max_sessions, int32_t max_session_tokens,
+                         int64_t max_cells) {
+  const int64_t cells = int64_t{max_sessions} * max_session_tokens;
+  if (cells >= max_cells) {
+    return InvalidArgument(std::string(who) + ": max_sessions " + std::to_string(max_sessions) +
+                           " x max_session_tokens " + std::to_string(max_session_tokens) + " = " +
+                           std::to_string(cells) + " cells must be below max_cells " +
+                           std::to_string(max_cells) +
+                           " (one cell is a scratch row that is never handed out)");
+  }
+  return Status::Ok();
+}
+
+Status check_tokens_in_vocab(const PackedStep& step, int64_t vocab_size) {
+  for (size_t i = 0; i < step.tokens.size(); ++i) {
+    if (step.tokens[i] < 0 || step.tokens[i] >= vocab_size) {
+      return InvalidArgument("token " + std::to_string(step.tokens[i]) + " of session " +
+                             std::to_string(step.sids[i]) + " is outside the vocabulary [0, " +
+                             std::to_string(vocab_size) + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace cellm

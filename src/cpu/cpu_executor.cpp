@@ -18,19 +18,8 @@ std::string prefixed(const std::string& message) {
 
 Status validate(const ModelWeights* weights, const CpuExecutorOptions& o) {
   if (weights == nullptr) return InvalidArgument(prefixed("no model was given"));
-  if (o.max_sessions <= 0 || o.max_session_tokens <= 0 ||
-      int64_t{o.max_sessions} * o.max_session_tokens >= std::numeric_limits<int32_t>::max()) {
-    return InvalidArgument(prefixed("invalid session limits: max_sessions " +
-                                    std::to_string(o.max_sessions) + " x max_session_tokens " +
-                                    std::to_string(o.max_session_tokens) +
-                                    " must be positive and below 2^31 - 1"));
-  }
-  const int64_t context = weights->config().max_position_embeddings();
-  if (o.max_session_tokens > context) {
-    return InvalidArgument(prefixed("max_session_tokens " + std::to_string(o.max_session_tokens) +
-                                    " exceeds the model's context of " + std::to_string(context) +
-                                    " tokens"));
-  }
+  CELLM_RETURN_IF_ERROR(validate_session_limits("CpuExecutor", o.max_sessions, o.max_session_tokens,
+                                                weights->config().max_position_embeddings()));
   if (o.step_width <= 0 || o.initial_cells <= 0) {
     return InvalidArgument(prefixed("step_width " + std::to_string(o.step_width) +
                                     " and initial_cells " + std::to_string(o.initial_cells) +
@@ -46,13 +35,8 @@ Status validate(const ModelWeights* weights, const CpuExecutorOptions& o) {
     return InvalidArgument(prefixed("step_width " + std::to_string(o.step_width) +
                                     " exceeds max_cells " + std::to_string(max_cells)));
   }
-  if (sessions_cells >= max_cells) {
-    return InvalidArgument(
-        prefixed("max_sessions " + std::to_string(o.max_sessions) + " x max_session_tokens " +
-                 std::to_string(o.max_session_tokens) + " = " + std::to_string(sessions_cells) +
-                 " cells must be below max_cells " + std::to_string(max_cells) +
-                 " (one cell is a scratch row that is never handed out)"));
-  }
+  CELLM_RETURN_IF_ERROR(
+      validate_capacity("CpuExecutor", o.max_sessions, o.max_session_tokens, max_cells));
   if (o.num_threads < 0) {
     return InvalidArgument(
         prefixed("num_threads " + std::to_string(o.num_threads) + " must be >= 0"));
@@ -124,13 +108,7 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   if (!packed_or.ok()) return fail(packed_or.status().to_string());
   const PackedStep& packed = *packed_or;
   const int64_t vocab = weights_->config().vocab_size();
-  for (size_t i = 0; i < packed.tokens.size(); ++i) {
-    if (packed.tokens[i] < 0 || packed.tokens[i] >= vocab) {
-      return fail("token " + std::to_string(packed.tokens[i]) + " of session " +
-                  std::to_string(packed.sids[i]) + " is outside the vocabulary [0, " +
-                  std::to_string(vocab) + ")");
-    }
-  }
+  if (Status s = check_tokens_in_vocab(packed, vocab); !s.ok()) return fail(s.message());
 
   const auto total = static_cast<int>(packed.tokens.size());
   std::vector<std::span<const CellId>> seq_cells;

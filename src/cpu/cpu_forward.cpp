@@ -15,23 +15,16 @@ namespace cellm::cpu {
 namespace {
 
 TypedPtr typed(const TensorView& t) {
-  switch (t.dtype) {
-    case cellm::DType::kBF16:
-      return {t.data, DType::kBF16};
-    case cellm::DType::kF16:
-      return {t.data, DType::kF16};
-    case cellm::DType::kF32:
-      return {t.data, DType::kF32};
-  }
-  CELLM_CHECK_MSG(false, "unknown dtype");
-  return {};
+  return {t.data, t.dtype};
 }
 
 TypedPtr typed(const std::optional<TensorView>& t) {
   return t ? typed(*t) : TypedPtr{};
 }
 
-std::vector<float> model_inv_freq(const ModelConfig& c) {
+}  // namespace
+
+std::vector<float> rope_inv_freq_for(const ModelConfig& c) {
   std::optional<Llama3RopeScaling> llama3;
   if (c.rope_scaling().type == RopeScalingType::kLlama3) {
     const RopeScaling& s = c.rope_scaling();
@@ -41,14 +34,12 @@ std::vector<float> model_inv_freq(const ModelConfig& c) {
   return rope_inv_freq(c.rope_theta(), c.head_dim(), llama3);
 }
 
-}  // namespace
-
 CpuForward::CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool,
                        int64_t max_rows)
     : weights_(std::move(weights)), pool_(pool), max_rows_(max_rows) {
   CELLM_CHECK(max_rows > 0);
   const ModelConfig& c = weights_->config();
-  inv_freq_ = model_inv_freq(c);
+  inv_freq_ = rope_inv_freq_for(c);
   const auto rows = static_cast<size_t>(max_rows);
   x_.resize(rows * c.hidden_size());
   h_.resize(rows * c.hidden_size());

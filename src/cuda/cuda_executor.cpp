@@ -41,19 +41,8 @@ int32_t bucket_for(int32_t b, int32_t cap) {
 
 Status validate(const ModelWeights* w, const CudaExecutorOptions& o) {
   if (w == nullptr) return InvalidArgument(prefixed("no model was given"));
-  if (o.max_sessions <= 0 || o.max_session_tokens <= 0 ||
-      int64_t{o.max_sessions} * o.max_session_tokens >= std::numeric_limits<int32_t>::max()) {
-    return InvalidArgument(prefixed("invalid session limits: max_sessions " +
-                                    std::to_string(o.max_sessions) + " x max_session_tokens " +
-                                    std::to_string(o.max_session_tokens) +
-                                    " must be positive and below 2^31 - 1"));
-  }
-  const int64_t context = w->config().max_position_embeddings();
-  if (o.max_session_tokens > context) {
-    return InvalidArgument(prefixed("max_session_tokens " + std::to_string(o.max_session_tokens) +
-                                    " exceeds the model's context of " + std::to_string(context) +
-                                    " tokens"));
-  }
+  CELLM_RETURN_IF_ERROR(validate_session_limits(
+      "CudaExecutor", o.max_sessions, o.max_session_tokens, w->config().max_position_embeddings()));
   const int64_t sessions_cells = int64_t{o.max_sessions} * o.max_session_tokens;
   const int64_t max_cells = o.max_cells == 0 ? sessions_cells + 1 : o.max_cells;
   if (o.min_prefill < 2 || o.min_prefill > o.step_width || o.step_width > max_cells) {
@@ -62,13 +51,8 @@ Status validate(const ModelWeights* w, const CudaExecutorOptions& o) {
                                     std::to_string(o.step_width) + ", max_cells " +
                                     std::to_string(max_cells)));
   }
-  if (sessions_cells >= max_cells) {
-    return InvalidArgument(
-        prefixed("max_sessions " + std::to_string(o.max_sessions) + " x max_session_tokens " +
-                 std::to_string(o.max_session_tokens) + " = " + std::to_string(sessions_cells) +
-                 " cells must be below max_cells " + std::to_string(max_cells) +
-                 " (one cell is a scratch row for padded slots)"));
-  }
+  CELLM_RETURN_IF_ERROR(
+      validate_capacity("CudaExecutor", o.max_sessions, o.max_session_tokens, max_cells));
   if (o.max_decode_batch < 0) {
     return InvalidArgument(prefixed("max_decode_batch must be >= 0"));
   }
@@ -145,13 +129,8 @@ class ExecutorImpl {
     Result<PackedStep> packed_or = sessions_.pack(batch);
     if (!packed_or.ok()) return fail(packed_or.status().to_string());
     const PackedStep& packed = *packed_or;
-    const int64_t vocab = weights_->config().vocab_size();
-    for (size_t i = 0; i < packed.tokens.size(); ++i) {
-      if (packed.tokens[i] < 0 || packed.tokens[i] >= vocab) {
-        return fail("token " + std::to_string(packed.tokens[i]) + " of session " +
-                    std::to_string(packed.sids[i]) + " is outside the vocabulary [0, " +
-                    std::to_string(vocab) + ")");
-      }
+    if (Status s = check_tokens_in_vocab(packed, weights_->config().vocab_size()); !s.ok()) {
+      return fail(s.message());
     }
     if (is_batched_decode(batch)) return run_decode(batch, packed, out);
     const auto total = static_cast<int>(packed.tokens.size());

@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-#include "cpu/kernels/rope.h"
+#include "cpu/cpu_forward.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_memory.h"
 #include "cuda/device_model.h"
@@ -43,16 +43,6 @@ struct MetaLayout {
     bytes = sampling + align_up(rows * sizeof(SamplingRow));
   }
 };
-
-std::vector<float> model_inv_freq(const ModelConfig& c) {
-  std::optional<cpu::Llama3RopeScaling> llama3;
-  if (c.rope_scaling().type == RopeScalingType::kLlama3) {
-    const RopeScaling& s = c.rope_scaling();
-    llama3 = cpu::Llama3RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor,
-                                    static_cast<double>(s.original_max_position_embeddings)};
-  }
-  return cpu::rope_inv_freq(c.rope_theta(), c.head_dim(), llama3);
-}
 
 // Bytes of every activation buffer for `rows` rows, in the order they are carved.
 struct BufferLayout {
@@ -119,7 +109,7 @@ class CudaForward final : public ForwardEngine {
     CELLM_ASSIGN_OR_RETURN(buffers_, DeviceBuffer::allocate(buf_.bytes));
     CELLM_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(kv_pool_bytes<T>(config_, dims_)));
     CELLM_ASSIGN_OR_RETURN(table_, DeviceBuffer::allocate(table_bytes(dims_)));
-    const std::vector<float> inv_freq = model_inv_freq(config_);
+    const std::vector<float> inv_freq = cpu::rope_inv_freq_for(config_);
     CELLM_ASSIGN_OR_RETURN(inv_freq_, DeviceBuffer::allocate(inv_freq.size() * sizeof(float)));
     CELLM_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_freq_.get(), inv_freq.data(),
                                           inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
@@ -335,7 +325,7 @@ class CudaForward final : public ForwardEngine {
         "final rmsnorm");
     CELLM_RETURN_IF_ERROR(
         (gemm_->run<T, float>(sel_norm, n_sel, d, model_->lm_head(), c.vocab_size(), nullptr,
-                             buf<float>(buf_.logits), s)));
+                              buf<float>(buf_.logits), s)));
     return Status::Ok();
   }
 

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "cellm/half.h"
+#include "cpu/kernels/convert.h"
 
 namespace cellm::cuda {
 namespace {
@@ -17,15 +18,7 @@ size_t align_up(size_t n) {
 }
 
 float element(const TensorView& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::kBF16:
-      return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-    case DType::kF16:
-      return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-    case DType::kF32:
-      return static_cast<const float*>(t.data)[i];
-  }
-  return 0.f;
+  return cpu::load_as_f32(t.data, t.dtype, i);
 }
 
 // Appends `t` converted to T at the end of `host` (raw bytes of T).
