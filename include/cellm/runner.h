@@ -41,6 +41,8 @@ struct GenerationUpdate {
   std::vector<Token> tokens;                  // newly delivered tokens
   std::optional<FinishReason> finish_reason;  // present only on the last update
   std::string error_message;                  // set only for kFailed
+  // Parallel to tokens when the generation asked for logprobs; empty otherwise.
+  std::vector<TokenLogprobs> logprobs;
 };
 using GenerationCallback = std::function<void(const GenerationUpdate&)>;
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace cellm {
@@ -25,6 +26,16 @@ struct SamplingParams {
   int32_t top_k = 0;
   float top_p = 1.0f;
   float min_p = 0.0f;
+  // Log-probabilities to report with each sampled token: 0 = none; n > 0 = the
+  // sampled token's and the n most likely alternatives' (OpenAI `logprobs`).
+  int32_t num_logprobs = 0;
+};
+
+// The log-probability (log-softmax of the raw logits row, before temperature)
+// of a sampled token and of the most likely alternatives, most likely first.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<std::pair<Token, float>> top;
 };
 
 // One slice of work for one session. The slice is tokens[offset, offset + size)
@@ -49,6 +60,9 @@ struct Input {
 struct Output {
   SessionId sid = 0;
   std::vector<Token> tokens;
+  // Parallel to tokens when the session's SamplingParams ask for num_logprobs > 0;
+  // empty otherwise.
+  std::vector<TokenLogprobs> logprobs;
 };
 
 // A schedulable unit. `is_decode`, not the size, decides decode versus prefill:
