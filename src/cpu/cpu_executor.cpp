@@ -152,7 +152,7 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
                                  static_cast<size_t>(vocab));
       std::optional<Token> token = sessions_.sample(sid, row, next);
       if (!token) return fail("session " + std::to_string(sid) + " has no sampling policy");
-      out.outputs[input] = Output{sid, {*token}};
+      out.outputs[input] = Output{sid, {*token}, {}};
     }
   }
   return true;

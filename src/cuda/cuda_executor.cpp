@@ -176,7 +176,7 @@ class ExecutorImpl {
     if (!s.ok()) return fail_cuda(s);
     for (int32_t r = 0; r < b; ++r) {
       out.outputs[static_cast<size_t>(r)] =
-          Output{batch.inputs[static_cast<size_t>(r)].sid, {h.out_tokens[r]}};
+          Output{batch.inputs[static_cast<size_t>(r)].sid, {h.out_tokens[r]}, {}};
     }
     return true;
   }
@@ -219,7 +219,7 @@ class ExecutorImpl {
     if (!st.ok()) return fail_cuda(st);
     for (size_t s = 0; s < rows.inputs.size(); ++s) {
       const auto input = static_cast<size_t>(rows.inputs[s]);
-      out.outputs[input] = Output{batch.inputs[input].sid, {h.out_tokens[s]}};
+      out.outputs[input] = Output{batch.inputs[input].sid, {h.out_tokens[s]}, {}};
     }
     return true;
   }

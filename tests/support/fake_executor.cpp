@@ -348,7 +348,7 @@ bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
           o.reset();
           break;
         case Malformation::kUnexpectedOutput:
-          if (!o) o = Output{batch.inputs[i].sid, {999}};
+          if (!o) o = Output{batch.inputs[i].sid, {999}, {}};
           break;
         case Malformation::kEmptyTokens:
           if (o) o->tokens.clear();

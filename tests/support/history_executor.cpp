@@ -278,7 +278,7 @@ bool HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       const std::vector<float> row = logits_for(seen, options_.vocab_size);
       const std::optional<Token> token = table_.sample(sid, row, next);
       if (!token) return fail("session " + std::to_string(sid) + " has no sampling policy");
-      out.outputs[input] = Output{sid, {*token}};
+      out.outputs[input] = Output{sid, {*token}, {}};
     }
   }
   pool_.check_invariants();
