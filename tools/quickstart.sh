@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# The CUDA executor is built only where a GPU can use it: compiling its kernels
+# takes minutes on a small machine, and without a GPU `cellm` runs on the CPU.
+cuda=OFF
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=ON; fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCELLM_BUILD_CUDA=$cuda >/dev/null
 cmake --build build --target cellm -j "$(nproc)"
 if [ "$#" -eq 0 ]; then
   set -- --prompt "In the beginning" \
