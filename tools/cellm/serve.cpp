@@ -32,6 +32,7 @@
 #include "commands.h"
 #include "engine_setup.h"
 #include "serve_admission.h"
+#include "serve_connection.h"
 #include "serve_endpoints.h"
 #include "serve_http.h"
 #include "serve_job.h"
@@ -174,6 +175,11 @@ int run_serve(int argc, const char* const* argv) {
   if (!flags_or.ok()) return fail(cmd, flags_or.status());
   const Flags& flags = *flags_or;
 
+  // Before any thread starts (the executor's pool too), so every thread
+  // inherits the blocked signals and only the waiter takes them.
+  ::signal(SIGPIPE, SIG_IGN);
+  SignalWaiter signals;
+
   Result<LoadedModel> model = load_model_dir(flags.model_dir, /*with_tokenizer=*/true);
   if (!model.ok()) return fail(cmd, model.status());
   const ModelConfig& config = model->weights->config();
@@ -191,9 +197,6 @@ int run_serve(int argc, const char* const* argv) {
   if (!executor.ok()) return fail(cmd, executor.status());
   Result<std::unique_ptr<Scheduler>> scheduler = make_scheduler(limits);
   if (!scheduler.ok()) return fail(cmd, scheduler.status());
-
-  ::signal(SIGPIPE, SIG_IGN);
-  SignalWaiter signals;  // before any thread starts, so every thread inherits the mask
 
   Runner runner(**executor, std::move(*scheduler));
   ServeMetrics metrics;
@@ -321,6 +324,9 @@ int run_serve(int argc, const char* const* argv) {
   }
   if (port == 0) {
     return fail(cmd, IoError("cannot listen on " + flags.host + ":" + std::to_string(flags.port)));
+  }
+  if (!raise_listen_backlog(port, 1024)) {
+    std::fprintf(stderr, "cellm serve: warning: could not raise the listen backlog\n");
   }
   signals.start([&](int sig) {
     std::fprintf(stderr, "cellm serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");

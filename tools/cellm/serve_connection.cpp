@@ -46,23 +46,47 @@ bool matches(int fd, const httplib::Request& req) {
          peer_host == req.remote_addr && local_host == req.local_addr;
 }
 
-}  // namespace
-
-PeerWatch::PeerWatch(const httplib::Request& request) {
+// The first socket of this process for which `pred(fd)` holds.
+template <typename Pred>
+std::optional<int> find_socket(Pred pred) {
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
+  if (dir == nullptr) return std::nullopt;
+  std::optional<int> found;
   while (const dirent* entry = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
     struct stat st {};
     if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    if (matches(static_cast<int>(fd), request)) {
-      fd_ = static_cast<int>(fd);
+    if (pred(static_cast<int>(fd))) {
+      found = static_cast<int>(fd);
       break;
     }
   }
   closedir(dir);
+  return found;
+}
+
+}  // namespace
+
+PeerWatch::PeerWatch(const httplib::Request& request)
+    : fd_(find_socket([&](int fd) { return matches(fd, request); })) {}
+
+bool raise_listen_backlog(int port, int backlog) {
+  const std::optional<int> fd = find_socket([&](int s) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(s, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening == 0) {
+      return false;
+    }
+    sockaddr_storage local{};
+    socklen_t local_len = sizeof local;
+    if (getsockname(s, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return false;
+    std::string host;
+    int local_port = 0;
+    return describe(local, host, local_port) && local_port == port;
+  });
+  return fd && ::listen(*fd, backlog) == 0;
 }
 
 bool PeerWatch::closed() const {

@@ -29,4 +29,10 @@ class PeerWatch {
   std::optional<int> fd_;
 };
 
+// cpp-httplib 0.11 listens with a backlog of 5, so a burst of connections
+// overflows it and clients see resets. Finds this process's listening socket on
+// `port` and listens again with `backlog` (Linux updates a listening socket's
+// backlog in place). false if none was found or listen() failed.
+bool raise_listen_backlog(int port, int backlog);
+
 }  // namespace cellm::cli
