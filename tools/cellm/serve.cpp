@@ -162,11 +162,13 @@ int run_serve(int argc, const char* const* argv) {
   const std::string cmd = "cellm serve";
   const std::string usage = "cellm serve [--model DIR] [--host ADDR] [--port N] [options]";
   if (wants_help(argc, argv)) {
-    std::printf("%s", format_help(usage,
-                                  "Serves the model over HTTP with OpenAI's API: /v1/completions, "
-                                  "/v1/chat/completions, /v1/models, /health, /metrics.",
-                                  kFlags)
-                          .c_str());
+    std::printf(
+        "%s",
+        format_help(usage,
+                    "Serves the model over HTTP with OpenAI's API: /v1/completions, /v1/models, "
+                    "/health, /metrics.",
+                    kFlags)
+            .c_str());
     return 0;
   }
   Result<Args> args_or = Args::parse(argc, argv, 2, kFlags, cmd);
