@@ -24,7 +24,7 @@ bool is_test(std::string_view name);
 // value | name(args...). REQUIRES: is_filter(name).
 Value apply_filter(Budget& budget, std::string_view name, const Value& value, CallArgs& args);
 // value is name(args...). REQUIRES: is_test(name).
-bool apply_test(Budget& budget, std::string_view name, const Value& value, const CallArgs& args);
+bool apply_test(std::string_view name, const Value& value, const CallArgs& args);
 
 // object.name: a dict's key, a namespace's attribute, a str/dict method bound
 // to the object; else an Undefined naming what was missing. Undefined objects

@@ -526,7 +526,7 @@ class Evaluator {
       case Expr::Kind::kTest: {
         const Value subject = eval(*e.children[0], scope);
         const CallArgs args = eval_args(e, 1, scope);
-        return Value::boolean(apply_test(budget_, e.name, subject, args) != e.negated);
+        return Value::boolean(apply_test(e.name, subject, args) != e.negated);
       }
       case Expr::Kind::kUnary: {
         const Value v = eval(*e.children[0], scope);

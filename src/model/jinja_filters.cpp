@@ -95,8 +95,7 @@ Value filter_select(Budget& budget, std::string_view name, const Value& value,
   std::vector<Value> out;
   for (const Value& item : iterate(value)) {
     const Value subject = by_attribute ? attribute_path(budget, item, attribute) : item;
-    const bool passes =
-        test.empty() ? subject.truthy() : apply_test(budget, test, subject, test_args);
+    const bool passes = test.empty() ? subject.truthy() : apply_test(test, subject, test_args);
     if (passes == keep_on) out.push_back(item);
   }
   return Value::list(std::move(out));
@@ -458,7 +457,7 @@ Value apply_filter(Budget& budget, std::string_view name, const Value& value, Ca
   type_error("no filter named '" + n + "'");
 }
 
-bool apply_test(Budget& budget, std::string_view name, const Value& value, const CallArgs& args) {
+bool apply_test(std::string_view name, const Value& value, const CallArgs& args) {
   const std::string n(name);
   const BoundArgs a(args, n, {"other"});
   const auto other = [&]() -> const Value& {
@@ -523,7 +522,6 @@ bool apply_test(Budget& budget, std::string_view name, const Value& value, const
     if (value.is_float()) return false;
     return value.identity() == o.identity();
   }
-  (void)budget;
   type_error("no test named '" + n + "'");
 }
 

@@ -155,8 +155,7 @@ class Lexer {
       const size_t tag_start = pos_;
       if (kind == '#') {
         lex_comment();
-      } else if (kind == '%' && try_raw()) {
-      } else {
+      } else if (kind == '{' || !try_raw()) {
         lex_tag(kind);
       }
       line_starting = pos_ > tag_start && src_[pos_ - 1] == '\n';

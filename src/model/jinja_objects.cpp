@@ -144,14 +144,13 @@ Value string_method(Budget& budget, const std::string& s, const std::string& nam
   type_error("'str' object has no method '" + name + "'");
 }
 
-constexpr std::array<std::string_view, 18> kStringMethods = {
-    "strip",      "lstrip", "rstrip", "startswith", "endswith",   "split",
-    "splitlines", "upper",  "lower",  "title",      "capitalize", "replace",
-    "find",       "count",  "join",   "islower",    "isupper",    "isspace"};
+constexpr std::array<std::string_view, 19> kStringMethods = {
+    "strip", "lstrip",  "rstrip",  "startswith", "endswith", "split", "splitlines",
+    "upper", "lower",   "title",   "capitalize", "replace",  "find",  "count",
+    "join",  "islower", "isupper", "isspace",    "isdigit"};
 
 bool is_string_method(const std::string& name) {
-  return name == "isdigit" ||
-         std::find(kStringMethods.begin(), kStringMethods.end(), name) != kStringMethods.end();
+  return std::find(kStringMethods.begin(), kStringMethods.end(), name) != kStringMethods.end();
 }
 
 bool is_dict_method(const std::string& name) {
