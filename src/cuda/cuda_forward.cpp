@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -210,7 +211,8 @@ class CudaForward final : public ForwardEngine {
   }
 
   // Checks the logit rows against the selection and grows the pinned logits
-  // copy to hold them (never shrinks; no stream work, so never inside a capture).
+  // copy to hold them (at least doubling; never shrinks). Called before any
+  // stream work of a run, never inside a capture.
   Status reserve_host_logits(std::span<const int32_t> logit_rows, int32_t n_sel) {
     for (int32_t row : logit_rows) {
       CELLM_CHECK_MSG(
@@ -221,8 +223,9 @@ class CudaForward final : public ForwardEngine {
     const size_t bytes =
         logit_rows.size() * static_cast<size_t>(config_.vocab_size()) * sizeof(float);
     if (bytes > logits_host_.bytes()) {
+      const size_t grown = std::max(bytes, 2 * logits_host_.bytes());
       logits_host_.reset();
-      CELLM_ASSIGN_OR_RETURN(logits_host_, PinnedBuffer::allocate(bytes));
+      CELLM_ASSIGN_OR_RETURN(logits_host_, PinnedBuffer::allocate(grown));
     }
     return Status::Ok();
   }
