@@ -41,7 +41,10 @@ struct GenerationUpdate {
   std::vector<Token> tokens;                  // newly delivered tokens
   std::optional<FinishReason> finish_reason;  // present only on the last update
   std::string error_message;                  // set only for kFailed
-  // Parallel to tokens when the generation asked for logprobs; empty otherwise.
+  // Parallel to tokens when the generation asked for logprobs
+  // (sampling.num_logprobs > 0; see TokenLogprobs), cut with them by a stop
+  // token or the budget; empty otherwise. An executor output whose logprobs are
+  // not exactly that fails the generation ("executor returned an invalid output").
   std::vector<TokenLogprobs> logprobs;
 };
 using GenerationCallback = std::function<void(const GenerationUpdate&)>;

@@ -22,7 +22,7 @@
 namespace cellm {
 
 // Ok, or InvalidArgument naming the field: temperature finite and >= 0,
-// top_k >= 0, top_p in (0, 1], min_p in [0, 1].
+// top_k >= 0, top_p in (0, 1], min_p in [0, 1], num_logprobs in [0, kMaxLogprobs].
 Status validate_sampling(const SamplingParams& params);
 
 // The uniform draw in [0, 1) for the token at `position` of a generation seeded
@@ -47,6 +47,17 @@ float sampling_uniform(uint64_t seed, Position position);
 // REQUIRES: !logits.empty(), params valid, 0 <= u < 1.
 Token sample_token(std::span<const float> logits, const SamplingParams& params, float u,
                    std::vector<float>& scratch);
+
+// The log-probabilities of `sampled` and of the n most likely tokens of one raw
+// logits row (V entries), as TokenLogprobs documents: log-softmax in f32 with a
+// stable log-sum-exp, top by partial selection (no full sort), most likely first,
+// ties by lower id; min(n, V) entries. At the edges: a NaN logit counts as -inf
+// (logprob -inf, ranked with the -inf logits by id); +inf logits share the mass
+// evenly; a row with no mass (every logit NaN or -inf) is -inf everywhere.
+// Reuses `scratch` between calls to avoid allocation (beyond the result).
+// REQUIRES: !logits.empty(), 0 <= sampled < V, n >= 0.
+TokenLogprobs token_logprobs(std::span<const float> logits, Token sampled, int32_t n,
+                             std::vector<float>& scratch);
 
 // A generation's sampling policy as a session table keeps it.
 struct SamplingPolicy {

@@ -54,6 +54,13 @@ Status validate_capacity(std::string_view who, int32_t max_sessions, int32_t max
 // outside [0, vocab_size).
 Status check_tokens_in_vocab(const PackedStep& step, int64_t vocab_size);
 
+// A token sampled by SessionTable, with its log-probabilities when its session's
+// policy asks for them (num_logprobs > 0).
+struct SampledToken {
+  Token token = 0;
+  std::optional<TokenLogprobs> logprobs;
+};
+
 class SessionTable {
  public:
   // REQUIRES: max_sessions > 0, max_session_tokens > 0, vocab_size > 0.
@@ -84,6 +91,20 @@ class SessionTable {
   // vocab_size() wide.
   std::optional<Token> sample(SessionId sid, std::span<const float> logits_row, Position position);
 
+  // sample(), plus the token's log-probabilities (token_logprobs over the raw row)
+  // when the session's policy has num_logprobs > 0. nullopt as for sample().
+  std::optional<SampledToken> sample_with_logprobs(SessionId sid, std::span<const float> logits_row,
+                                                   Position position);
+
+  // The log-probabilities of a token sampled elsewhere (on a device) from this raw
+  // row: nullopt if the session is unknown, has no policy, its policy has
+  // num_logprobs 0, or the row is not vocab_size() wide.
+  // REQUIRES: 0 <= sampled < vocab_size().
+  std::optional<TokenLogprobs> logprobs(SessionId sid, std::span<const float> logits_row,
+                                        Token sampled);
+  // True if the session's policy has num_logprobs > 0.
+  bool wants_logprobs(SessionId sid) const;
+
   std::optional<SeqId> seq_of(SessionId sid) const;
   const SamplingPolicy* policy_of(SessionId sid) const;  // nullptr if none
   int32_t size() const { return static_cast<int32_t>(sessions_.size()); }
@@ -106,6 +127,7 @@ class SessionTable {
   SessionId next_sid_ = 1;
   std::unordered_map<SessionId, Entry> sessions_;
   std::vector<float> sample_scratch_;
+  std::vector<float> logprob_scratch_;
 };
 
 }  // namespace cellm

@@ -26,16 +26,27 @@ struct SamplingParams {
   int32_t top_k = 0;
   float top_p = 1.0f;
   float min_p = 0.0f;
-  // Log-probabilities to report with each sampled token: 0 = none; n > 0 = the
-  // sampled token's and the n most likely alternatives' (OpenAI `logprobs`).
+  // Log-probabilities to report with each sampled token: 0 = none; n in [1, 20] =
+  // the sampled token's and the n most likely alternatives' (OpenAI `logprobs`,
+  // `top_logprobs`). See TokenLogprobs.
   int32_t num_logprobs = 0;
 };
 
-// The log-probability (log-softmax of the raw logits row, before temperature)
-// of a sampled token and of the most likely alternatives, most likely first.
+// The largest SamplingParams::num_logprobs (OpenAI's top_logprobs cap).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+// Log-probabilities of one sampled token, as OpenAI and vLLM report them by
+// default: the log-softmax of the RAW logits row (before temperature, top-k,
+// top-p and min-p), computed in f32 with a stable log-sum-exp
+// (logprob(i) = x_i - max - log(sum_j exp(x_j - max))).
+//   logprob  the sampled token's, always given, even when it is not in `top`
+//            (as with temperature sampling) and whatever num_logprobs is.
+//   top      the num_logprobs most likely tokens as (token, logprob), most likely
+//            first, ties by lower id; fewer only when the vocabulary is smaller.
+// A NaN logit counts as -inf (probability 0); see token_logprobs in sampler.h.
 struct TokenLogprobs {
   float logprob = 0.0f;
-  std::vector<std::pair<Token, float>> top;
+  std::vector<std::pair<Token, float>> top;  // [min(num_logprobs, V)]
 };
 
 // One slice of work for one session. The slice is tokens[offset, offset + size)

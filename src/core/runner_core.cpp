@@ -282,6 +282,7 @@ void RunnerCore::handle(StartCommand& cmd) {
 
   executor_.set_sampling(record->sid, cmd.config.sampling, cmd.config.seed);
   gen->stop_tokens = cmd.config.stop_tokens;
+  gen->wants_logprobs = cmd.config.sampling.num_logprobs > 0;
   gen->remaining_tokens = cmd.config.max_new_tokens;
   record->active = std::move(gen);
   n_active_++;
@@ -482,18 +483,24 @@ void RunnerCore::poison_and_fail(SessionRecord& record, const std::string& messa
 void RunnerCore::handle_output(SessionRecord& record, const Input& input, const Output& output) {
   ActiveGeneration& gen = *record.active;
   const int64_t room = kMaxPosition - int64_t{input.end()};
+  // Logprobs are parallel to the tokens when the generation asked for them, and
+  // absent otherwise.
+  const size_t n_logprobs = gen.wants_logprobs ? output.tokens.size() : 0;
   if (output.sid != input.sid || output.tokens.empty() ||
-      static_cast<int64_t>(output.tokens.size()) > room) {
+      static_cast<int64_t>(output.tokens.size()) > room || output.logprobs.size() != n_logprobs) {
     poison_and_fail(record, kMsgInvalidOutput);
     return;
   }
 
   // A stop token ends the walk and is included; it wins over a budget that
-  // runs out on the same token.
-  std::vector<Token> emitted;
+  // runs out on the same token. Logprobs follow their tokens.
+  Delivery delivery;
+  std::vector<Token>& emitted = delivery.tokens;
   std::optional<FinishReason> reason;
-  for (Token token : output.tokens) {
+  for (size_t i = 0; i < output.tokens.size(); ++i) {
+    const Token token = output.tokens[i];
     emitted.push_back(token);
+    if (gen.wants_logprobs) delivery.logprobs.push_back(output.logprobs[i]);
     gen.remaining_tokens--;
     if (std::find(gen.stop_tokens.begin(), gen.stop_tokens.end(), token) != gen.stop_tokens.end()) {
       reason = FinishReason::kStopToken;
@@ -517,11 +524,11 @@ void RunnerCore::handle_output(SessionRecord& record, const Input& input, const 
     } else {
       record.pending.reset();
     }
-    finish(record, *reason, std::string(), std::move(emitted));
+    finish(record, *reason, std::string(), std::move(delivery));
     return;
   }
   record.pending = output.tokens.back();
-  if (!deliver(record, std::move(emitted))) return;
+  if (!deliver(record, std::move(delivery))) return;
   if (stop_requested()) return;
   submit_continuation(record);
 }
@@ -566,11 +573,12 @@ void RunnerCore::record_delivery(ActiveGeneration& gen, int64_t n_tokens, int64_
   gen.t_last_delivery_us = t_us;
 }
 
-bool RunnerCore::deliver(SessionRecord& record, std::vector<Token> tokens) {
+bool RunnerCore::deliver(SessionRecord& record, Delivery delivery) {
   ActiveGeneration& gen = *record.active;
   gen.state->publish_metrics(gen.metrics);
   GenerationUpdate update;
-  update.tokens = std::move(tokens);
+  update.tokens = std::move(delivery.tokens);
+  update.logprobs = std::move(delivery.logprobs);
   if (std::optional<std::string> error = invoke_callback(gen.callback, update)) {
     gen.callback_threw = true;
     finish(record, FinishReason::kFailed, std::move(*error));
@@ -580,20 +588,21 @@ bool RunnerCore::deliver(SessionRecord& record, std::vector<Token> tokens) {
 }
 
 void RunnerCore::finish(SessionRecord& record, FinishReason reason, std::string message,
-                        std::vector<Token> tokens) {
+                        Delivery delivery) {
   std::unique_ptr<ActiveGeneration> gen = std::move(record.active);
   CELLM_CHECK_MSG(gen != nullptr, "finish() without an active generation");
   (void)scheduler_->cancel(record.sid);
   n_active_--;
   if (gen->metrics.t_first_token_us != 0) n_ready_--;
-  conclude(*gen, reason, std::move(message), std::move(tokens));
+  conclude(*gen, reason, std::move(message), std::move(delivery));
 }
 
 void RunnerCore::conclude(ActiveGeneration& gen, FinishReason reason, std::string message,
-                          std::vector<Token> tokens) {
+                          Delivery delivery) {
   if (!gen.callback_threw) {
     GenerationUpdate update;
-    update.tokens = std::move(tokens);
+    update.tokens = std::move(delivery.tokens);
+    update.logprobs = std::move(delivery.logprobs);
     update.finish_reason = reason;
     if (reason == FinishReason::kFailed) update.error_message = message;
     if (std::optional<std::string> error = invoke_callback(gen.callback, update)) {

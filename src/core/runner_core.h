@@ -69,11 +69,19 @@ void complete_synchronously(const std::shared_ptr<GenerationState>& state,
                             const GenerationCallback& callback, FinishReason reason,
                             std::string message);
 
+// Tokens for one callback, with their logprobs (parallel) when the generation
+// asked for them.
+struct Delivery {
+  std::vector<Token> tokens;
+  std::vector<TokenLogprobs> logprobs;  // [tokens] or empty
+};
+
 // Engine-only bookkeeping of a generation in progress.
 struct ActiveGeneration {
   std::shared_ptr<GenerationState> state;
   GenerationCallback callback;
   std::vector<Token> stop_tokens;
+  bool wants_logprobs = false;   // sampling.num_logprobs > 0: outputs carry them
   int64_t remaining_tokens = 0;  // budget left
   GenerationMetrics metrics;
   int64_t t_last_delivery_us = 0;
@@ -174,14 +182,13 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
 
   // Delivers a non-terminal update; false if the callback threw, which ended
   // the generation as kFailed.
-  bool deliver(SessionRecord& record, std::vector<Token> tokens);
+  bool deliver(SessionRecord& record, Delivery delivery);
   // Ends the record's active generation: unqueues its tasks, then concludes it.
   void finish(SessionRecord& record, FinishReason reason, std::string message,
-              std::vector<Token> tokens = {});
+              Delivery delivery = {});
   // Runs the terminal callback (unless the callback already threw; a throw now
   // turns the result into kFailed), counts the completion and publishes it.
-  void conclude(ActiveGeneration& gen, FinishReason reason, std::string message,
-                std::vector<Token> tokens);
+  void conclude(ActiveGeneration& gen, FinishReason reason, std::string message, Delivery delivery);
   // Records a delivery of `n_tokens` at `t_us` (first token, ITL, TTFT).
   void record_delivery(ActiveGeneration& gen, int64_t n_tokens, int64_t t_us);
 

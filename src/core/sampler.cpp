@@ -34,6 +34,20 @@ Token argmax(std::span<const float> logits) {
   return best == logits.size() ? 0 : static_cast<Token>(best);
 }
 
+// The log-softmax of one key (a logit, NaN read as -inf) given its row's largest
+// key and the log of the row's mass relative to it.
+struct LogSoftmax {
+  float max_key;
+  float log_sum;
+
+  float operator()(float key) const {
+    constexpr float kInf = std::numeric_limits<float>::infinity();
+    if (key == -kInf) return -kInf;  // also every key of a row with no mass
+    if (max_key == kInf) return key == kInf ? -log_sum : -kInf;
+    return (key - max_key) - log_sum;
+  }
+};
+
 }  // namespace
 
 Status validate_sampling(const SamplingParams& params) {
@@ -49,6 +63,10 @@ Status validate_sampling(const SamplingParams& params) {
   }
   if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
     return InvalidArgument("min_p must be in [0, 1], got " + format_float(params.min_p));
+  }
+  if (params.num_logprobs < 0 || params.num_logprobs > kMaxLogprobs) {
+    return InvalidArgument("num_logprobs must be in [0, " + std::to_string(kMaxLogprobs) +
+                           "], got " + std::to_string(params.num_logprobs));
   }
   return Status::Ok();
 }
@@ -193,6 +211,65 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
     last = order[i];
   }
   return last;
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, Token sampled, int32_t n,
+                             std::vector<float>& scratch) {
+  // REQUIRES: a non-empty row, a sampled id inside it, n >= 0.
+  CELLM_CHECK(!logits.empty());
+  CELLM_CHECK_MSG(sampled >= 0 && static_cast<size_t>(sampled) < logits.size(),
+                  "sampled token " + std::to_string(sampled) + " outside a row of " +
+                      std::to_string(logits.size()));
+  CELLM_CHECK(n >= 0);
+
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const size_t vocab = logits.size();
+  // key: the logit with NaN read as -inf; the ranking and the mass both use it.
+  scratch.resize(2 * vocab);  // [0, V): keys; [V, 2V): selection workspace
+  std::span<float> key(scratch.data(), vocab);
+  float max_key = -kInf;
+  for (size_t i = 0; i < vocab; ++i) {
+    key[i] = std::isnan(logits[i]) ? -kInf : logits[i];
+    max_key = std::max(max_key, key[i]);
+  }
+
+  // logprob(x) = (x - max) - log(sum_j exp(x_j - max)), the sum in double; with
+  // +inf logits, log_sum is the log of their count and they share the mass.
+  LogSoftmax log_softmax{max_key, 0.0f};
+  if (max_key == kInf) {
+    log_softmax.log_sum =
+        static_cast<float>(std::log(static_cast<double>(std::count(key.begin(), key.end(), kInf))));
+  } else if (max_key > -kInf) {
+    double sum = 0.0;
+    for (float x : key) sum += std::exp(static_cast<double>(x - max_key));
+    log_softmax.log_sum = static_cast<float>(std::log(sum));
+  }
+
+  TokenLogprobs result;
+  result.logprob = log_softmax(key[static_cast<size_t>(sampled)]);
+  const size_t count = std::min(static_cast<size_t>(n), vocab);
+  if (count == 0) return result;
+
+  // The count-th largest key by partial selection on a copy; then every id above
+  // it and the lowest ids at it, sorted: most likely first, ties by lower id.
+  std::span<float> values(scratch.data() + vocab, vocab);
+  std::copy(key.begin(), key.end(), values.begin());
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(count - 1),
+                   values.end(), std::greater<float>());
+  const float threshold = values[count - 1];
+  result.top.reserve(count);
+  for (size_t i = 0; i < vocab; ++i) {
+    if (key[i] > threshold) result.top.emplace_back(static_cast<Token>(i), key[i]);
+  }
+  for (size_t i = 0; i < vocab && result.top.size() < count; ++i) {
+    if (key[i] == threshold) result.top.emplace_back(static_cast<Token>(i), key[i]);
+  }
+  CELLM_CHECK(result.top.size() == count);
+  std::sort(result.top.begin(), result.top.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
+  for (auto& [token, value] : result.top) value = log_softmax(value);
+  return result;
 }
 
 }  // namespace cellm

@@ -186,6 +186,31 @@ std::optional<Token> SessionTable::sample(SessionId sid, std::span<const float> 
   return sample_token(logits_row, policy.params, u, sample_scratch_);
 }
 
+std::optional<SampledToken> SessionTable::sample_with_logprobs(SessionId sid,
+                                                               std::span<const float> logits_row,
+                                                               Position position) {
+  const std::optional<Token> token = sample(sid, logits_row, position);
+  if (!token) return std::nullopt;
+  return SampledToken{*token, logprobs(sid, logits_row, *token)};
+}
+
+std::optional<TokenLogprobs> SessionTable::logprobs(SessionId sid,
+                                                    std::span<const float> logits_row,
+                                                    Token sampled) {
+  // REQUIRES: a sampled token inside the vocabulary.
+  CELLM_CHECK_MSG(sampled >= 0 && sampled < vocab_size_,
+                  "sampled token " + std::to_string(sampled) + " outside the vocabulary");
+  if (!wants_logprobs(sid)) return std::nullopt;
+  if (logits_row.size() != static_cast<size_t>(vocab_size_)) return std::nullopt;
+  const SamplingPolicy& policy = *sessions_.at(sid).policy;
+  return token_logprobs(logits_row, sampled, policy.params.num_logprobs, logprob_scratch_);
+}
+
+bool SessionTable::wants_logprobs(SessionId sid) const {
+  const SamplingPolicy* policy = policy_of(sid);
+  return policy != nullptr && policy->params.num_logprobs > 0;
+}
+
 std::optional<SeqId> SessionTable::seq_of(SessionId sid) const {
   auto it = sessions_.find(sid);
   if (it == sessions_.end()) return std::nullopt;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 #include "cellm/step_plan.h"
 #include "cpu/cpu_forward.h"
@@ -150,9 +151,11 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       const Position next = packed.positions[off + static_cast<size_t>(rows.selector[s])] + 1;
       std::span<const float> row(logits_.data() + s * static_cast<size_t>(vocab),
                                  static_cast<size_t>(vocab));
-      std::optional<Token> token = sessions_.sample(sid, row, next);
-      if (!token) return fail("session " + std::to_string(sid) + " has no sampling policy");
-      out.outputs[input] = Output{sid, {*token}, {}};
+      std::optional<SampledToken> sampled = sessions_.sample_with_logprobs(sid, row, next);
+      if (!sampled) return fail("session " + std::to_string(sid) + " has no sampling policy");
+      Output output{sid, {sampled->token}, {}};
+      if (sampled->logprobs) output.logprobs.push_back(std::move(*sampled->logprobs));
+      out.outputs[input] = std::move(output);
     }
   }
   return true;

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <limits>
 #include <set>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "cellm/cell_pool.h"
@@ -107,6 +109,31 @@ class ExecutorImpl {
     return true;
   }
 
+  // The selected rows (indices into the step's selection) whose sessions want
+  // logprobs; `sids[s]` is selected row s's session.
+  std::vector<int32_t> logit_rows_for(std::span<const SessionId> sids) const {
+    std::vector<int32_t> rows;
+    for (size_t s = 0; s < sids.size(); ++s) {
+      if (sessions_.wants_logprobs(sids[s])) rows.push_back(static_cast<int32_t>(s));
+    }
+    return rows;
+  }
+
+  // The output of selected row `s` for session `sid`, with logprobs computed on
+  // the host from the row's copied raw logits when the session asked for them.
+  Output output_for(SessionId sid, int32_t s, std::span<const int32_t> logit_rows) {
+    const Token token = engine_->host().out_tokens[s];
+    Output output{sid, {token}, {}};
+    const auto it = std::lower_bound(logit_rows.begin(), logit_rows.end(), s);
+    if (it != logit_rows.end() && *it == s) {
+      const auto k = static_cast<size_t>(it - logit_rows.begin());
+      std::optional<TokenLogprobs> lp = sessions_.logprobs(sid, engine_->host_logits(k), token);
+      CELLM_CHECK_MSG(lp.has_value(), "a logit row for a session without logprobs");
+      output.logprobs.push_back(std::move(*lp));
+    }
+    return output;
+  }
+
   // True if the batch is single-token decodes of distinct sessions, each
   // wanting output, at most the decode cap.
   bool is_batched_decode(const BatchInput& batch) const {
@@ -163,20 +190,21 @@ class ExecutorImpl {
         h.sampling[r] = SamplingRow{};
       }
     }
+    const std::vector<int32_t> logit_rows = logit_rows_for(packed.sids);
     Status s;
     if (options_.cuda_graph_for_decode) {
       const int64_t captures = engine_->graph_captures();
-      s = engine_->run_decode_graph(bucket);
+      s = engine_->run_decode_graph(bucket, logit_rows);
       if (engine_->graph_captures() > captures) ++calls_.decode_graph_captures;
       ++calls_.decode_graph_replays;
     } else {
-      s = engine_->run_eager(bucket, bucket);
+      s = engine_->run_eager(bucket, bucket, logit_rows);
       ++calls_.decode_eager;
     }
     if (!s.ok()) return fail_cuda(s);
     for (int32_t r = 0; r < b; ++r) {
       out.outputs[static_cast<size_t>(r)] =
-          Output{batch.inputs[static_cast<size_t>(r)].sid, {h.out_tokens[r]}, {}};
+          output_for(batch.inputs[static_cast<size_t>(r)].sid, r, logit_rows);
     }
     return true;
   }
@@ -206,20 +234,24 @@ class ExecutorImpl {
         return fail("session " + std::to_string(in.sid) + " has no sampling policy");
       }
     }
+    std::vector<SessionId> selected_sids;
+    for (int32_t input : rows.inputs)
+      selected_sids.push_back(batch.inputs[static_cast<size_t>(input)].sid);
+    const std::vector<int32_t> logit_rows = logit_rows_for(selected_sids);
     Status st;
     if (slice.method == StepMethod::kDecode && options_.cuda_graph_for_decode &&
         rows.selector.size() == 1) {
-      st = engine_->run_decode_graph(1);
+      st = engine_->run_decode_graph(1, logit_rows);
       ++calls_.decode_graph_replays;
     } else {
-      st =
-          engine_->run_eager(static_cast<int32_t>(len), static_cast<int32_t>(rows.selector.size()));
+      st = engine_->run_eager(static_cast<int32_t>(len), static_cast<int32_t>(rows.selector.size()),
+                              logit_rows);
       ++(slice.method == StepMethod::kDecode ? calls_.decode_eager : calls_.prefill);
     }
     if (!st.ok()) return fail_cuda(st);
     for (size_t s = 0; s < rows.inputs.size(); ++s) {
       const auto input = static_cast<size_t>(rows.inputs[s]);
-      out.outputs[input] = Output{batch.inputs[input].sid, {h.out_tokens[s]}, {}};
+      out.outputs[input] = output_for(batch.inputs[input].sid, static_cast<int32_t>(s), logit_rows);
     }
     return true;
   }

@@ -2,9 +2,12 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "cpu/cpu_forward.h"
@@ -134,27 +137,40 @@ class CudaForward final : public ForwardEngine {
   StepHost& host() override { return host_; }
   const ForwardDims& dims() const override { return dims_; }
 
-  Status run_eager(int32_t n, int32_t n_sel) override {
+  Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows) override {
     CELLM_CHECK(n > 0 && n <= dims_.max_rows && n_sel >= 0 && n_sel <= n);
+    CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, n_sel));
     CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel));
+    CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
     return sync();
   }
 
-  Status run_decode_graph(int32_t bucket) override {
+  Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows) override {
     CELLM_CHECK(bucket > 0 && bucket <= dims_.max_rows);
     auto it = graphs_.find(bucket);
     if (it == graphs_.end()) {
       if (!warmed_.count(bucket)) {
         warmed_.insert(bucket);
-        return run_eager(bucket, bucket);
+        return run_eager(bucket, bucket, logit_rows);
       }
       CELLM_RETURN_IF_ERROR(capture(bucket));
       it = graphs_.find(bucket);
     }
+    CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, bucket));
     CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream_.get()),
                                "replaying the decode graph");
     ++replays_;
+    CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
     return sync();
+  }
+
+  std::span<const float> host_logits(size_t k) const override {
+    // REQUIRES: k indexes the last run's logit rows.
+    CELLM_CHECK_MSG(k < n_host_logit_rows_, "host_logits(" + std::to_string(k) +
+                                                ") after a run of " +
+                                                std::to_string(n_host_logit_rows_) + " logit rows");
+    const auto vocab = static_cast<size_t>(config_.vocab_size());
+    return {static_cast<float*>(logits_host_.get()) + k * vocab, vocab};
   }
 
   Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) override {
@@ -192,6 +208,41 @@ class CudaForward final : public ForwardEngine {
   T* v_pool(int64_t l) const {
     return kv_.as<T>() + static_cast<size_t>(2 * l + 1) * static_cast<size_t>(dims_.max_cells) *
                              static_cast<size_t>(config_.kv_dim());
+  }
+
+  // Checks the logit rows against the selection and grows the pinned logits
+  // copy to hold them (at least doubling; never shrinks). Called before any
+  // stream work of a run, never inside a capture.
+  Status reserve_host_logits(std::span<const int32_t> logit_rows, int32_t n_sel) {
+    for (int32_t row : logit_rows) {
+      CELLM_CHECK_MSG(
+          row >= 0 && row < n_sel,
+          "logit row " + std::to_string(row) + " outside a selection of " + std::to_string(n_sel));
+    }
+    n_host_logit_rows_ = 0;
+    const size_t bytes =
+        logit_rows.size() * static_cast<size_t>(config_.vocab_size()) * sizeof(float);
+    if (bytes > logits_host_.bytes()) {
+      const size_t grown = std::max(bytes, 2 * logits_host_.bytes());
+      logits_host_.reset();
+      CELLM_ASSIGN_OR_RETURN(logits_host_, PinnedBuffer::allocate(grown));
+    }
+    return Status::Ok();
+  }
+
+  // One D2H copy per logit row, from the device logits [n_sel, vocab] into the
+  // pinned copy [logit_rows.size(), vocab]; enqueued after the step.
+  Status enqueue_logits_copy(std::span<const int32_t> logit_rows) {
+    const auto vocab = static_cast<size_t>(config_.vocab_size());
+    for (size_t k = 0; k < logit_rows.size(); ++k) {
+      CELLM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(static_cast<float*>(logits_host_.get()) + k * vocab,
+                          buf<float>(buf_.logits) + static_cast<size_t>(logit_rows[k]) * vocab,
+                          vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_.get()),
+          "copying a row of logits");
+    }
+    n_host_logit_rows_ = logit_rows.size();
+    return Status::Ok();
   }
 
   Status sync() {
@@ -343,6 +394,8 @@ class CudaForward final : public ForwardEngine {
   DeviceBuffer table_;      // [max_seqs + 1, max_session_tokens] int32
   DeviceBuffer inv_freq_;   // [head_dim / 2] f32
   StepHost host_;
+  PinnedBuffer logits_host_;  // [rows asked for, vocab] f32: raw logits after a run
+  size_t n_host_logit_rows_ = 0;
   std::map<int32_t, GraphExec> graphs_;
   std::set<int32_t> warmed_;
   int64_t replays_ = 0;

@@ -11,13 +11,17 @@
 //     attn = attention over each row's sequence cells; delta = attn Woᵀ (+b)
 //     h = rmsnorm(residual += delta); delta = down(swiglu(h Wgateupᵀ))
 //   -> residual += delta -> gather selected rows -> final norm -> logits
-//   -> sample on the device -> D2H copy of the sampled tokens.
+//   -> sample on the device -> D2H copy of the sampled tokens
+//   [-> D2H copy of the raw logits of the rows asked for, one copy per row,
+//       after the forward or graph replay and outside any graph].
 //
 // Thread-safety: none; one step at a time (the executor's engine thread).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "cellm/cuda_executor.h"
 #include "cellm/model_weights.h"
@@ -63,13 +67,21 @@ class ForwardEngine {
   int32_t scratch_cell() const { return dims().max_cells - 1; }
   int32_t scratch_seq() const { return dims().max_seqs; }
 
-  // Runs the step eagerly and waits for its tokens. REQUIRES: 0 < n <= max_rows,
-  // 0 <= n_sel <= n.
-  virtual Status run_eager(int32_t n, int32_t n_sel) = 0;
+  // Runs the step eagerly and waits for its tokens. `logit_rows` lists selected
+  // rows (indices into the step's selection, [0, n_sel)) whose raw logits are
+  // also copied to the host, where host_logits(k) reads logit_rows[k]'s.
+  // REQUIRES: 0 < n <= max_rows, 0 <= n_sel <= n, every logit row < n_sel.
+  virtual Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows = {}) = 0;
   // Runs a decode step of `bucket` rows, all selected, from the bucket's CUDA
   // graph: the first call of a bucket runs eagerly (warming cuBLASLt), the
-  // second captures, later ones replay. Waits for the tokens.
-  virtual Status run_decode_graph(int32_t bucket) = 0;
+  // second captures, later ones replay. Waits for the tokens. `logit_rows` as
+  // for run_eager; their copies follow the replay, outside the graph.
+  // REQUIRES: every logit row < bucket.
+  virtual Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows = {}) = 0;
+  // After a run: the host copy of the raw logits of the run's logit_rows[k],
+  // [vocab] f32 in pinned memory, valid until the next run.
+  // REQUIRES: k < the last run's logit_rows.size().
+  virtual std::span<const float> host_logits(size_t k) const = 0;
   // Copies the cell-table prefix [0, upto) of row `src` into row `dst` (clone).
   virtual Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) = 0;
 

@@ -370,6 +370,132 @@ TEST(GenerationTest, ImmediateStopTokenIsDeliveredAndWinsOverBudget) {
   EXPECT_EQ(executor.executed().size(), 1u);
 }
 
+// --- LogprobsTest -----------------------------------------------------------
+
+GenConfig with_logprobs(int32_t max_new_tokens, int32_t num_logprobs = 3) {
+  GenConfig c = config(max_new_tokens);
+  c.sampling.num_logprobs = num_logprobs;
+  return c;
+}
+
+std::vector<TokenLogprobs> logprobs_of(const std::vector<Token>& tokens) {
+  std::vector<TokenLogprobs> out;
+  for (Token token : tokens) out.push_back(FakeExecutor::logprobs_for(token));
+  return out;
+}
+
+void expect_logprobs(const std::vector<TokenLogprobs>& got, const std::vector<Token>& tokens) {
+  const std::vector<TokenLogprobs> want = logprobs_of(tokens);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].logprob, want[i].logprob) << "token " << i;
+    EXPECT_EQ(got[i].top, want[i].top) << "token " << i;
+  }
+}
+
+TEST(LogprobsTest, UpdatesCarryLogprobsParallelToTheirTokens) {
+  FakeExecutor executor;
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  auto updates = std::make_shared<Updates>();
+  generate(session, tokens(3), with_logprobs(5), updates);
+  ASSERT_TRUE(updates->wait());
+  EXPECT_EQ(updates->finish(), FinishReason::kNewTokenLimit);
+  ASSERT_EQ(updates->tokens().size(), 5u);
+  EXPECT_TRUE(updates->logprobs_parallel());
+  expect_logprobs(updates->logprobs(), updates->tokens());
+  ASSERT_TRUE(executor.sampling(1).has_value());
+  EXPECT_EQ(executor.sampling(1)->params.num_logprobs, 3);
+}
+
+TEST(LogprobsTest, AGenerationThatAsksForNoneGetsNone) {
+  FakeExecutor executor;
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  auto updates = std::make_shared<Updates>();
+  generate(session, tokens(3), config(4), updates);
+  ASSERT_TRUE(updates->wait());
+  EXPECT_EQ(updates->tokens().size(), 4u);
+  EXPECT_TRUE(updates->logprobs().empty());
+}
+
+TEST(LogprobsTest, AStopTokenCutsTheLogprobsWithTheTokens) {
+  FakeExecutor executor;
+  executor.set_tokens_per_output(4);
+  executor.script_tokens(1, {5, 999, 6, 7});
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  GenConfig cfg = with_logprobs(50);
+  cfg.stop_tokens = {999};
+  auto updates = std::make_shared<Updates>();
+  generate(session, tokens(2), cfg, updates);
+  ASSERT_TRUE(updates->wait());
+  ASSERT_EQ(updates->finish(), FinishReason::kStopToken);
+  EXPECT_EQ(updates->tokens(), (std::vector<Token>{5, 999}));
+  EXPECT_TRUE(updates->logprobs_parallel());
+  expect_logprobs(updates->logprobs(), {5, 999});
+}
+
+TEST(LogprobsTest, TheBudgetCutsTheLogprobsWithTheTokens) {
+  FakeExecutor executor;
+  executor.set_tokens_per_output(3);
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  auto updates = std::make_shared<Updates>();
+  generate(session, tokens(2), with_logprobs(4), updates);
+  ASSERT_TRUE(updates->wait());
+  ASSERT_EQ(updates->finish(), FinishReason::kNewTokenLimit);
+  // Prompt answers t2 t3 t4 (all delivered); the decode answers t5 t6 t7, cut to t5.
+  EXPECT_EQ(updates->bursts().back(), (std::vector<Token>{t(1, 5)}));
+  EXPECT_TRUE(updates->logprobs_parallel());
+  expect_logprobs(updates->logprobs(), {t(1, 2), t(1, 3), t(1, 4), t(1, 5)});
+}
+
+TEST(LogprobsTest, LogprobsThatAreNotParallelToTheTokensAreAnInvalidOutput) {
+  struct Case {
+    Malformation malformation;
+    int32_t num_logprobs;
+  };
+  // An extra entry, asked for or not; none where they were asked for.
+  for (const Case& c :
+       {Case{Malformation::kExtraLogprobs, 2}, Case{Malformation::kExtraLogprobs, 0},
+        Case{Malformation::kMissingLogprobs, 2}}) {
+    FakeExecutor executor;
+    executor.set_malformation(c.malformation);
+    Fixture fixture(executor);
+    Session session = open_session(fixture.runner);
+    auto updates = std::make_shared<Updates>();
+    GenerationHandle handle =
+        generate(session, tokens(2), with_logprobs(3, c.num_logprobs), updates);
+    ASSERT_TRUE(updates->wait());
+    handle.wait();
+    EXPECT_EQ(handle.finish_reason(), FinishReason::kFailed);
+    EXPECT_EQ(handle.error_message(), "executor returned an invalid output")
+        << "num_logprobs " << c.num_logprobs;
+    EXPECT_TRUE(updates->tokens().empty());
+  }
+  // Without logprobs asked for, an output without them is well formed.
+  FakeExecutor executor;
+  executor.set_malformation(Malformation::kMissingLogprobs);
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  auto updates = std::make_shared<Updates>();
+  GenerationHandle handle = generate(session, tokens(2), config(3), updates);
+  handle.wait();
+  EXPECT_EQ(handle.finish_reason(), FinishReason::kNewTokenLimit);
+}
+
+TEST(LogprobsTest, RejectsMoreThanTwentyLogprobs) {
+  FakeExecutor executor;
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  auto updates = std::make_shared<Updates>();
+  GenerationHandle handle = generate(session, tokens(2), with_logprobs(1, 21), updates);
+  handle.wait();
+  EXPECT_EQ(handle.finish_reason(), FinishReason::kFailed);
+  EXPECT_EQ(handle.error_message(), "invalid sampling: num_logprobs must be in [0, 20], got 21");
+}
+
 // --- DeltaTest --------------------------------------------------------------
 
 TEST(DeltaTest, FreshSessionStartsAtZero) {

@@ -28,6 +28,12 @@ SamplingParams Params(float temperature, int32_t top_k = 0, float top_p = 1.0f,
   return p;
 }
 
+SamplingParams WithLogprobs(int32_t n) {
+  SamplingParams p;
+  p.num_logprobs = n;
+  return p;
+}
+
 Token Sample(const std::vector<float>& logits, const SamplingParams& params, float u) {
   std::vector<float> scratch;
   return sample_token(logits, params, u, scratch);
@@ -266,6 +272,8 @@ TEST(SamplerValidationTest, AcceptsTheDefaultsAndTheEdgesOfEachRange) {
   EXPECT_TRUE(validate_sampling(SamplingParams{}).ok());
   EXPECT_TRUE(validate_sampling(Params(0.0f, 0, 1.0f, 0.0f)).ok());
   EXPECT_TRUE(validate_sampling(Params(100.0f, 100000, 1e-6f, 1.0f)).ok());
+  EXPECT_TRUE(validate_sampling(WithLogprobs(kMaxLogprobs)).ok());
+  EXPECT_EQ(kMaxLogprobs, 20);
 }
 
 TEST(SamplerValidationTest, RefusalsNameTheFieldAndTheValue) {
@@ -282,6 +290,8 @@ TEST(SamplerValidationTest, RefusalsNameTheFieldAndTheValue) {
       {Params(1.0f, 0, kNaN), "top_p must be in (0, 1], got nan"},
       {Params(1.0f, 0, 1.0f, -0.25f), "min_p must be in [0, 1], got -0.25"},
       {Params(1.0f, 0, 1.0f, 1.5f), "min_p must be in [0, 1], got 1.5"},
+      {WithLogprobs(-1), "num_logprobs must be in [0, 20], got -1"},
+      {WithLogprobs(21), "num_logprobs must be in [0, 20], got 21"},
   };
   for (const Case& c : cases) {
     const Status s = validate_sampling(c.params);
@@ -289,6 +299,139 @@ TEST(SamplerValidationTest, RefusalsNameTheFieldAndTheValue) {
     EXPECT_EQ(s.message(), c.message);
   }
   EXPECT_NE(validate_sampling(Params(kNaN)).message().find("temperature"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------
+// token_logprobs
+
+// log-softmax of `logits` in double precision.
+std::vector<double> LogSoftmax64(const std::vector<float>& logits) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (float x : logits) max = std::max(max, static_cast<double>(x));
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
+  std::vector<double> out;
+  for (float x : logits) out.push_back(static_cast<double>(x) - max - std::log(sum));
+  return out;
+}
+
+// Every id by descending logit, ties by ascending id (a full sort).
+std::vector<Token> RankedIds(const std::vector<float>& logits) {
+  std::vector<Token> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&logits](Token a, Token b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)];
+  });
+  return ids;
+}
+
+TokenLogprobs Logprobs(const std::vector<float>& logits, Token sampled, int32_t n) {
+  std::vector<float> scratch;
+  return token_logprobs(logits, sampled, n, scratch);
+}
+
+// Checks `got` against the double-precision log-softmax and a full sort.
+void ExpectLogprobsOf(const std::vector<float>& logits, Token sampled, int32_t n,
+                      const TokenLogprobs& got, double tolerance) {
+  const std::vector<double> want = LogSoftmax64(logits);
+  const std::vector<Token> ranked = RankedIds(logits);
+  EXPECT_NEAR(got.logprob, want[static_cast<size_t>(sampled)], tolerance);
+  ASSERT_EQ(got.top.size(), std::min(static_cast<size_t>(n), logits.size()));
+  for (size_t k = 0; k < got.top.size(); ++k) {
+    EXPECT_EQ(got.top[k].first, ranked[k]) << "rank " << k;
+    EXPECT_NEAR(got.top[k].second, want[static_cast<size_t>(ranked[k])], tolerance) << "rank " << k;
+  }
+}
+
+TEST(TokenLogprobsTest, MatchTheDoublePrecisionLogSoftmaxMostLikelyFirst) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> logit(0.0f, 4.0f);
+  std::vector<float> logits(5000);
+  for (float& x : logits) x = logit(rng);
+  std::vector<float> scratch;
+  for (int32_t n : {0, 1, 5, 20}) {
+    for (Token sampled : {Token{0}, Token{1234}, RankedIds(logits)[0]}) {
+      ExpectLogprobsOf(logits, sampled, n, token_logprobs(logits, sampled, n, scratch), 1e-5);
+    }
+  }
+}
+
+TEST(TokenLogprobsTest, AreStableForLogitsFarFromZero) {
+  // exp(1e4) overflows f32 and f64: only a max-subtracted sum survives.
+  for (float offset : {1e4f, -1e4f}) {
+    const std::vector<float> logits = {offset + 1.0f, offset + 3.0f, offset, offset + 2.5f};
+    const TokenLogprobs got = Logprobs(logits, 2, 4);
+    ASSERT_TRUE(std::isfinite(got.logprob)) << offset;
+    ExpectLogprobsOf(logits, 2, 4, got, 1e-5);
+  }
+}
+
+TEST(TokenLogprobsTest, MassOverTheWholeVocabularySumsToOne) {
+  const std::vector<float> logits = LogitsOf(kProbs);
+  const TokenLogprobs got = Logprobs(logits, 1, 4);
+  double mass = 0.0;
+  for (const auto& [token, lp] : got.top) mass += std::exp(static_cast<double>(lp));
+  EXPECT_NEAR(mass, 1.0, 1e-6);
+  EXPECT_EQ(got.top[0].first, 2);  // 0.5
+  EXPECT_NEAR(got.top[0].second, std::log(0.5), 1e-6);
+}
+
+TEST(TokenLogprobsTest, TiesGoToTheLowerId) {
+  const std::vector<float> logits = {1.0f, 3.0f, 0.0f, 3.0f, 3.0f, 2.0f};
+  const TokenLogprobs got = Logprobs(logits, 5, 2);
+  ASSERT_EQ(got.top.size(), 2u);
+  EXPECT_EQ(got.top[0].first, 1);
+  EXPECT_EQ(got.top[1].first, 3);
+  EXPECT_EQ(got.top[0].second, got.top[1].second);
+  ExpectLogprobsOf(logits, 5, 2, got, 1e-6);
+}
+
+TEST(TokenLogprobsTest, TheSampledTokenIsGivenEvenOutsideTheTop) {
+  const std::vector<float> logits = {0.5f, -3.0f, 2.0f, 1.0f};
+  const TokenLogprobs got = Logprobs(logits, 1, 2);
+  ASSERT_EQ(got.top.size(), 2u);
+  EXPECT_EQ(got.top[0].first, 2);
+  EXPECT_EQ(got.top[1].first, 3);
+  EXPECT_NEAR(got.logprob, LogSoftmax64(logits)[1], 1e-6);
+  EXPECT_TRUE(Logprobs(logits, 1, 0).top.empty()) << "n = 0: the sampled token alone";
+  EXPECT_EQ(Logprobs(logits, 1, 20).top.size(), 4u) << "n past V: every token";
+}
+
+TEST(TokenLogprobsTest, PartialSelectionMatchesAFullSortOnAHugeVocabularyWithTies) {
+  // 151669 ids on 97 distinct logits: thousands of ties at every rank.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> level(0, 96);
+  std::vector<float> logits(151669);
+  for (float& x : logits) x = static_cast<float>(level(rng)) * 0.125f - 6.0f;
+  std::vector<float> scratch;
+  ExpectLogprobsOf(logits, 77, kMaxLogprobs, token_logprobs(logits, 77, kMaxLogprobs, scratch),
+                   1e-5);
+}
+
+TEST(TokenLogprobsTest, NaNCountsAsMinusInfinityAndInfinitiesShareTheMass) {
+  // NaN: no mass, ranked with -inf by id after every number.
+  const TokenLogprobs nan = Logprobs({kNaN, 0.0f, -kInf, 0.0f}, 0, 4);
+  EXPECT_EQ(nan.logprob, -kInf);
+  ASSERT_EQ(nan.top.size(), 4u);
+  const std::vector<Token> order = {1, 3, 0, 2};
+  const std::vector<float> values = {std::log(0.5f), std::log(0.5f), -kInf, -kInf};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(nan.top[k].first, order[k]) << "rank " << k;
+    EXPECT_FLOAT_EQ(nan.top[k].second, values[k]) << "rank " << k;
+  }
+
+  // +inf logits split the mass evenly.
+  const TokenLogprobs inf = Logprobs({kInf, 5.0f, kInf, kNaN}, 2, 2);
+  EXPECT_FLOAT_EQ(inf.logprob, -std::log(2.0f));
+  EXPECT_EQ(inf.top[0].first, 0);
+  EXPECT_EQ(inf.top[1].first, 2);
+  EXPECT_EQ(Logprobs({kInf, 5.0f, kInf, kNaN}, 1, 0).logprob, -kInf);
+
+  // No mass at all: -inf everywhere.
+  const TokenLogprobs none = Logprobs({-kInf, kNaN, -kInf}, 1, 3);
+  EXPECT_EQ(none.logprob, -kInf);
+  for (const auto& [token, lp] : none.top) EXPECT_EQ(lp, -kInf) << token;
+  EXPECT_EQ(none.top[0].first, 0);
 }
 
 TEST(SamplingUniformTest, FollowsTheDocumentedFormulaBitForBit) {

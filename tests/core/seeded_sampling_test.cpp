@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cellm/runner.h"
+#include "cellm/sampler.h"
 #include "support/history_executor.h"
 #include "support/runner_harness.h"
 
@@ -21,8 +22,9 @@ struct Job {
 };
 
 struct Outcome {
-  std::vector<std::vector<Token>> tokens;  // per job
-  std::vector<SessionId> sids;             // per job
+  std::vector<std::vector<Token>> tokens;            // per job
+  std::vector<std::vector<TokenLogprobs>> logprobs;  // per job
+  std::vector<SessionId> sids;                       // per job
   std::vector<std::vector<SessionId>> batches;
 };
 
@@ -64,6 +66,8 @@ Outcome run_jobs(const std::vector<Job>& jobs) {
     EXPECT_EQ(handles[i].finish_reason(), FinishReason::kNewTokenLimit)
         << "job " << i << ": " << handles[i].error_message();
     outcome.tokens.push_back(updates[i]->tokens());
+    outcome.logprobs.push_back(updates[i]->logprobs());
+    EXPECT_TRUE(updates[i]->logprobs_parallel()) << "job " << i;
     outcome.sids.push_back(sessions[i].id());
   }
   EXPECT_TRUE(executor.errors().empty());
@@ -118,6 +122,47 @@ TEST(SeededSamplingTest, ASeededSampledGenerationIsTheSameAloneOrBatched) {
     const Outcome reseeded = run_jobs({{prompt, sampled(policy, kSeed + 1, kNewTokens)}});
     EXPECT_NE(reseeded.tokens[0], alone.tokens[0]) << "another seed draws other tokens";
   }
+}
+
+// Logprobs ride with the sampled tokens through the runner: the raw row's
+// log-softmax at each step, whatever shares the batches.
+TEST(SeededSamplingTest, LogprobsOfASampledGenerationAreTheRawRowsAloneOrBatched) {
+  const SamplingParams policy{.temperature = 1.2f, .top_k = 12, .num_logprobs = 5};
+  const std::vector<Token> prompt = tokens(9, 3);
+  constexpr int32_t kNewTokens = 16;
+  const Job target{prompt, sampled(policy, 77, kNewTokens)};
+  const Outcome alone = run_jobs({target});
+  ASSERT_EQ(alone.tokens[0].size(), static_cast<size_t>(kNewTokens));
+  ASSERT_EQ(alone.logprobs[0].size(), static_cast<size_t>(kNewTokens));
+
+  // The oracle: token_logprobs over HistoryExecutor's row for the history so far.
+  std::vector<Token> history = prompt;
+  std::vector<float> scratch;
+  bool outside_top = false;
+  for (size_t i = 0; i < alone.tokens[0].size(); ++i) {
+    const Token token = alone.tokens[0][i];
+    const std::vector<float> row =
+        HistoryExecutor::logits_for(history, executor_options().vocab_size);
+    const TokenLogprobs want = token_logprobs(row, token, 5, scratch);
+    EXPECT_EQ(alone.logprobs[0][i].logprob, want.logprob) << "token " << i;
+    EXPECT_EQ(alone.logprobs[0][i].top, want.top) << "token " << i;
+    bool in_top = false;
+    for (const auto& [id, lp] : want.top) in_top = in_top || id == token;
+    outside_top = outside_top || !in_top;
+    history.push_back(token);
+  }
+  EXPECT_TRUE(outside_top) << "some sampled token lies outside the top 5 and still has its own";
+
+  const Outcome batched =
+      run_jobs({{tokens(7, 40), config(10)}, target, {tokens(11, 5), sampled(policy, 3, 12)}});
+  EXPECT_EQ(batched.tokens[1], alone.tokens[0]);
+  ASSERT_EQ(batched.logprobs[1].size(), alone.logprobs[0].size());
+  for (size_t i = 0; i < alone.logprobs[0].size(); ++i) {
+    EXPECT_EQ(batched.logprobs[1][i].logprob, alone.logprobs[0][i].logprob);
+    EXPECT_EQ(batched.logprobs[1][i].top, alone.logprobs[0][i].top);
+  }
+  EXPECT_TRUE(batched.logprobs[0].empty()) << "a greedy job that asked for none";
+  EXPECT_EQ(batched.logprobs[2].size(), 12u);
 }
 
 }  // namespace

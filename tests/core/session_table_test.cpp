@@ -281,6 +281,47 @@ TEST_F(SessionTableTest, ASeededSessionSamplesBySeedAndPositionWhateverElseIsSam
   EXPECT_NE(others, alone);  // a different seed draws differently
 }
 
+TEST_F(SessionTableTest, SamplesWithLogprobsOnlyWhenThePolicyAsksForThem) {
+  const SessionId with = *table.open();
+  const SessionId without = *table.open();
+  const SessionId bare = *table.open();
+  SamplingParams top2;
+  top2.temperature = 1.0f;
+  top2.num_logprobs = 3;
+  table.set_sampling(with, top2, 11);
+  table.set_sampling(without, SamplingParams{}, 11);
+  const std::vector<float> row = {0.0f, 1.0f, 0.5f, 3.0f, 2.9f, -1.0f, 0.2f, 0.1f};
+  std::vector<float> scratch;
+  for (Position p = 0; p < 20; ++p) {
+    const std::optional<SampledToken> got = table.sample_with_logprobs(with, row, p);
+    ASSERT_TRUE(got.has_value());
+    // The same draw as sample(), and the raw row's log-softmax (no temperature).
+    EXPECT_EQ(got->token, sample_token(row, top2, sampling_uniform(11, p), scratch));
+    ASSERT_TRUE(got->logprobs.has_value());
+    const TokenLogprobs want = token_logprobs(row, got->token, 3, scratch);
+    EXPECT_EQ(got->logprobs->logprob, want.logprob);
+    EXPECT_EQ(got->logprobs->top, want.top);
+  }
+  EXPECT_TRUE(table.wants_logprobs(with));
+  EXPECT_FALSE(table.wants_logprobs(without));
+  EXPECT_FALSE(table.wants_logprobs(bare));
+  const std::optional<SampledToken> greedy = table.sample_with_logprobs(without, row, 0);
+  ASSERT_TRUE(greedy.has_value());
+  EXPECT_EQ(greedy->token, Token{3});
+  EXPECT_FALSE(greedy->logprobs.has_value());
+  // A token sampled elsewhere: its logprobs from the row, or nullopt when none
+  // are asked for, the session has no policy, or the row is not vocab-wide.
+  const std::optional<TokenLogprobs> elsewhere = table.logprobs(with, row, 5);
+  ASSERT_TRUE(elsewhere.has_value());
+  EXPECT_EQ(elsewhere->logprob, token_logprobs(row, 5, 3, scratch).logprob);
+  ASSERT_EQ(elsewhere->top.size(), 3u);
+  EXPECT_EQ(elsewhere->top[0].first, 3);
+  EXPECT_FALSE(table.logprobs(without, row, 5).has_value());
+  EXPECT_FALSE(table.logprobs(bare, row, 5).has_value());
+  EXPECT_FALSE(table.logprobs(with, std::span<const float>(row).first(7), 5).has_value());
+  EXPECT_FALSE(table.sample_with_logprobs(bare, row, 0).has_value());
+}
+
 TEST(SelectRowsTest, KeepsOnlyTheSlicesWantedRows) {
   PackedStep step;
   step.tokens.assign(10, 0);

@@ -111,6 +111,56 @@ TEST_P(CpuExecutorFixtureTest, SessionsReuseCellsAcrossRounds) {
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(first[0][i], f.prompts[2].greedy[i]);
 }
 
+// The reference's log-softmax at a prompt's last position: its recorded top
+// logits minus its logsumexp (f64).
+TEST_P(CpuExecutorFixtureTest, PromptLogprobsEqualTheReferencesLogSoftmax) {
+  constexpr double kTolerance = 1e-4;
+  constexpr int32_t kTop = 20;
+  const Fixture f = testing::load_fixture(GetParam());
+  auto e = make(load_weights(f), 8, 128, 7);
+  // Every prompt in chunks of 5 in one batch, beside one that asks for none.
+  std::vector<std::vector<Token>> prompts;
+  std::vector<SamplingParams> params;
+  for (const auto& p : f.prompts) {
+    prompts.push_back(p.ids);
+    params.push_back(SamplingParams{.num_logprobs = kTop});
+  }
+  prompts.push_back(f.prompts[0].ids);
+  params.push_back(SamplingParams{});
+  const auto got = testing::drive_outputs(*e, prompts, 5, 3, params);
+  ASSERT_EQ(got.size(), prompts.size());
+  for (size_t i = 0; i < f.prompts.size(); ++i) {
+    const auto& p = f.prompts[i];
+    ASSERT_EQ(got[i].size(), 3u);
+    const Output& first = got[i][0];
+    ASSERT_EQ(first.tokens, std::vector<Token>{p.argmax}) << p.text;
+    ASSERT_EQ(first.logprobs.size(), 1u) << p.text;
+    const TokenLogprobs& lp = first.logprobs[0];
+    EXPECT_NEAR(lp.logprob, p.top_logits[0] - p.logsumexp, kTolerance) << p.text;
+    ASSERT_EQ(lp.top.size(), static_cast<size_t>(kTop)) << p.text;
+    for (size_t k = 0; k < lp.top.size(); ++k) {
+      const double want = p.top_logits[k] - p.logsumexp;
+      EXPECT_NEAR(lp.top[k].second, want, kTolerance) << p.text << " rank " << k;
+      // Ids by rank where the reference's neighbours are clearly apart.
+      const bool apart_above = k == 0 || p.top_logits[k - 1] - p.top_logits[k] > 1e-3f;
+      const bool apart_below = p.top_logits[k] - p.top_logits[k + 1] > 1e-3f;
+      if (apart_above && apart_below) {
+        EXPECT_EQ(lp.top[k].first, p.top_ids[k]) << p.text << " rank " << k;
+      }
+    }
+    // Decode steps carry them too: greedy takes the most likely token.
+    for (size_t step = 1; step < got[i].size(); ++step) {
+      const Output& o = got[i][step];
+      ASSERT_EQ(o.logprobs.size(), 1u) << p.text << " step " << step;
+      ASSERT_FALSE(o.logprobs[0].top.empty());
+      EXPECT_EQ(o.logprobs[0].top[0].first, o.tokens[0]);
+      EXPECT_EQ(o.logprobs[0].top[0].second, o.logprobs[0].logprob);
+      EXPECT_LT(o.logprobs[0].logprob, 0.0f);
+    }
+  }
+  for (const Output& o : got.back()) EXPECT_TRUE(o.logprobs.empty()) << "none asked for";
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, CpuExecutorFixtureTest,
                          ::testing::ValuesIn(testing::fixture_names()), [](const auto& info) {
                            std::string n = info.param;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -29,17 +30,21 @@ inline Input single_token(SessionId sid, Token t, Position position) {
                     position, true);
 }
 
-// Greedy-decodes every prompt concurrently for `n_new` tokens and returns them.
-// `forced`, when given, feeds forced[i][step] instead of the executor's own
-// token after each step (teacher forcing), still returning what it predicted.
-inline std::vector<std::vector<Token>> drive(
+// Decodes every prompt concurrently for `n_new` tokens and returns each step's
+// output. Prompt i samples with params[i] (greedy for all when params is
+// empty) and seed 0. `forced`, when given, feeds forced[i][step] instead of the
+// executor's own token after each step (teacher forcing), still returning what
+// it predicted.
+inline std::vector<std::vector<Output>> drive_outputs(
     Executor& e, const std::vector<std::vector<Token>>& prompts, size_t chunk, size_t n_new,
+    const std::vector<SamplingParams>& params = {},
     const std::vector<std::vector<Token>>* forced = nullptr) {
   std::vector<SessionId> sids;
   BatchInput first;
-  for (const auto& p : prompts) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& p = prompts[i];
     const SessionId sid = *e.open_session();
-    e.set_sampling(sid, SamplingParams{}, 0);
+    e.set_sampling(sid, params.empty() ? SamplingParams{} : params.at(i), 0);
     sids.push_back(sid);
     auto buf = std::make_shared<const std::vector<Token>>(p);
     for (size_t off = 0; off < p.size(); off += chunk) {
@@ -47,7 +52,7 @@ inline std::vector<std::vector<Token>> drive(
       first.inputs.push_back(make_input(sid, buf, off, n, 0, off + n == p.size()));
     }
   }
-  std::vector<std::vector<Token>> out(prompts.size());
+  std::vector<std::vector<Output>> out(prompts.size());
   std::vector<Position> pos(prompts.size());
   BatchOutput o;
   EXPECT_TRUE(e.execute(first, o));
@@ -56,25 +61,39 @@ inline std::vector<std::vector<Token>> drive(
     if (!first.inputs[i].produce_output) continue;
     EXPECT_TRUE(o.outputs[i].has_value());
     if (!o.outputs[i]) return out;
-    out[k].push_back(o.outputs[i]->tokens.at(0));
+    out[k].push_back(*o.outputs[i]);
     pos[k] = static_cast<Position>(prompts[k].size());
     ++k;
   }
   for (size_t step = 1; step < n_new; ++step) {
     BatchInput b;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const Token next = forced ? (*forced)[i][step - 1] : out[i].back();
+      const Token next = forced ? (*forced)[i][step - 1] : out[i].back().tokens.at(0);
       b.inputs.push_back(single_token(sids[i], next, pos[i]));
     }
     EXPECT_TRUE(e.execute(b, o));
     for (size_t i = 0; i < prompts.size(); ++i) {
       if (!o.outputs[i]) return out;
-      out[i].push_back(o.outputs[i]->tokens.at(0));
+      out[i].push_back(*o.outputs[i]);
       ++pos[i];
     }
   }
   for (SessionId sid : sids) e.close_session(sid);
   return out;
+}
+
+// Greedy-decodes every prompt concurrently for `n_new` tokens and returns them
+// (drive_outputs' first tokens).
+inline std::vector<std::vector<Token>> drive(
+    Executor& e, const std::vector<std::vector<Token>>& prompts, size_t chunk, size_t n_new,
+    const std::vector<std::vector<Token>>* forced = nullptr) {
+  std::vector<std::vector<Token>> tokens(prompts.size());
+  const std::vector<std::vector<Output>> outputs =
+      drive_outputs(e, prompts, chunk, n_new, {}, forced);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const Output& o : outputs[i]) tokens[i].push_back(o.tokens.at(0));
+  }
+  return tokens;
 }
 
 }  // namespace cellm::testing

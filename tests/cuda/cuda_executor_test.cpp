@@ -99,6 +99,63 @@ TEST_P(CudaExecutorFixtureTest, F32EqualsTheCpuExecutor) {
   EXPECT_EQ(drive(*gpu, prompts, 7, 24), drive(*cpu, prompts, 7, 24));
 }
 
+// Logprobs are computed on the host from the device's raw logits rows (copied
+// after the forward, outside the decode graph), so in f32 they match the CPU
+// executor's; sessions that ask for none share the batch (and the graph).
+TEST_P(CudaExecutorFixtureTest, F32LogprobsEqualTheCpuExecutors) {
+  CELLM_SKIP_WITHOUT_GPU();
+  constexpr float kTolerance = 1e-3f;
+  const Fixture f = testing::load_fixture(GetParam());
+  auto w = load_weights(f);
+  CpuExecutorOptions co;
+  co.max_sessions = 8;
+  co.max_session_tokens = 128;
+  co.step_width = 16;
+  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co).value());
+  const auto prompts = prompts_of(f);
+  std::vector<SamplingParams> params(prompts.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].num_logprobs = i == 1 ? 0 : static_cast<int32_t>(1 + 4 * i);
+  }
+  const auto want = testing::drive_outputs(*cpu, prompts, 7, 12, params);
+  for (bool graphs : {true, false}) {
+    auto gpu = make(w, 8, 128, 16, CudaPrecision::kF32, graphs);
+    const auto got = testing::drive_outputs(*gpu, prompts, 7, 12, params);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].size(), want[i].size());
+      for (size_t step = 0; step < got[i].size(); ++step) {
+        const std::string where = f.prompts[i].text + " step " + std::to_string(step) +
+                                  (graphs ? " (graphs)" : " (eager)");
+        const Output& g = got[i][step];
+        const Output& c = want[i][step];
+        ASSERT_EQ(g.tokens, c.tokens) << where;
+        ASSERT_EQ(g.logprobs.size(), params[i].num_logprobs > 0 ? 1u : 0u) << where;
+        ASSERT_EQ(c.logprobs.size(), g.logprobs.size()) << where;
+        if (g.logprobs.empty()) continue;
+        const TokenLogprobs& gl = g.logprobs[0];
+        const TokenLogprobs& cl = c.logprobs[0];
+        EXPECT_NEAR(gl.logprob, cl.logprob, kTolerance) << where;
+        ASSERT_EQ(gl.top.size(), cl.top.size()) << where;
+        for (size_t k = 0; k < gl.top.size(); ++k) {
+          EXPECT_NEAR(gl.top[k].second, cl.top[k].second, kTolerance) << where << " rank " << k;
+          // Ids by rank unless a neighbour is within the tolerance (a near tie);
+          // the last rank's lower neighbour is unseen, so its id is not compared.
+          const bool apart_above = k == 0 || cl.top[k - 1].second - cl.top[k].second > kTolerance;
+          const bool apart_below =
+              k + 1 < cl.top.size() && cl.top[k].second - cl.top[k + 1].second > kTolerance;
+          if (apart_above && apart_below) {
+            EXPECT_EQ(gl.top[k].first, cl.top[k].first) << where << " rank " << k;
+          }
+        }
+      }
+    }
+    if (graphs) {
+      EXPECT_GT(gpu->method_calls().decode_graph_replays, 0);
+    }
+  }
+}
+
 TEST_P(CudaExecutorFixtureTest, Bf16PredictsTheReferenceWhereItsMarginIsClear) {
   CELLM_SKIP_WITHOUT_GPU();
   const Fixture f = testing::load_fixture(GetParam());

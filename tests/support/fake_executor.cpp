@@ -337,6 +337,10 @@ bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       o.tokens.push_back(next_token(in.sid, in.end() + j));
     }
     history.insert(history.end(), o.tokens.begin(), o.tokens.end() - 1);
+    auto policy = sampling_.find(in.sid);
+    if (policy != sampling_.end() && policy->second.params.num_logprobs > 0) {
+      for (Token token : o.tokens) o.logprobs.push_back(logprobs_for(token));
+    }
     out.outputs[i] = std::move(o);
   }
 
@@ -355,6 +359,12 @@ bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
           break;
         case Malformation::kWrongSid:
           if (o) o->sid += 1000;
+          break;
+        case Malformation::kExtraLogprobs:
+          if (o) o->logprobs.push_back(logprobs_for(0));
+          break;
+        case Malformation::kMissingLogprobs:
+          if (o) o->logprobs.clear();
           break;
         case Malformation::kShortBatch:
         case Malformation::kNone:

@@ -7,7 +7,8 @@
 // Default tokens: the token produced for absolute position p of session s is
 // token_at(s, p) (scripted tokens per session come first). With
 // tokens_per_output n > 1 it answers n tokens (speculative) and commits all but
-// the last.
+// the last. A session whose sampling asks for num_logprobs > 0 gets
+// logprobs_for(token) beside each output token.
 //
 // Thread-safety: the Executor methods run on the runner's engine thread; every
 // setter and observer may be called from any thread. Hooks run with no lock held.
@@ -53,11 +54,18 @@ enum class Malformation {
   kEmptyTokens,       // an output with no tokens
   kWrongSid,          // an output naming another session
   kShortBatch,        // one output fewer than inputs
+  kExtraLogprobs,     // one more logprobs entry than tokens
+  kMissingLogprobs,   // no logprobs, even where the session asked for them
 };
 
 class FakeExecutor : public Executor {
  public:
   static Token token_at(SessionId sid, Position p) { return static_cast<Token>(sid * 10000 + p); }
+  // The logprobs reported beside `token`: logprob -token / 1024, top {token}.
+  static TokenLogprobs logprobs_for(Token token) {
+    const float logprob = -static_cast<float>(token) / 1024.0f;
+    return TokenLogprobs{logprob, {{token, logprob}}};
+  }
 
   // --- configuration (any thread) ---
   void set_initialize_result(bool ok);

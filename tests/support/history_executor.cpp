@@ -276,9 +276,11 @@ bool HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       const Position next = packed.positions[flat] + 1;
       const std::vector<Token> seen = read_history(packed.seq_ids[flat], next);
       const std::vector<float> row = logits_for(seen, options_.vocab_size);
-      const std::optional<Token> token = table_.sample(sid, row, next);
-      if (!token) return fail("session " + std::to_string(sid) + " has no sampling policy");
-      out.outputs[input] = Output{sid, {*token}, {}};
+      std::optional<SampledToken> sampled = table_.sample_with_logprobs(sid, row, next);
+      if (!sampled) return fail("session " + std::to_string(sid) + " has no sampling policy");
+      Output output{sid, {sampled->token}, {}};
+      if (sampled->logprobs) output.logprobs.push_back(std::move(*sampled->logprobs));
+      out.outputs[input] = std::move(output);
     }
   }
   pool_.check_invariants();

@@ -11,7 +11,8 @@
 // derived from a hash of the session's whole committed history [0, q], read
 // back through pool.cells_of(seq) and the per-cell tokens, so any lost,
 // repeated, misplaced or wrongly shared token changes the prediction. The row
-// is sampled with SessionTable::sample (seeded draws keyed by (seed, position)).
+// is sampled with SessionTable::sample_with_logprobs (seeded draws keyed by
+// (seed, position); logprobs of the raw row when the policy asks for them).
 //
 // logits_for() and greedy_continuation() compute the same predictions from a
 // plain token list: the oracle a test compares a runner's output against.

@@ -14,6 +14,10 @@ void Updates::operator()(const GenerationUpdate& update) {
     calls_++;
     last_thread_ = std::this_thread::get_id();
     bursts_.push_back(update.tokens);
+    logprobs_.insert(logprobs_.end(), update.logprobs.begin(), update.logprobs.end());
+    if (!update.logprobs.empty() && update.logprobs.size() != update.tokens.size()) {
+      logprobs_parallel_ = false;
+    }
     if (update.finish_reason) {
       terminal_calls_++;
       finish_ = update.finish_reason;
@@ -38,6 +42,16 @@ std::vector<Token> Updates::tokens() const {
 std::vector<std::vector<Token>> Updates::bursts() const {
   std::lock_guard<std::mutex> lock(mu_);
   return bursts_;
+}
+
+std::vector<TokenLogprobs> Updates::logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return logprobs_;
+}
+
+bool Updates::logprobs_parallel() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return logprobs_parallel_;
 }
 
 std::optional<FinishReason> Updates::finish() const {

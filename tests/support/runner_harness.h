@@ -32,6 +32,9 @@ class Updates {
   bool wait() const;
   std::vector<Token> tokens() const;
   std::vector<std::vector<Token>> bursts() const;  // tokens of each update
+  std::vector<TokenLogprobs> logprobs() const;     // every update's, in order
+  // True if every update's logprobs were empty or parallel to its tokens.
+  bool logprobs_parallel() const;
   std::optional<FinishReason> finish() const;
   std::string error_message() const;
   int calls() const;
@@ -42,6 +45,8 @@ class Updates {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::vector<std::vector<Token>> bursts_;
+  std::vector<TokenLogprobs> logprobs_;
+  bool logprobs_parallel_ = true;
   std::optional<FinishReason> finish_;
   std::string error_message_;
   int calls_ = 0;

@@ -210,6 +210,11 @@ TEST(CellmBadRequestTest, ANonNumericTemperatureIsRefused) {
                      {"--temperature expects a number", "'warm'"});
 }
 
+TEST(CellmBadRequestTest, MoreThanTwentyLogprobsAreRefused) {
+  ExpectOneErrorLine(generate_kjv({"--prompt", "x", "--logprobs", "21"}), "cellm generate",
+                     {"--logprobs must be in [0, 20], got 21"});
+}
+
 TEST(CellmBadRequestTest, AnUnknownFlagIsNamed) {
   ExpectOneErrorLine(generate_kjv({"--prompt", "x", "--bogus"}), "cellm generate",
                      {"unknown option '--bogus'", "cellm generate --help"});

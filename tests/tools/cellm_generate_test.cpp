@@ -1,8 +1,9 @@
 // `cellm generate` end to end: the JSON report's contents, greedy output equal
 // to the reference continuations (models/kjv-small against
 // tests/fixtures/kjv_reference.json; mistral-tiny against its reference.json),
-// --prompt-tokens fed exactly as given, and seeded sampling that does not
-// depend on what else shares the batches.
+// --prompt-tokens fed exactly as given, seeded sampling that does not
+// depend on what else shares the batches, and --logprobs (against the
+// reference's log-softmax on mistral-tiny).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -202,6 +203,93 @@ TEST(CellmGenerateTest, SeededSamplingIsReproducibleAloneAndAmongOtherPrompts) {
   // and sampling at 0.8 is not the greedy one.
   EXPECT_NE(tokens_of(other_seed, 0), tokens);
   EXPECT_NE(tokens, head(kjv_greedy()[0].new_ids, 24));
+}
+
+// Checks one generation's "logprobs" against its tokens: parallel, `n` entries
+// of "top" each, most likely first, the greedy token first when `greedy`.
+void expect_report_logprobs(const json& g, size_t n, bool greedy) {
+  const Ids tokens = g.at("tokens").get<Ids>();
+  const json& lps = g.at("logprobs");
+  ASSERT_EQ(lps.size(), tokens.size());
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    const json& lp = lps.at(k);
+    EXPECT_EQ(lp.at("token").get<int32_t>(), tokens[k]) << "token " << k;
+    const double logprob = lp.at("logprob").get<double>();
+    EXPECT_LE(logprob, 0.0);
+    const json& top = lp.at("top");
+    ASSERT_EQ(top.size(), n) << "token " << k;
+    for (size_t r = 0; r + 1 < top.size(); ++r) {
+      EXPECT_GE(top.at(r).at(1).get<double>(), top.at(r + 1).at(1).get<double>());
+    }
+    EXPECT_LE(logprob, top.at(0).at(1).get<double>());
+    if (greedy) {
+      EXPECT_EQ(top.at(0).at(0).get<int32_t>(), tokens[k]) << "token " << k;
+      EXPECT_EQ(top.at(0).at(1).get<double>(), logprob) << "token " << k;
+    }
+  }
+}
+
+TEST(CellmGenerateTest, LogprobsAreReportedParallelToTheTokensOnlyWhenAsked) {
+  const std::string prompt = "In the beginning";
+  const json greedy = generate_report({"--model", testing::kjv_dir(), "--prompt", prompt,
+                                       "--max-new-tokens", "8", "--logprobs", "5"});
+  ASSERT_TRUE(greedy.contains("generations")) << greedy.dump(2);
+  expect_report_logprobs(greedy.at("generations").at(0), 5, /*greedy=*/true);
+  EXPECT_EQ(greedy.at("config").at("logprobs").get<int64_t>(), 5);
+  EXPECT_EQ(tokens_of(greedy, 0), head(kjv_greedy()[0].new_ids, 8)) << "logprobs change nothing";
+
+  // Sampling: the raw-logit log-probabilities of whatever was drawn.
+  const json sampled =
+      generate_report({"--model", testing::kjv_dir(), "--prompt", prompt, "--max-new-tokens", "12",
+                       "--temperature", "1.5", "--seed", "3", "--logprobs", "2"});
+  ASSERT_TRUE(sampled.contains("generations")) << sampled.dump(2);
+  expect_report_logprobs(sampled.at("generations").at(0), 2, /*greedy=*/false);
+
+  const json plain =
+      generate_report({"--model", testing::kjv_dir(), "--prompt", prompt, "--max-new-tokens", "4"});
+  ASSERT_TRUE(plain.contains("generations")) << plain.dump(2);
+  EXPECT_FALSE(plain.at("generations").at(0).contains("logprobs"));
+}
+
+TEST(CellmGenerateTest, LogprobsOfTheFirstTokenEqualTheReferencesLogSoftmax) {
+  const fs::path fixture = testing::source_dir() + "/tests/fixtures/models/mistral-tiny";
+  const json ref = testing::parse_json_file(fixture / "reference.json");
+  const fs::path tokenizer =
+      fs::path(CELLM_SHARED_DIR) / "tokenizers" / ref.at("tokenizer").get<std::string>();
+  if (!fs::exists(tokenizer / "tokenizer.json")) GTEST_SKIP() << "no " << tokenizer;
+  testing::TempDir tmp;
+  const fs::path dir = tmp.path() / "mistral-tiny";
+  testing::assemble_model_dir(dir, {fixture, tokenizer});
+
+  std::vector<std::string> args = {
+      "--model", dir.string(), "--max-new-tokens", "2", "--ignore-eos", "--logprobs", "20"};
+  for (const json& p : ref.at("prompts")) {
+    args.push_back("--prompt-tokens");
+    args.push_back(join_ids(p.at("ids").get<Ids>()));
+  }
+  const json report = generate_report(args);
+  ASSERT_TRUE(report.contains("generations")) << report.dump(2);
+  for (size_t i = 0; i < ref.at("prompts").size(); ++i) {
+    const json& last = ref.at("prompts").at(i).at("last");
+    const double lse = last.at("logsumexp").get<double>();
+    const std::vector<double> top_logits = last.at("top_logits").get<std::vector<double>>();
+    const Ids top_ids = last.at("top_ids").get<Ids>();
+    const json& g = report.at("generations").at(i);
+    expect_report_logprobs(g, 20, /*greedy=*/true);
+    const json& first = g.at("logprobs").at(0);
+    EXPECT_EQ(first.at("token").get<int32_t>(), top_ids[0]);
+    EXPECT_NEAR(first.at("logprob").get<double>(), top_logits[0] - lse, 1e-4);
+    for (size_t r = 0; r < 20; ++r) {
+      EXPECT_NEAR(first.at("top").at(r).at(1).get<double>(), top_logits[r] - lse, 1e-4)
+          << "prompt " << i << " rank " << r;
+      const bool apart = (r == 0 || top_logits[r - 1] - top_logits[r] > 1e-3) &&
+                         top_logits[r] - top_logits[r + 1] > 1e-3;
+      if (apart) {
+        EXPECT_EQ(first.at("top").at(r).at(0).get<int32_t>(), top_ids[r])
+            << "prompt " << i << " rank " << r;
+      }
+    }
+  }
 }
 
 }  // namespace

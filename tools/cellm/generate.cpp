@@ -28,6 +28,9 @@ const std::vector<FlagSpec> kFlags = {
     {"top-p", "P", "nucleus sampling mass; 1 = off (default 1)"},
     {"min-p", "P", "drop tokens below P x the top probability; 0 = off (default 0)"},
     {"seed", "S", "sampling seed; randomness is keyed by (seed, position) (default 42)"},
+    {"logprobs", "N",
+     "report each token's log-probability and the N most likely tokens' (raw logits, before "
+     "temperature) in --report-json; 0 = off, at most 20 (default 0)"},
     {"ignore-eos", "", "keep generating past end-of-sequence tokens"},
     {"max-sessions", "M", "sessions resident at once (default: number of prompts, at most 64)"},
     {"max-session-tokens", "N", "positions per session (default 1024, at most the context)"},
@@ -144,8 +147,17 @@ class TextStream {
   bool started_ = false;
 };
 
+// One token's logprobs as the report writes them:
+// {"token": id, "logprob": x, "top": [[id, x], ...]} (-inf is written as null).
+nlohmann::json logprobs_json(Token token, const TokenLogprobs& lp) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& [id, logprob] : lp.top) top.push_back({id, logprob});
+  return {{"token", token}, {"logprob", lp.logprob}, {"top", std::move(top)}};
+}
+
 struct GenState {
   std::vector<Token> tokens;
+  std::vector<TokenLogprobs> logprobs;  // parallel to tokens with --logprobs
   std::unique_ptr<TextStream> stream;
   GenerationHandle handle;
   Session session;
@@ -191,11 +203,14 @@ int run_generate(int argc, const char* const* argv) {
   Result<int64_t> max_session_tokens = args.get_int("max-session-tokens", 1024, 1, 1 << 24);
   Result<int64_t> step_width = args.get_int("step-width", 256, 1, 1 << 16);
   Result<int64_t> threads = args.get_int("threads", 0, 0, 1024);
-  for (const Status* s : {&top_k.status(), &max_new.status(), &seed.status(),
-                          &max_session_tokens.status(), &step_width.status(), &threads.status()}) {
+  Result<int64_t> logprobs = args.get_int("logprobs", 0, 0, kMaxLogprobs);
+  for (const Status* s :
+       {&top_k.status(), &max_new.status(), &seed.status(), &max_session_tokens.status(),
+        &step_width.status(), &threads.status(), &logprobs.status()}) {
     if (!s->ok()) return fail(cmd, *s);
   }
   sp.top_k = static_cast<int32_t>(*top_k);
+  sp.num_logprobs = static_cast<int32_t>(*logprobs);
   if (Status s = validate_sampling(sp); !s.ok()) return fail(cmd, s);
   gen.max_new_tokens = static_cast<int32_t>(*max_new);
   gen.seed = static_cast<uint64_t>(*seed);
@@ -288,6 +303,7 @@ int run_generate(int argc, const char* const* argv) {
               s.tokens.push_back(t);
               s.stream->feed(t);
             }
+            s.logprobs.insert(s.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
             if (u.finish_reason) {
               s.stream->finish();
               std::lock_guard<std::mutex> lock(done_mu);
@@ -343,6 +359,12 @@ int run_generate(int argc, const char* const* argv) {
       j["text"] = g.stream->text();
       j["finish_reason"] = g.handle.finish_reason() ? to_string(*g.handle.finish_reason()) : "none";
       j["error"] = g.handle.error_message();
+      if (sp.num_logprobs > 0) {
+        j["logprobs"] = nlohmann::json::array();
+        for (size_t k = 0; k < g.logprobs.size() && k < g.tokens.size(); ++k) {
+          j["logprobs"].push_back(logprobs_json(g.tokens[k], g.logprobs[k]));
+        }
+      }
       j["metrics"] = nlohmann::json::parse(to_json(g.handle.metrics()));
       report["generations"].push_back(std::move(j));
     }
@@ -364,6 +386,7 @@ int run_generate(int argc, const char* const* argv) {
                         {"top_p", sp.top_p},
                         {"min_p", sp.min_p},
                         {"seed", *gen.seed},
+                        {"logprobs", sp.num_logprobs},
                         {"ignore_eos", args.has("ignore-eos")}};
     std::ofstream out(*path);
     out << report.dump(2) << "\n";

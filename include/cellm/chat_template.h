@@ -1,0 +1,57 @@
+// ChatTemplate: renders chat messages into a prompt with the model's own chat
+// template, the Jinja `chat_template` of tokenizer_config.json (or the
+// chat_template.jinja file beside it), the way Hugging Face transformers does:
+// jinja2 with trim_blocks and lstrip_blocks, loop controls, raise_exception and
+// strftime_now. src/model/jinja_*.{h,cpp} hold the interpreter; the supported
+// Jinja subset is listed in jinja_parser.h.
+//
+// Rendering is bounded: at most 1 MiB of output, 100k loop iterations in all,
+// macro calls 100 deep, and nesting 100 deep; a template that exceeds a limit
+// gets an InvalidArgument error instead of running away.
+//
+// A ChatTemplate is an immutable, cheaply copyable handle (shared state);
+// render() is safe to call from any thread.
+#pragma once
+
+#include <ctime>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cellm/status.h"
+
+namespace cellm {
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // Reads model_dir/tokenizer_config.json's "chat_template" (a string, or a list of
+  // {name, template} objects: use the one named "default"); bos_token / eos_token strings
+  // (plain or {"content": ...}) become template variables. NotFound if the model has no
+  // chat template; InvalidProgram (naming the file and the line/column) if it does not parse.
+  // model_dir/chat_template.jinja, when present, is the template instead.
+  static Result<ChatTemplate> load(const std::string& model_dir);
+  // Parses a template string directly (for tests and for models that ship chat_template.jinja).
+  // `now`, when given, is the time strftime_now() formats (for deterministic tests);
+  // otherwise it formats the local time at render.
+  static Result<ChatTemplate> parse(std::string_view source, std::string bos_token,
+                                    std::string eos_token,
+                                    std::optional<std::tm> now = std::nullopt);
+  // Renders messages; add_generation_prompt as in transformers. Template errors
+  // (raise_exception(...), an undefined function, a type error) -> InvalidArgument with the
+  // message.
+  Result<std::string> render(const std::vector<ChatMessage>& messages,
+                             bool add_generation_prompt) const;
+  struct Impl;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace cellm
