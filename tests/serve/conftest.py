@@ -20,7 +20,8 @@ class Server:
     def __init__(self, *extra):
         if not os.path.exists(BINARY):
             pytest.fail(f"cellm binary not found at {BINARY} (set CELLM_BINARY)")
-        self.args = [BINARY, "serve", "--model", MODEL, "--port", "0", *extra]
+        model = [] if "--model" in extra else ["--model", MODEL]
+        self.args = [BINARY, "serve", *model, "--port", "0", *extra]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log = []
         self.port = None

@@ -162,13 +162,12 @@ int run_serve(int argc, const char* const* argv) {
   const std::string cmd = "cellm serve";
   const std::string usage = "cellm serve [--model DIR] [--host ADDR] [--port N] [options]";
   if (wants_help(argc, argv)) {
-    std::printf(
-        "%s",
-        format_help(usage,
-                    "Serves the model over HTTP with OpenAI's API: /v1/completions, /v1/models, "
-                    "/health, /metrics.",
-                    kFlags)
-            .c_str());
+    std::printf("%s", format_help(usage,
+                                  "Serves the model over HTTP with OpenAI's API: /v1/completions, "
+                                  "/v1/chat/completions, /v1/models, "
+                                  "/health, /metrics.",
+                                  kFlags)
+                          .c_str());
     return 0;
   }
   Result<Args> args_or = Args::parse(argc, argv, 2, kFlags, cmd);
@@ -280,6 +279,14 @@ int run_serve(int argc, const char* const* argv) {
 
   svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_completions(ctx, req, res);
+  });
+  const std::shared_ptr<const ChatEndpoint> chat = load_chat_endpoint(flags.model_dir);
+  if (const Status& s = chat_template_status(*chat); !s.ok()) {
+    std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",
+                 s.message().c_str());
+  }
+  svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_chat(ctx, *chat, req, res);
   });
   svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200,
