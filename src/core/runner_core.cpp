@@ -142,10 +142,11 @@ void RunnerCore::engine_main() {
   if (!initialized_) request_stop();
 
   while (!stop_requested()) {
-    process_commands_until_idle();
+    const bool handled = process_commands_until_idle();
     if (stop_requested()) break;
     const bool ran = execute_one_batch();
-    publish_engine_state(ran);
+    // Commands change KV use too (a close frees cells): sample after either.
+    publish_engine_state(ran || handled);
     if (!ran) wait_for_work();
   }
   stop();
@@ -169,14 +170,15 @@ void RunnerCore::publish_engine_state(bool sample_kv) {
 
 // Commands queued by callbacks (terminal callbacks of rejected or reaped
 // generations included) are processed before the next forward.
-void RunnerCore::process_commands_until_idle() {
+bool RunnerCore::process_commands_until_idle() {
+  bool handled = false;
   while (!stop_requested()) {
-    while (drain_inbox_once()) {
-    }
+    while (drain_inbox_once()) handled = true;
     reap_cancelled();
     std::lock_guard<std::mutex> lock(mu_);
-    if (inbox_.empty()) return;
+    if (inbox_.empty()) return handled;
   }
+  return handled;
 }
 
 bool RunnerCore::drain_inbox_once() {

@@ -159,7 +159,8 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
 
   // Engine thread.
   void engine_main();
-  void process_commands_until_idle();
+  // True if it handled at least one command.
+  bool process_commands_until_idle();
   bool drain_inbox_once();
   void handle(OpenCommand& cmd);
   void handle(CloseCommand& cmd);

@@ -2,9 +2,12 @@
 // §8.7 Engine metrics), and the derived values and reports of metrics.h.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include "cellm/metrics.h"
 #include "cellm/runner.h"
@@ -281,6 +284,20 @@ TEST(EngineMetricsTest, KvMetricsReflectTheLatestStep) {
   const KvMetrics kv = fixture.runner.kv_metrics();
   EXPECT_EQ(kv.cells_in_use, 6) << "5 prompt cells and the fed-back first token";
   EXPECT_EQ(kv.allocated_bytes, 6 * 64);
+}
+
+TEST(EngineMetricsTest, KvMetricsFollowAClosedSessionWithoutAnotherStep) {
+  FakeExecutor executor;
+  Fixture fixture(executor);
+  std::optional<Session> session = open_session(fixture.runner);
+  GenerationHandle handle = generate(*session, tokens(5), config(2), std::make_shared<Updates>());
+  handle.wait();
+  session.reset();  // queues the close; no generation runs after it
+  const int64_t t_deadline = now_us() + 2'000'000;
+  while (fixture.runner.kv_metrics().cells_in_use != 0 && now_us() < t_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(fixture.runner.kv_metrics().cells_in_use, 0) << "the close is sampled by itself";
 }
 
 // --- metrics.h: derived values and reports ----------------------------------

@@ -30,6 +30,7 @@ const char* kUsage =
     "  generate   generate continuations of prompts, all concurrently\n"
     "  tokenize   print the token ids of a text\n"
     "  bench      measure prefill and decode throughput (llama-batched-bench columns)\n"
+    "  serve      serve the model over HTTP with OpenAI's API\n"
     "\n"
     "Run `cellm <command> --help` for a command's options.\n";
 
@@ -45,9 +46,11 @@ int main(int argc, char** argv) {
   if (command == "generate") return cellm::cli::run_generate(argc, args);
   if (command == "tokenize") return cellm::cli::run_tokenize(argc, args);
   if (command == "bench") return cellm::cli::run_bench(argc, args);
-  std::fprintf(stderr,
-               "cellm: error: unknown command '%s' (commands: generate, tokenize, bench; see "
-               "cellm --help)\n",
-               command.c_str());
+  if (command == "serve") return cellm::cli::run_serve(argc, args);
+  std::fprintf(
+      stderr,
+      "cellm: error: unknown command '%s' (commands: generate, tokenize, bench, serve; see "
+      "cellm --help)\n",
+      command.c_str());
   return 2;
 }

@@ -1,0 +1,361 @@
+// `cellm serve`: an OpenAI-compatible HTTP server over one Runner.
+//
+// Sizing. --max-sessions counts the sessions generations may hold at once (a
+// request with n choices holds n). The executor is created with room for more,
+// because every resident session counts against its capacity rule
+// (max_sessions x max_session_tokens < cells):
+//   executor sessions = max_sessions            generations, n-clones included
+//                     + max_sessions            one prompt snapshot being captured
+//                                               per running generation
+//                     + prefix_cache_entries    snapshots the prefix cache keeps
+// Cells are reserved, not allocated: KV storage grows with use.
+//
+// Threads. cpp-httplib serves each connection on a worker of a fixed pool
+// (max_sessions + max_queued_requests + 64: running, waiting, plus room for
+// refusals, /metrics and idle keep-alive connections). Handlers block on their
+// own job; runner callbacks only queue events (serve_job.h).
+//
+// Shutdown. SIGINT/SIGTERM: admission closes (waiters get 503), every running
+// generation is cancelled, the listener stops and in-flight answers finish,
+// then the Runner shuts down and the command exits 0.
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "args.h"
+#include "cellm/runner.h"
+#include "commands.h"
+#include "engine_setup.h"
+#include "serve_admission.h"
+#include "serve_connection.h"
+#include "serve_endpoints.h"
+#include "serve_http.h"
+#include "serve_job.h"
+#include "serve_metrics.h"
+
+namespace cellm::cli {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<FlagSpec> kFlags = {
+    {"model", "DIR", "Hugging Face model folder (default: the bundled models/kjv-small)"},
+    {"host", "ADDR", "address to listen on (default 127.0.0.1)"},
+    {"port", "N", "TCP port; 0 picks a free one (default 8080)"},
+    {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+    {"max-sessions", "N", "generations resident at once; n choices count n (default 16)"},
+    {"max-session-tokens", "N",
+     "positions per session, prompt and completion (default: min(1024, context))"},
+    {"max-queued-requests", "N", "requests that may wait for a session; more get 429 (default 64)"},
+    {"prefix-cache-entries", "N", "prompt snapshots kept for prefix reuse; 0 = off (default 16)"},
+    {"api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/ endpoints"},
+    {"step-width", "W", "tokens per forward (default 256)"},
+    {"threads", "N", "CPU threads; 0 = all (default 0)"},
+    {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
+};
+
+constexpr size_t kMaxBodyBytes = 4 << 20;
+
+// Known routes keep the path label of the request counter bounded.
+std::string path_label(const std::string& path) {
+  for (const char* known :
+       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
+    if (path == known) return path;
+  }
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
+struct Flags {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  ExecutorKind executor = ExecutorKind::kCpu;
+  int32_t max_sessions = 16;
+  std::optional<int32_t> max_session_tokens;
+  int32_t max_queued = 64;
+  int32_t prefix_entries = 16;
+  std::optional<std::string> api_key;
+  int32_t step_width = 256;
+  int32_t threads = 0;
+  bool cuda_graphs = true;
+};
+
+Result<Flags> read_flags(const Args& args) {
+  Flags f;
+  CELLM_ASSIGN_OR_RETURN(int64_t port, args.get_int("port", 8080, 0, 65535));
+  CELLM_ASSIGN_OR_RETURN(int64_t max_sessions, args.get_int("max-sessions", 16, 1, 4096));
+  CELLM_ASSIGN_OR_RETURN(int64_t max_queued, args.get_int("max-queued-requests", 64, 0, 100000));
+  CELLM_ASSIGN_OR_RETURN(int64_t entries, args.get_int("prefix-cache-entries", 16, 0, 4096));
+  CELLM_ASSIGN_OR_RETURN(int64_t step_width, args.get_int("step-width", 256, 2, 1 << 16));
+  CELLM_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0, 0, 1024));
+  if (args.has("max-session-tokens")) {
+    CELLM_ASSIGN_OR_RETURN(int64_t t, args.get_int("max-session-tokens", 1024, 2, 1 << 24));
+    f.max_session_tokens = static_cast<int32_t>(t);
+  }
+  CELLM_ASSIGN_OR_RETURN(
+      f.executor,
+      parse_executor_kind(args.get("executor").value_or(to_string(default_executor_kind()))));
+  f.host = args.get("host").value_or("127.0.0.1");
+  f.port = static_cast<int>(port);
+  f.max_sessions = static_cast<int32_t>(max_sessions);
+  f.max_queued = static_cast<int32_t>(max_queued);
+  f.prefix_entries = static_cast<int32_t>(entries);
+  f.step_width = static_cast<int32_t>(step_width);
+  f.threads = static_cast<int32_t>(threads);
+  f.cuda_graphs = !args.has("no-cuda-graphs");
+  if (auto key = args.get("api-key")) {
+    if (key->empty()) return InvalidArgument("--api-key must not be empty");
+    f.api_key = *key;
+  }
+  if (auto m = args.get("model")) {
+    f.model_dir = *m;
+  } else if (auto d = find_default_model()) {
+    f.model_dir = *d;
+  } else {
+    return NotFound(
+        "no --model given and the bundled model models/kjv-small was not found (run from the "
+        "repository root)");
+  }
+  return f;
+}
+
+// SIGINT/SIGTERM are blocked in every thread and taken by one waiter thread;
+// SIGUSR1 only wakes it when the server ends by itself.
+class SignalWaiter {
+ public:
+  SignalWaiter() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  }
+  // Runs `on_stop` on the waiter thread when SIGINT or SIGTERM arrives.
+  template <typename F>
+  void start(F on_stop) {
+    thread_ = std::thread([this, on_stop] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      if (sig != SIGUSR1) on_stop(sig);
+    });
+  }
+  void join() {
+    if (!thread_.joinable()) return;
+    pthread_kill(thread_.native_handle(), SIGUSR1);
+    thread_.join();
+  }
+
+ private:
+  sigset_t set_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+int run_serve(int argc, const char* const* argv) {
+  const std::string cmd = "cellm serve";
+  const std::string usage = "cellm serve [--model DIR] [--host ADDR] [--port N] [options]";
+  if (wants_help(argc, argv)) {
+    std::printf("%s", format_help(usage,
+                                  "Serves the model over HTTP with OpenAI's API: /v1/completions, "
+                                  "/v1/chat/completions, /v1/models, "
+                                  "/health, /metrics.",
+                                  kFlags)
+                          .c_str());
+    return 0;
+  }
+  Result<Args> args_or = Args::parse(argc, argv, 2, kFlags, cmd);
+  if (!args_or.ok()) return fail(cmd, args_or.status());
+  Result<Flags> flags_or = read_flags(*args_or);
+  if (!flags_or.ok()) return fail(cmd, flags_or.status());
+  const Flags& flags = *flags_or;
+
+  // Before any thread starts (the executor's pool too), so every thread
+  // inherits the blocked signals and only the waiter takes them.
+  ::signal(SIGPIPE, SIG_IGN);
+  SignalWaiter signals;
+
+  Result<LoadedModel> model = load_model_dir(flags.model_dir, /*with_tokenizer=*/true);
+  if (!model.ok()) return fail(cmd, model.status());
+  const ModelConfig& config = model->weights->config();
+
+  EngineLimits limits;
+  limits.max_session_tokens = flags.max_session_tokens.value_or(
+      std::min<int32_t>(1024, static_cast<int32_t>(config.max_position_embeddings())));
+  const int64_t executor_sessions = 2 * int64_t{flags.max_sessions} + int64_t{flags.prefix_entries};
+  limits.max_sessions = static_cast<int32_t>(executor_sessions);
+  limits.step_width = std::min(flags.step_width, limits.max_session_tokens);
+  limits.num_threads = flags.threads;
+  limits.cuda_graphs = flags.cuda_graphs;
+  Result<std::unique_ptr<Executor>> executor =
+      make_executor(flags.executor, model->weights, limits);
+  if (!executor.ok()) return fail(cmd, executor.status());
+  Result<std::unique_ptr<Scheduler>> scheduler = make_scheduler(limits);
+  if (!scheduler.ok()) return fail(cmd, scheduler.status());
+
+  Runner runner(**executor, std::move(*scheduler));
+  ServeMetrics metrics;
+  Admission admission(flags.max_sessions, flags.max_queued);
+  auto engine = std::make_unique<ServeEngine>(runner, *model->tokenizer,
+                                              static_cast<size_t>(flags.prefix_entries), metrics);
+
+  ServeContext ctx;
+  ctx.model_dir = flags.model_dir;
+  ctx.model_id = std::filesystem::path(flags.model_dir).lexically_normal().filename().string();
+  if (ctx.model_id.empty()) {
+    ctx.model_id = std::filesystem::path(flags.model_dir).parent_path().filename().string();
+  }
+  ctx.created_unix = unix_now();
+  ctx.limits.max_n = flags.max_sessions;
+  ctx.limits.max_session_tokens = limits.max_session_tokens;
+  ctx.limits.vocab_size = static_cast<int32_t>(config.vocab_size());
+  ctx.api_key = flags.api_key;
+  ctx.tokenizer = *model->tokenizer;
+  ctx.engine = engine.get();
+  ctx.admission = &admission;
+  ctx.metrics = &metrics;
+
+  httplib::Server svr;
+  const size_t http_threads =
+      static_cast<size_t>(flags.max_sessions) + static_cast<size_t>(flags.max_queued) + 64;
+  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
+  svr.set_payload_max_length(kMaxBodyBytes);
+  svr.set_keep_alive_max_count(1000);
+  svr.set_keep_alive_timeout(5);
+  svr.set_read_timeout(10);
+  svr.set_write_timeout(10);
+  std::atomic<bool> stopping{false};
+
+  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    request_log() = RequestLog{now_us(), 0, 0, false};
+    if (ctx.api_key && req.path.rfind("/v1/", 0) == 0) {
+      const std::string expected = "Bearer " + *ctx.api_key;
+      if (req.get_header_value("Authorization") != expected) {
+        send_error(res, ApiError{401, "Incorrect or missing API key", "invalid_request_error", "",
+                                 "invalid_api_key"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
+    const RequestLog& log = request_log();
+    const double ms = static_cast<double>(now_us() - log.t_start_us) / 1e3;
+    metrics.count_http(path_label(req.path), res.status);
+    std::fprintf(
+        stderr, "cellm serve: %s %s %d prompt_tokens=%lld generated_tokens=%lld %.1f ms%s\n",
+        req.method.c_str(), req.path.c_str(), res.status, static_cast<long long>(log.prompt_tokens),
+        static_cast<long long>(log.completion_tokens), ms, log.client_gone ? " (client gone)" : "");
+  });
+  // Every error answer is an OpenAI error object, httplib's own included.
+  svr.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        const int status = res.status;
+        std::string message = "HTTP error " + std::to_string(status);
+        if (status == 404) message = "no such endpoint";
+        if (status == 413) message = "the request body is too large";
+        send_error(res, ApiError{status, message,
+                                 status >= 500 ? "server_error" : "invalid_request_error", "", ""});
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, ApiError{500, what, "server_error", "", ""});
+      });
+
+  svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_completions(ctx, req, res);
+  });
+  const std::shared_ptr<const ChatEndpoint> chat = load_chat_endpoint(flags.model_dir);
+  if (const Status& s = chat_template_status(*chat); !s.ok()) {
+    std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",
+                 s.message().c_str());
+  }
+  svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_chat(ctx, *chat, req, res);
+  });
+  svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200,
+              {{"object", "list"},
+               {"data", json::array({{{"id", ctx.model_id},
+                                      {"object", "model"},
+                                      {"created", ctx.created_unix},
+                                      {"owned_by", "cellm"},
+                                      {"max_model_len", ctx.limits.max_session_tokens}}})}});
+  });
+  svr.Get(R"(/v1/models/(.+))", [&](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (auto e = check_model(ctx, id)) return send_error(res, *e);
+    send_json(res, 200,
+              {{"id", ctx.model_id},
+               {"object", "model"},
+               {"created", ctx.created_unix},
+               {"owned_by", "cellm"}});
+  });
+  svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+    if (stopping.load()) {
+      return send_json(res, 503, {{"status", "stopping"}});
+    }
+    send_json(res, 200, {{"status", "ok"}});
+  });
+  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    ServeGauges g;
+    g.requests_waiting = admission.waiting();
+    g.requests_running = admission.requests_admitted();
+    g.sessions_running = admission.slots_in_use();
+    g.kv = runner.kv_metrics();
+    g.engine = runner.metrics();
+    g.queued_tasks = static_cast<int64_t>(runner.queued_tasks());
+    engine->prefix_stats(g);
+    res.set_content(metrics.render(g), "text/plain; version=0.0.4");
+  });
+
+  int port = flags.port;
+  if (port == 0) {
+    port = svr.bind_to_any_port(flags.host);
+    if (port < 0) port = 0;
+  } else if (!svr.bind_to_port(flags.host, port)) {
+    port = 0;
+  }
+  if (port == 0) {
+    return fail(cmd, IoError("cannot listen on " + flags.host + ":" + std::to_string(flags.port)));
+  }
+  if (!raise_listen_backlog(port, 1024)) {
+    std::fprintf(stderr, "cellm serve: warning: could not raise the listen backlog\n");
+  }
+  signals.start([&](int sig) {
+    std::fprintf(stderr, "cellm serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    stopping.store(true);
+    admission.close();
+    engine->cancel_all();
+    svr.stop();
+  });
+  std::fprintf(stderr,
+               "cellm serve: model %s (%s executor, %d sessions x %d tokens, %d generation "
+               "slots, prefix cache %d), listening on http://%s:%d\n",
+               ctx.model_id.c_str(), to_string(flags.executor), limits.max_sessions,
+               limits.max_session_tokens, flags.max_sessions, flags.prefix_entries,
+               flags.host.c_str(), port);
+  const bool listened = svr.listen_after_bind();
+  signals.join();
+  engine.reset();  // releases the prefix cache's snapshots
+  runner.shutdown();
+  std::fprintf(stderr, "cellm serve: stopped\n");
+  return listened || stopping.load() ? 0 : 1;
+}
+
+}  // namespace cellm::cli

@@ -1,0 +1,68 @@
+// What every endpoint handler of `cellm serve` shares: the server context, JSON
+// answers (errors in OpenAI's shape), the per-request log record, and the path
+// from a validated JobSpec to a running Job (admission, then the first session).
+//
+// Threading: cpp-httplib runs a request's handler, its content provider and
+// the logger on one worker thread, so the log record is thread-local.
+#pragma once
+
+#include <httplib.h>
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "cellm/tokenizer.h"
+#include "serve_admission.h"
+#include "serve_error.h"
+#include "serve_job.h"
+#include "serve_metrics.h"
+#include "serve_request.h"
+
+namespace cellm::cli {
+
+struct ServeContext {
+  std::string model_id;   // what /v1/models lists and requests must name
+  std::string model_dir;  // also accepted as the model name
+  int64_t created_unix = 0;
+  RequestLimits limits;
+  std::optional<std::string> api_key;
+  Tokenizer tokenizer;
+  ServeEngine* engine = nullptr;
+  Admission* admission = nullptr;
+  ServeMetrics* metrics = nullptr;
+};
+
+// The request being served on this thread, for its log line.
+struct RequestLog {
+  int64_t t_start_us = 0;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  bool client_gone = false;
+};
+RequestLog& request_log();
+
+// JSON text; invalid UTF-8 (echoed prompts, split tokens) becomes U+FFFD.
+std::string dump_json(const nlohmann::json& j);
+void send_json(httplib::Response& res, int status, const nlohmann::json& body);
+void send_error(httplib::Response& res, const ApiError& error);
+
+// 404 unless `model` is absent or names the served model.
+std::optional<ApiError> check_model(const ServeContext& ctx,
+                                    const std::optional<std::string>& model);
+
+// Admits the request (429 when the queue is full) and starts its first
+// generation; the error answers the request otherwise.
+ApiResult<std::shared_ptr<Job>> admit_and_start(const ServeContext& ctx, JobSpec spec);
+
+// A JobSpec from validated fields and an encoded prompt.
+JobSpec make_job_spec(const ServeContext& ctx, const GenerationFields& fields,
+                      std::vector<Token> prompt, int32_t max_tokens);
+
+// "cmpl-..." / "chatcmpl-...": a prefix and 24 random hex digits.
+std::string make_id(const char* prefix);
+int64_t unix_now();
+
+}  // namespace cellm::cli

@@ -1,0 +1,282 @@
+#include "serve_request.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "cellm/sampler.h"
+
+namespace cellm::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr int32_t kMaxTopLogprobs = 20;
+constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopBytes = 256;
+
+const char* type_name(const json& v) {
+  return v.type_name();
+}
+
+// A present, non-null field, or nullptr.
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+ApiResult<std::optional<int64_t>> read_int(const json& body, const char* name, int64_t min_value,
+                                           int64_t max_value) {
+  const json* v = field(body, name);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (!v->is_number_integer()) {
+    return invalid_field(name,
+                         std::string("'") + name + "' must be an integer, got " + type_name(*v));
+  }
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(max_value)) {
+    return invalid_field(
+        name, std::string("'") + name + "' must be at most " + std::to_string(max_value));
+  }
+  const int64_t x = v->get<int64_t>();
+  if (x < min_value || x > max_value) {
+    return invalid_field(name, std::string("'") + name + "' must be in [" +
+                                   std::to_string(min_value) + ", " + std::to_string(max_value) +
+                                   "], got " + std::to_string(x));
+  }
+  return std::optional<int64_t>(x);
+}
+
+ApiResult<std::optional<double>> read_number(const json& body, const char* name, double min_value,
+                                             double max_value) {
+  const json* v = field(body, name);
+  if (v == nullptr) return std::optional<double>();
+  if (!v->is_number()) {
+    return invalid_field(name,
+                         std::string("'") + name + "' must be a number, got " + type_name(*v));
+  }
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < min_value || x > max_value) {
+    return invalid_field(name, std::string("'") + name + "' must be in [" +
+                                   std::to_string(min_value) + ", " + std::to_string(max_value) +
+                                   "]");
+  }
+  return std::optional<double>(x);
+}
+
+ApiResult<std::optional<bool>> read_bool(const json& body, const char* name) {
+  const json* v = field(body, name);
+  if (v == nullptr) return std::optional<bool>();
+  if (!v->is_boolean()) {
+    return invalid_field(name,
+                         std::string("'") + name + "' must be a boolean, got " + type_name(*v));
+  }
+  return std::optional<bool>(v->get<bool>());
+}
+
+ApiResult<std::optional<std::string>> read_string(const json& body, const char* name) {
+  const json* v = field(body, name);
+  if (v == nullptr) return std::optional<std::string>();
+  if (!v->is_string()) {
+    return invalid_field(name,
+                         std::string("'") + name + "' must be a string, got " + type_name(*v));
+  }
+  return std::optional<std::string>(v->get<std::string>());
+}
+
+// Unwraps `r` into `out`, or returns its error from the enclosing function.
+#define SERVE_TRY(out, expr)                                   \
+  do {                                                         \
+    auto serve_r_ = (expr);                                    \
+    if (auto* e = std::get_if<ApiError>(&serve_r_)) return *e; \
+    out = std::move(std::get<0>(serve_r_));                    \
+  } while (0)
+
+ApiResult<std::vector<std::string>> read_stop(const json& body) {
+  const json* v = field(body, "stop");
+  std::vector<std::string> stops;
+  if (v == nullptr) return stops;
+  if (v->is_string()) {
+    stops.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > kMaxStopStrings) {
+      return invalid_field("stop",
+                           "'stop' holds at most " + std::to_string(kMaxStopStrings) + " strings");
+    }
+    for (const json& s : *v) {
+      if (!s.is_string()) return invalid_field("stop", "'stop' must hold only strings");
+      stops.push_back(s.get<std::string>());
+    }
+  } else {
+    return invalid_field(
+        "stop", std::string("'stop' must be a string or a list of strings, got ") + type_name(*v));
+  }
+  for (const std::string& s : stops) {
+    if (s.size() > kMaxStopBytes) {
+      return invalid_field("stop",
+                           "a stop string is at most " + std::to_string(kMaxStopBytes) + " bytes");
+    }
+  }
+  return stops;
+}
+
+// Fields that would change the answer and that cellm does not implement.
+std::optional<ApiError> refuse_unsupported(const json& body) {
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    const json* v = field(body, name);
+    if (v == nullptr) continue;
+    if (!v->is_number()) {
+      return invalid_field(name, std::string("'") + name + "' must be a number");
+    }
+    if (v->get<double>() != 0.0) {
+      return invalid_field(name, std::string("'") + name + "' is not supported (only 0)");
+    }
+  }
+  if (const json* v = field(body, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
+    return invalid_field("logit_bias", "'logit_bias' is not supported");
+  }
+  if (const json* v = field(body, "suffix"); v != nullptr) {
+    return invalid_field("suffix", "'suffix' is not supported");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiResult<json> parse_json_body(const std::string& body) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return ApiError{400, "the request body is not valid JSON (UTF-8)", "invalid_request_error", "",
+                    ""};
+  }
+  if (!parsed.is_object()) {
+    return ApiError{400, "the request body must be a JSON object", "invalid_request_error", "", ""};
+  }
+  return parsed;
+}
+
+ApiResult<GenerationFields> parse_generation_fields(const json& body, const RequestLimits& limits,
+                                                    Endpoint endpoint) {
+  GenerationFields f;
+  if (auto e = refuse_unsupported(body)) return *e;
+  SERVE_TRY(f.model, read_string(body, "model"));
+
+  std::optional<int64_t> max_tokens;
+  SERVE_TRY(max_tokens, read_int(body, "max_tokens", 1, std::numeric_limits<int32_t>::max()));
+  if (endpoint == Endpoint::kChat && !max_tokens) {
+    SERVE_TRY(max_tokens,
+              read_int(body, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max()));
+  }
+  if (max_tokens) f.max_tokens = static_cast<int32_t>(*max_tokens);
+
+  std::optional<double> x;
+  SERVE_TRY(x, read_number(body, "temperature", 0.0, 2.0));
+  f.sampling.temperature = static_cast<float>(x.value_or(1.0));
+  SERVE_TRY(x, read_number(body, "top_p", 0.0, 1.0));
+  if (x && *x <= 0.0) return invalid_field("top_p", "'top_p' must be greater than 0");
+  f.sampling.top_p = static_cast<float>(x.value_or(1.0));
+  SERVE_TRY(x, read_number(body, "min_p", 0.0, 1.0));
+  f.sampling.min_p = static_cast<float>(x.value_or(0.0));
+  std::optional<int64_t> i;
+  SERVE_TRY(i, read_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  f.sampling.top_k = static_cast<int32_t>(i && *i > 0 ? *i : 0);  // -1 (vLLM's "off") = 0
+  if (Status s = validate_sampling(f.sampling); !s.ok()) return invalid_field("", s.message());
+
+  SERVE_TRY(i, read_int(body, "seed", std::numeric_limits<int64_t>::min(),
+                        std::numeric_limits<int64_t>::max()));
+  if (i) f.seed = static_cast<uint64_t>(*i);
+  SERVE_TRY(f.stop, read_stop(body));
+  SERVE_TRY(i, read_int(body, "n", 1, limits.max_n));
+  f.n = static_cast<int32_t>(i.value_or(1));
+  SERVE_TRY(i, read_int(body, "best_of", 1, limits.max_n));
+  if (i && *i != f.n) return invalid_field("best_of", "'best_of' must equal 'n' when given");
+
+  std::optional<bool> b;
+  SERVE_TRY(b, read_bool(body, "stream"));
+  f.stream = b.value_or(false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object())
+      return invalid_field("stream_options", "'stream_options' must be an object");
+    SERVE_TRY(b, read_bool(*so, "include_usage"));
+    f.include_usage = b.value_or(false);
+  }
+  SERVE_TRY(b, read_bool(body, "ignore_eos"));
+  f.ignore_eos = b.value_or(false);
+
+  if (endpoint == Endpoint::kCompletions) {
+    SERVE_TRY(i, read_int(body, "logprobs", 0, kMaxTopLogprobs));
+    if (i) f.top_logprobs = static_cast<int32_t>(*i);
+  } else {
+    SERVE_TRY(b, read_bool(body, "logprobs"));
+    SERVE_TRY(i, read_int(body, "top_logprobs", 0, kMaxTopLogprobs));
+    if (i && !b.value_or(false)) {
+      return invalid_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (b.value_or(false)) f.top_logprobs = static_cast<int32_t>(i.value_or(0));
+  }
+  std::optional<std::string> user;
+  SERVE_TRY(user, read_string(body, "user"));
+  f.user = user.value_or("");
+  return f;
+}
+
+ApiResult<CompletionRequest> parse_completion_request(const json& body,
+                                                      const RequestLimits& limits) {
+  CompletionRequest r;
+  SERVE_TRY(r.fields, parse_generation_fields(body, limits, Endpoint::kCompletions));
+  std::optional<bool> echo;
+  SERVE_TRY(echo, read_bool(body, "echo"));
+  r.echo = echo.value_or(false);
+  if (r.echo && r.fields.top_logprobs) {
+    return invalid_field("echo", "'echo' with 'logprobs' is not supported (no prompt logprobs)");
+  }
+
+  const json* p = field(body, "prompt");
+  if (p == nullptr) return invalid_field("prompt", "'prompt' is required");
+  // A batch of one prompt is that prompt.
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];
+  }
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
+    if (r.prompt_text->empty()) return invalid_field("prompt", "'prompt' must not be empty");
+    return r;
+  }
+  if (!p->is_array()) {
+    return invalid_field("prompt", std::string("'prompt' must be a string or a list of token "
+                                               "ids, got ") +
+                                       type_name(*p));
+  }
+  if (p->empty()) return invalid_field("prompt", "'prompt' must not be empty");
+  for (const json& t : *p) {
+    if (t.is_string() || t.is_array()) {
+      return invalid_field("prompt", "batched prompts are not supported; send one per request");
+    }
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= limits.vocab_size ||
+        (t.is_number_unsigned() && t.get<uint64_t>() >= static_cast<uint64_t>(limits.vocab_size))) {
+      return invalid_field("prompt", "'prompt' token ids must be integers in [0, " +
+                                         std::to_string(limits.vocab_size) + ")");
+    }
+    r.prompt_tokens.push_back(static_cast<Token>(t.get<int64_t>()));
+  }
+  return r;
+}
+
+std::optional<ApiError> check_session_budget(size_t prompt_tokens, int32_t max_tokens,
+                                             const RequestLimits& limits) {
+  const auto budget = static_cast<size_t>(limits.max_session_tokens);
+  if (prompt_tokens >= budget) {
+    return invalid_field("prompt", "the prompt has " + std::to_string(prompt_tokens) +
+                                       " tokens; a session holds " + std::to_string(budget) +
+                                       " (prompt and completion together)");
+  }
+  if (prompt_tokens + static_cast<size_t>(max_tokens) > budget) {
+    return invalid_field("max_tokens", "the prompt (" + std::to_string(prompt_tokens) +
+                                           " tokens) plus max_tokens (" +
+                                           std::to_string(max_tokens) + ") exceeds the " +
+                                           std::to_string(budget) + " positions of a session");
+  }
+  return std::nullopt;
+}
+
+}  // namespace cellm::cli
