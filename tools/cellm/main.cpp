@@ -46,7 +46,16 @@ int main(int argc, char** argv) {
   if (command == "generate") return cellm::cli::run_generate(argc, args);
   if (command == "tokenize") return cellm::cli::run_tokenize(argc, args);
   if (command == "bench") return cellm::cli::run_bench(argc, args);
-  if (command == "serve") return cellm::cli::run_serve(argc, args);
+  if (command == "serve") {
+#ifdef CELLM_HAVE_SERVE
+    return cellm::cli::run_serve(argc, args);
+#else
+    std::fprintf(stderr,
+                 "cellm serve: error: this build has no HTTP server (cpp-httplib, Debian's "
+                 "libcpp-httplib-dev, was not found when it was configured)\n");
+    return 1;
+#endif
+  }
   std::fprintf(
       stderr,
       "cellm: error: unknown command '%s' (commands: generate, tokenize, bench, serve; see "
