@@ -4,7 +4,7 @@
 # tests, and `cellm bench --executor cuda` on the 1b and 8b presets. Logs go to
 # $OUT. A `.deps` prefix (headers and static libraries copied from the Debian
 # machine: gtest, nlohmann-json, pcre2) is used when present, for images that
-# lack them.
+# lack them; bench/make_gpu_deps.sh makes it. Carry `.deps` in the call.
 #   bash bench/gpu_visit.sh [tests|bench|all]
 set -uo pipefail
 what=${1:-all}
