@@ -168,7 +168,11 @@ inline void expect_runner_parity(const std::string& fixture, const ExecutorFacto
   EXPECT_EQ(all.engine.finished_token_limit, static_cast<int64_t>(prompts.size()) + 1);
   EXPECT_EQ(all.engine.total_generated_tokens, generated + 1);
   EXPECT_LT(all.engine.steps, generated);
-  EXPECT_EQ(all.engine.peak_concurrent_generations, static_cast<int64_t>(prompts.size()));
+  // Generations start one command at a time; on a loaded machine the engine may
+  // finish an early one before the last has started, so only real overlap is
+  // required here (exact batching is covered by the scheduler and runner tests).
+  EXPECT_GT(all.engine.peak_concurrent_generations, 1);
+  EXPECT_LE(all.engine.peak_concurrent_generations, static_cast<int64_t>(prompts.size()));
   EXPECT_GT(all.engine.mean_decode_step_sessions(), 1.0);
 
   // Each session held its prompt and all but its last (pending) token, one
