@@ -285,17 +285,25 @@ int run_generate(int argc, const char* const* argv) {
   size_t next = 0, running = 0, completed = 0;
   std::optional<std::string> start_error;
   while (completed < prompts.size()) {
-    while (next < prompts.size() && running < static_cast<size_t>(limits.max_sessions)) {
+    // Open every session this round can start first, then start their
+    // generations back to back, so they enter the engine together.
+    std::vector<size_t> starting;
+    while (next + starting.size() < prompts.size() &&
+           running + starting.size() < static_cast<size_t>(limits.max_sessions)) {
       std::optional<Session> session = runner.open_session_async().get();
       if (!session) {
         start_error = "the executor refused to open a session";
         break;
       }
-      const size_t i = next++;
+      const size_t i = next + starting.size();
+      gens[i].session = std::move(*session);
+      starting.push_back(i);
+    }
+    next += starting.size();
+    for (const size_t i : starting) {
       GenState& g = gens[i];
       g.stream = std::make_unique<TextStream>(i, prefixed, tok, out_mu);
       g.stream->start(prompts[i].text);
-      g.session = std::move(*session);
       g.handle =
           g.session.generate_async(prompts[i].tokens, gen, [&, i](const GenerationUpdate& u) {
             GenState& s = gens[i];
