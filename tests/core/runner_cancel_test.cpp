@@ -13,10 +13,6 @@
 namespace cellm::testing {
 namespace {
 
-Token t(SessionId sid, Position p) {
-  return FakeExecutor::token_at(sid, p);
-}
-
 // --- CancelTest -------------------------------------------------------------
 
 TEST(CancelTest, ExplicitCancellationEndsTheGeneration) {

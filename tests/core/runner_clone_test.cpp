@@ -11,16 +11,6 @@
 namespace cellm::testing {
 namespace {
 
-Token t(SessionId sid, Position p) {
-  return FakeExecutor::token_at(sid, p);
-}
-
-size_t count_calls(const FakeExecutor& executor, const std::string& prefix) {
-  size_t n = 0;
-  for (const std::string& call : executor.calls()) n += call.rfind(prefix, 0) == 0 ? 1 : 0;
-  return n;
-}
-
 std::optional<Session> clone(const Session& session, Position upto) {
   auto future = session.clone_async(upto);
   return settle(future);

@@ -14,12 +14,6 @@
 namespace cellm::testing {
 namespace {
 
-size_t count_calls(const FakeExecutor& executor, const std::string& prefix) {
-  size_t n = 0;
-  for (const std::string& call : executor.calls()) n += call.rfind(prefix, 0) == 0 ? 1 : 0;
-  return n;
-}
-
 bool refused_at_once(std::future<std::optional<Session>> future) {
   return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready &&
          !future.get().has_value();

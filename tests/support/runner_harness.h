@@ -86,4 +86,14 @@ GenConfig config(int32_t max_new_tokens);
 GenerationHandle generate(Session& session, std::vector<Token> delta, const GenConfig& cfg,
                           const std::shared_ptr<Updates>& updates);
 
+// The token the FakeExecutor produces after position p of session sid.
+inline Token t(SessionId sid, Position p) { return FakeExecutor::token_at(sid, p); }
+
+// How many of the executor's recorded calls start with `prefix`.
+inline size_t count_calls(const FakeExecutor& executor, const std::string& prefix) {
+  size_t n = 0;
+  for (const std::string& call : executor.calls()) n += call.rfind(prefix, 0) == 0 ? 1 : 0;
+  return n;
+}
+
 }  // namespace cellm::testing
