@@ -17,6 +17,6 @@ if [ "$#" -eq 0 ]; then
          --prompt "And the LORD said unto Moses" \
          --prompt "Blessed are the meek" \
          --prompt "The LORD is my shepherd" \
-         --max-new-tokens 48
+         --max-new-tokens 48 --temperature 0.7 --top-p 0.9 --seed 7
 fi
 exec ./build/cellm generate "$@"
