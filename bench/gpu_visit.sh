@@ -36,6 +36,6 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   for preset in 1b 8b; do
     timeout 200 $B/cellm bench --executor cuda --preset $preset -npp 128 -ntg 128 -npl 1,16,64,256 \
-      --peak-bandwidth 4250 2>&1 | tee "$OUT/bench_$preset.txt" | tail -7
+      --peak-bandwidth 4250 --step-times 2>&1 | tee "$OUT/bench_$preset.txt" | tail -7
   done
 fi

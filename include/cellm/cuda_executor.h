@@ -11,7 +11,7 @@
 // execute() routes a batch of single-token decodes of distinct sessions to the
 // batched `decode` method: one CUDA graph per batch-size bucket (1, 2, 4, 8, 16,
 // 24, 32, then steps of 16 up to the decode cap), padded slots writing the
-// scratch cell. Any other batch is cut by plan_slices into eager `prefill`
+// scratch cell; the graphs are captured up front by initialize(). Any other batch is cut by plan_slices into eager `prefill`
 // forwards of [min_prefill, W] tokens and lone-tail decodes. Each forward
 // declares its tokens, runs, and samples its selected rows on the device; only
 // token ids come back to the host.
@@ -44,8 +44,13 @@ struct CudaExecutorOptions {
   int32_t min_prefill = 2;            // narrower slices run as decodes
   int32_t max_decode_batch = 0;       // decode cap; 0 = min(max_sessions, 512)
   bool cuda_graph_for_decode = true;  // capture one graph per decode bucket
+  // With graphs: warm and capture every bucket's graph in initialize(), before the
+  // first request, so no decode step pays for a capture (as serving engines do at
+  // startup); else each bucket is warmed and captured by its first two steps.
+  bool capture_graphs_at_start = true;
   CudaPrecision precision = CudaPrecision::kBF16;
-  int device = 0;  // CUDA device ordinal
+  int device = 0;           // CUDA device ordinal
+  bool time_steps = false;  // measure each batch's host and device time (step_times())
 };
 
 namespace cuda {
@@ -69,6 +74,9 @@ class CudaExecutor final : public Executor {
                                                       const CudaExecutorOptions& options);
   ~CudaExecutor() override;
 
+  // Captures the decode graphs when capture_graphs_at_start (see the options);
+  // false, with last_error() set, when that fails.
+  bool initialize() override;
   size_t preferred_batch_tokens() const override;
   std::optional<SessionId> open_session() override;
   void close_session(SessionId id) override;
@@ -89,6 +97,18 @@ class CudaExecutor final : public Executor {
     int64_t prefill = 0;
   };
   MethodCalls method_calls() const;
+  // With options.time_steps: batches executed and their time, split into batched
+  // decodes and the rest (prefill slices, lone decodes). wall: execute() from entry
+  // to return (packing, placement, staging, the forwards and the wait for them);
+  // device: from each forward's first to its last stream operation (CUDA events).
+  // wall - device is the host's share of a step. All zero while time_steps is off.
+  struct StepTimes {
+    int64_t decode_batches = 0;
+    double decode_wall_ms = 0, decode_device_ms = 0;
+    int64_t other_batches = 0;
+    double other_wall_ms = 0, other_device_ms = 0;
+  };
+  StepTimes step_times() const;
 
  private:
   explicit CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl);

@@ -1,6 +1,7 @@
 #include "cellm/cuda_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -82,6 +83,11 @@ class ExecutorImpl {
   std::string last_error_;
   bool broken_ = false;  // a sticky CUDA error: every later batch fails
   CudaExecutor::MethodCalls calls_;
+  CudaExecutor::StepTimes times_;
+  double batch_device_ms_ = 0;  // device time of the current batch's forwards
+
+  // Adds the last forward's device time to the current batch's.
+  void count_device_time() { batch_device_ms_ += engine_->last_device_ms(); }
 
   bool fail(std::string message) {
     last_error_ = prefixed(message);
@@ -150,6 +156,26 @@ class ExecutorImpl {
   }
 
   bool execute(const BatchInput& batch, BatchOutput& out) {
+    if (!options_.time_steps) return execute_batch(batch, out);
+    const auto t0 = std::chrono::steady_clock::now();
+    batch_device_ms_ = 0;
+    const bool decode = is_batched_decode(batch);
+    const bool ok = execute_batch(batch, out);
+    const double wall =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (decode) {
+      ++times_.decode_batches;
+      times_.decode_wall_ms += wall;
+      times_.decode_device_ms += batch_device_ms_;
+    } else {
+      ++times_.other_batches;
+      times_.other_wall_ms += wall;
+      times_.other_device_ms += batch_device_ms_;
+    }
+    return ok;
+  }
+
+  bool execute_batch(const BatchInput& batch, BatchOutput& out) {
     last_error_.clear();
     out.outputs.assign(batch.inputs.size(), std::nullopt);
     if (broken_) return fail("a previous CUDA error left the device unusable");
@@ -163,6 +189,32 @@ class ExecutorImpl {
     const auto total = static_cast<int>(packed.tokens.size());
     for (const StepSlice& slice : plan_slices(total, options_.step_width, options_.min_prefill)) {
       if (!run_slice(batch, packed, slice, out)) return false;
+    }
+    return true;
+  }
+
+  // Warms and captures the graph of every decode bucket up to the cap: each
+  // bucket's first run is eager (it builds the cuBLASLt plans), the second
+  // captures. The padded rows of a warm-up step all write the scratch cell, so
+  // no session's state is touched.
+  bool capture_decode_graphs() {
+    const int32_t cap = decode_cap(options_);
+    StepHost& h = engine_->host();
+    for (int32_t b = 1; b <= cap;) {
+      const int32_t bucket = bucket_for(b, cap);
+      for (int32_t r = 0; r < bucket; ++r) {
+        h.tokens[r] = 0;
+        h.positions[r] = 0;
+        h.row_seq[r] = engine_->scratch_seq();
+        h.cells[r] = engine_->scratch_cell();
+        h.selected[r] = r;
+        h.sampling[r] = SamplingRow{};
+      }
+      for (int pass = 0; pass < 2; ++pass) {
+        if (Status s = engine_->run_decode_graph(bucket); !s.ok()) return fail_cuda(s);
+      }
+      ++calls_.decode_graph_captures;
+      b = bucket + 1;
     }
     return true;
   }
@@ -202,6 +254,7 @@ class ExecutorImpl {
       ++calls_.decode_eager;
     }
     if (!s.ok()) return fail_cuda(s);
+    count_device_time();
     for (int32_t r = 0; r < b; ++r) {
       out.outputs[static_cast<size_t>(r)] =
           output_for(batch.inputs[static_cast<size_t>(r)].sid, r, logit_rows);
@@ -249,6 +302,7 @@ class ExecutorImpl {
       ++(slice.method == StepMethod::kDecode ? calls_.decode_eager : calls_.prefill);
     }
     if (!st.ok()) return fail_cuda(st);
+    count_device_time();
     for (size_t s = 0; s < rows.inputs.size(); ++s) {
       const auto input = static_cast<size_t>(rows.inputs[s]);
       out.outputs[input] = output_for(batch.inputs[input].sid, static_cast<int32_t>(s), logit_rows);
@@ -295,6 +349,17 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
 
 CudaExecutor::CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl) : impl_(std::move(impl)) {}
 CudaExecutor::~CudaExecutor() = default;
+
+bool CudaExecutor::initialize() {
+  const CudaExecutorOptions& o = impl_->options_;
+  if (o.cuda_graph_for_decode && o.capture_graphs_at_start && !impl_->capture_decode_graphs()) {
+    return false;
+  }
+  if (o.time_steps) {
+    if (Status s = impl_->engine_->set_timing(true); !s.ok()) return impl_->fail_cuda(s);
+  }
+  return true;
+}
 
 size_t CudaExecutor::preferred_batch_tokens() const {
   return static_cast<size_t>(impl_->options_.step_width);
@@ -351,6 +416,9 @@ const std::string& CudaExecutor::last_error() const {
 }
 CudaExecutor::MethodCalls CudaExecutor::method_calls() const {
   return impl_->calls_;
+}
+CudaExecutor::StepTimes CudaExecutor::step_times() const {
+  return impl_->times_;
 }
 
 }  // namespace cellm

@@ -75,8 +75,8 @@ struct BufferLayout {
     b.sel_norm = carve(rows * d * sizeof(T));
     b.logits = carve(rows * static_cast<size_t>(c.vocab_size()) * sizeof(float));
     b.out_tokens = carve(rows * sizeof(int32_t));
-    b.attn_ws = carve(attention_workspace_bytes(dims.max_rows, c.num_heads(), c.head_dim(),
-                                                dims.max_session_tokens));
+    b.attn_ws = carve(attention_workspace_bytes(dims.max_rows, c.num_heads(), c.num_kv_heads(),
+                                                c.head_dim(), dims.max_session_tokens));
     b.sample_ws = carve(sample_workspace_bytes(dims.max_rows, c.vocab_size()));
     b.bytes = at;
     return b;
@@ -140,9 +140,11 @@ class CudaForward final : public ForwardEngine {
   Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows) override {
     CELLM_CHECK(n > 0 && n <= dims_.max_rows && n_sel >= 0 && n_sel <= n);
     CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, n_sel));
+    CELLM_RETURN_IF_ERROR(mark(timing_start_));
     CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel));
     CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
-    return sync();
+    CELLM_RETURN_IF_ERROR(mark(timing_end_));
+    return finish_run();
   }
 
   Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows) override {
@@ -157,11 +159,13 @@ class CudaForward final : public ForwardEngine {
       it = graphs_.find(bucket);
     }
     CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, bucket));
+    CELLM_RETURN_IF_ERROR(mark(timing_start_));
     CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream_.get()),
                                "replaying the decode graph");
     ++replays_;
     CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
-    return sync();
+    CELLM_RETURN_IF_ERROR(mark(timing_end_));
+    return finish_run();
   }
 
   std::span<const float> host_logits(size_t k) const override {
@@ -184,6 +188,17 @@ class CudaForward final : public ForwardEngine {
                                "copying a cell-table prefix");
     return sync();
   }
+
+  Status set_timing(bool on) override {
+    if (on && timing_start_.get() == nullptr) {
+      CELLM_ASSIGN_OR_RETURN(timing_start_, Event::create());
+      CELLM_ASSIGN_OR_RETURN(timing_end_, Event::create());
+    }
+    timing_ = on;
+    last_device_ms_ = 0;
+    return Status::Ok();
+  }
+  double last_device_ms() const override { return last_device_ms_; }
 
   int64_t kv_bytes_per_cell() const override {
     return 2 * config_.num_layers() * config_.kv_dim() * static_cast<int64_t>(sizeof(T));
@@ -245,8 +260,27 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
+  // Records `event` on the stream when timing is on.
+  Status mark(const Event& event) {
+    if (!timing_) return Status::Ok();
+    CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(event.get(), stream_.get()), "timing a step");
+    return Status::Ok();
+  }
+
   Status sync() {
     CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "running a step");
+    return Status::Ok();
+  }
+
+  // Waits for a run and reads its device time when timing is on.
+  Status finish_run() {
+    CELLM_RETURN_IF_ERROR(sync());
+    if (timing_) {
+      float ms = 0;
+      CELLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, timing_start_.get(), timing_end_.get()),
+                                 "reading a step's device time");
+      last_device_ms_ = ms;
+    }
     return Status::Ok();
   }
 
@@ -396,6 +430,9 @@ class CudaForward final : public ForwardEngine {
   StepHost host_;
   PinnedBuffer logits_host_;  // [rows asked for, vocab] f32: raw logits after a run
   size_t n_host_logit_rows_ = 0;
+  bool timing_ = false;
+  Event timing_start_, timing_end_;
+  double last_device_ms_ = 0;
   std::map<int32_t, GraphExec> graphs_;
   std::set<int32_t> warmed_;
   int64_t replays_ = 0;

@@ -85,6 +85,12 @@ class ForwardEngine {
   // Copies the cell-table prefix [0, upto) of row `src` into row `dst` (clone).
   virtual Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) = 0;
 
+  // Device-time measurement: when on, each run records an event before its first
+  // and after its last stream operation, and last_device_ms() is the time between
+  // them for the last run (0 while off). Costs two event records per run.
+  virtual Status set_timing(bool on) = 0;
+  virtual double last_device_ms() const = 0;
+
   virtual int64_t kv_bytes_per_cell() const = 0;
   virtual int64_t kv_allocated_bytes() const = 0;
   virtual int64_t graph_captures() const = 0;

@@ -126,6 +126,36 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// A CUDA event with timing, destroyed on destruction.
+class Event {
+ public:
+  Event() = default;
+  static Result<Event> create() {
+    Event e;
+    CELLM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e.event_), "cudaEventCreate");
+    return e;
+  }
+  Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  Event& operator=(Event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      event_ = std::exchange(o.event_, nullptr);
+    }
+    return *this;
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() { reset(); }
+  void reset() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    event_ = nullptr;
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 // An instantiated CUDA graph, destroyed on destruction.
 class GraphExec {
  public:

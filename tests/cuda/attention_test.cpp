@@ -184,8 +184,8 @@ struct DeviceScenario {
         row_seq(s.row_seq),
         positions(s.positions),
         out(static_cast<size_t>(s.n_rows() * s.geo.q_dim())),
-        workspace(attention_workspace_bytes(s.n_rows(), s.geo.n_heads, s.geo.head_dim,
-                                            s.geo.max_context) /
+        workspace(attention_workspace_bytes(s.n_rows(), s.geo.n_heads, s.geo.n_kv_heads,
+                                            s.geo.head_dim, s.geo.max_context) /
                   sizeof(float)) {
     out.fill_bytes(0xff);
     workspace.fill_bytes(0xff);
@@ -235,7 +235,7 @@ std::string describe(const Geometry& g, int32_t context, int64_t n_rows) {
          std::to_string(g.n_kv_heads) + " window=" + std::to_string(g.window) +
          " context=" + std::to_string(context) + " max_context=" + std::to_string(g.max_context) +
          " n_rows=" + std::to_string(n_rows) +
-         " splits=" + std::to_string(attention_num_splits(n_rows, g.max_context));
+         " splits=" + std::to_string(attention_num_splits(n_rows, g.n_heads, g.n_kv_heads, g.max_context));
 }
 
 // Decode: row r is the last position of its own sequence r. Sequence 0 has the
@@ -317,9 +317,11 @@ TYPED_TEST(AttentionTest, PrefillRowsMatchTheCpuTwin) {
 
 TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
   CELLM_SKIP_WITHOUT_GPU();
-  // max_context 4096 with one row: 16 chunks of 256; contexts straddle chunk edges.
+  // max_context 4096 with one row: 64 splits; the chunk is a multiple of 16 cut from the
+  // row's length, so contexts around multiples of 16 and 64 * 16 straddle chunk edges.
   uint32_t seed = 300;
-  for (const int32_t context : {255, 256, 257, 511, 512, 513, 4095, 4096}) {
+  for (const int32_t context : {1, 15, 16, 17, 255, 256, 257, 1023, 1024, 1025, 1040, 1041,
+                                4095, 4096}) {
     const Geometry geo{8, 2, 128, 0, 4096};
     SCOPED_TRACE(describe(geo, context, 1));
     const std::vector<SequenceSpec> specs = {{context}};
@@ -347,7 +349,8 @@ TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
   DeviceArray<int32_t> cells(kRows), row_seq(kRows), positions(kRows);
   DeviceArray<T> out(static_cast<size_t>(kRows * geo.q_dim()));
   DeviceArray<float> workspace(
-      attention_workspace_bytes(kRows, geo.n_heads, geo.head_dim, geo.max_context) / sizeof(float));
+      attention_workspace_bytes(kRows, geo.n_heads, geo.n_kv_heads, geo.head_dim, geo.max_context) /
+      sizeof(float));
   ASSERT_GT(workspace.size(), 0u) << "the graph test should cover the split path";
 
   AttentionParams<T> p;
@@ -457,21 +460,35 @@ TYPED_TEST(AttentionTest, AnEmptyStepSucceedsAndAMalformedOneIsRefused) {
 }
 
 // Host-only: needs no device, so it also runs on machines without a GPU.
-TEST(AttentionSplitTest, SplitCountDependsOnlyOnRowsAndBudget) {
-  EXPECT_EQ(attention_num_splits(1, 1), 1);
-  EXPECT_EQ(attention_num_splits(1, 256), 1);
-  EXPECT_EQ(attention_num_splits(1, 257), 2);
-  EXPECT_EQ(attention_num_splits(1, 8192), 32);
-  EXPECT_EQ(attention_num_splits(256, 8192), 2);
-  EXPECT_EQ(attention_num_splits(4096, 8192), 1);
-  EXPECT_EQ(attention_workspace_bytes(4096, 32, 128, 8192), 0u);
-  EXPECT_EQ(attention_workspace_bytes(1, 32, 128, 8192), sizeof(float) * 32 * 32 * (128 + 2));
+TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
+  // Budgets of at most 32 positions never split.
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 1), 1);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 32), 1);
+  // One row of 8 kv heads (group 4: one tile each): 8 blocks per split; at most one
+  // split per 32 budget positions and 64 in all.
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 33), 2);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 1000), 32);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 64);
+  // Enough rows fill ~1024 blocks without splitting.
+  EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 8);
+  EXPECT_EQ(attention_num_splits(128, 32, 8, 8192), 1);
+  // Group 12 takes two tiles of 8 heads per kv head: twice the blocks per split.
+  EXPECT_EQ(attention_num_splits(16, 24, 2, 8192), 16);
+  EXPECT_EQ(attention_workspace_bytes(4096, 32, 8, 128, 32), 0u);
+  EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 8192), sizeof(float) * 64 * 32 * (128 + 2));
   for (const int64_t rows : {1, 2, 7, 37, 256, 1000}) {
     for (const int32_t budget : {1, 100, 256, 257, 2049, 8192, 131072}) {
-      const int32_t splits = attention_num_splits(rows, budget);
+      const int32_t splits = attention_num_splits(rows, 8, 2, budget);
       EXPECT_GE(splits, 1);
-      EXPECT_LE(splits, 256);
-      EXPECT_EQ(attention_workspace_bytes(rows, 4, 64, budget) == 0, splits == 1);
+      EXPECT_LE(splits, 64);
+      // The workspace for `rows` serves every smaller launch.
+      const size_t bytes = attention_workspace_bytes(rows, 8, 2, 64, budget);
+      for (int64_t fewer = 1; fewer <= rows; fewer += 1 + fewer / 3) {
+        const int32_t s = attention_num_splits(fewer, 8, 2, budget);
+        if (s > 1) {
+          EXPECT_GE(bytes, sizeof(float) * static_cast<size_t>(fewer * 8 * s * 66));
+        }
+      }
     }
   }
 }

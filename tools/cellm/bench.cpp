@@ -34,6 +34,8 @@ const std::vector<FlagSpec> kFlags = {
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
     {"peak-bandwidth", "GB/s",
      "memory bandwidth; adds TG_BW%: the TG phase's fraction of the bandwidth floor"},
+    {"step-times", "",
+     "CUDA: add the mean wall and device time of a decode step (host share = the difference)"},
     {"json", "", "print one JSON object per row instead of the table"},
 };
 
@@ -41,6 +43,7 @@ struct Row {
   int64_t pp = 0, tg = 0, b = 0, n_kv = 0;
   double t_pp = 0, t_tg = 0;
   std::optional<double> floor_fraction;  // of the TG phase
+  std::optional<StepTimeReport> steps;   // the TG phase's decode steps (--step-times)
 };
 
 // Runs `gens` generations concurrently and returns the wall time in seconds.
@@ -94,12 +97,13 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
   }
   GenConfig config;  // greedy, no stop tokens
   std::string error;
-  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt};
+  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt, std::nullopt};
   config.max_new_tokens = 1;
   row.t_pp = run_phase(sessions, prompts, config, error);
   config.max_new_tokens = static_cast<int32_t>(tg);
   row.t_tg = run_phase(sessions, nexts, config, error);
   if (!error.empty()) return Internal("a generation failed: " + error);
+  row.steps = step_time_report(*executor);
   if (peak_gbs) {
     // The floor of the TG phase: TG steps, each reading the weights once and
     // every session's KV (mean context ~ PP + TG/2).
@@ -114,15 +118,15 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
   return row;
 }
 
-void print_header(bool with_floor) {
+void print_header(bool with_floor, bool with_steps) {
   std::printf(
       "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |"
-      "      T s |    S t/s |%s\n",
-      with_floor ? " TG_BW% |" : "");
+      "      T s |    S t/s |%s%s\n",
+      with_floor ? " TG_BW% |" : "", with_steps ? " step ms |  dev ms |" : "");
   std::printf(
       "|-------|--------|------|--------|----------|----------|----------|----------|"
-      "----------|----------|%s\n",
-      with_floor ? "--------|" : "");
+      "----------|----------|%s%s\n",
+      with_floor ? "--------|" : "", with_steps ? "---------|---------|" : "");
 }
 
 void print_row(const Row& r) {
@@ -133,6 +137,10 @@ void print_row(const Row& r) {
               static_cast<double>(r.b * r.pp) / r.t_pp, r.t_tg,
               static_cast<double>(r.b * r.tg) / r.t_tg, t, static_cast<double>(r.n_kv) / t);
   if (r.floor_fraction) std::printf(" %5.1f%% |", 100.0 * *r.floor_fraction);
+  if (r.steps && r.steps->decode_steps > 0) {
+    const auto n = static_cast<double>(r.steps->decode_steps);
+    std::printf(" %7.3f | %7.3f |", r.steps->wall_ms / n, r.steps->device_ms / n);
+  }
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -145,6 +153,12 @@ void print_json(const Row& r) {
                       {"t_tg", r.t_tg}, {"speed_tg", static_cast<double>(r.b * r.tg) / r.t_tg},
                       {"t", t},         {"speed", static_cast<double>(r.n_kv) / t}};
   if (r.floor_fraction) j["tg_floor_fraction"] = *r.floor_fraction;
+  if (r.steps && r.steps->decode_steps > 0) {
+    const auto n = static_cast<double>(r.steps->decode_steps);
+    j["decode_steps"] = r.steps->decode_steps;
+    j["decode_step_ms"] = r.steps->wall_ms / n;
+    j["decode_device_ms"] = r.steps->device_ms / n;
+  }
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
 }
@@ -197,6 +211,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.step_width = static_cast<int32_t>(*step_width);
   limits.num_threads = static_cast<int32_t>(*threads);
   limits.cuda_graphs = !args->has("no-cuda-graphs");
+  limits.time_steps = args->has("step-times");
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();
@@ -214,7 +229,7 @@ int run_bench(int argc, const char* const* argv) {
   if (Result<Row> w = bench_one(*model, *kind, limits, 8, 4, 1, 0, std::nullopt); !w.ok()) {
     return fail(cmd, w.status());
   }
-  if (!json) print_header(peak_gbs.has_value());
+  if (!json) print_header(peak_gbs.has_value(), limits.time_steps && *kind == ExecutorKind::kCuda);
   for (int64_t pp : *npp) {
     for (int64_t tg : *ntg) {
       for (int64_t b : *npl) {

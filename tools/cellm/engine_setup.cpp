@@ -115,6 +115,9 @@ const char* to_string(ExecutorKind kind) {
 }
 
 ExecutorKind default_executor_kind() {
+#ifdef CELLM_HAVE_CUDA
+  if (cuda_device_available()) return ExecutorKind::kCuda;
+#endif
   return ExecutorKind::kCpu;
 }
 
@@ -128,6 +131,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.max_session_tokens = limits.max_session_tokens;
     o.step_width = std::max(2, limits.step_width);
     o.cuda_graph_for_decode = limits.cuda_graphs;
+    o.time_steps = limits.time_steps;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));
@@ -145,6 +149,19 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> e,
                          CpuExecutor::create(std::move(weights), o));
   return std::unique_ptr<Executor>(std::move(e));
+}
+
+std::optional<StepTimeReport> step_time_report(const Executor& executor) {
+#ifdef CELLM_HAVE_CUDA
+  if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&executor)) {
+    if (!cuda->options().time_steps) return std::nullopt;
+    const CudaExecutor::StepTimes t = cuda->step_times();
+    return StepTimeReport{t.decode_batches, t.decode_wall_ms, t.decode_device_ms};
+  }
+#else
+  (void)executor;
+#endif
+  return std::nullopt;
 }
 
 Result<std::unique_ptr<Scheduler>> make_scheduler(const EngineLimits& limits) {

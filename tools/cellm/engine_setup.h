@@ -46,11 +46,20 @@ struct EngineLimits {
   int32_t step_width = 256;  // tokens per forward and per scheduler batch
   int32_t num_threads = 0;   // CPU kernel threads; 0 = all
   bool cuda_graphs = true;   // CUDA: replay decode steps from captured graphs
+  bool time_steps = false;   // CUDA: measure host and device time per batch
 };
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
                                                 std::shared_ptr<const ModelWeights> weights,
                                                 const EngineLimits& limits);
+
+// Batched decode steps so far and their time, from an executor that measures it
+// (the CUDA executor made with time_steps); nullopt otherwise.
+struct StepTimeReport {
+  int64_t decode_steps = 0;
+  double wall_ms = 0, device_ms = 0;  // summed over the steps
+};
+std::optional<StepTimeReport> step_time_report(const Executor& executor);
 
 // DecodeFirstScheduler sized for one forward per batch: a budget of step_width
 // tokens, up to min(max_sessions, step_width / 2) decodes, and prefill chunks of

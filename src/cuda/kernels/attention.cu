@@ -11,16 +11,17 @@ namespace {
 constexpr int kThreads = 128;  // threads of every attention block
 constexpr int kWarp = 32;
 constexpr int kMaxHeadsPerBlock = 8;       // query heads of one kv head folded by one block
-constexpr int kMaxElemsPerLane = 8;        // head_dim elements a lane holds per head
-constexpr int32_t kMinSplitTokens = 256;   // a split covers at least this many positions
-constexpr int64_t kTargetRowSplits = 512;  // rows x splits the split count aims for
-constexpr int32_t kMaxSplits = 256;
+constexpr int kMaxElemsPerLane = 8;       // head_dim elements a lane holds per head
+constexpr int kKeysPerSlot = 4;           // keys a slot loads before it folds any of them
+constexpr int32_t kChunkAlign = 16;       // a row's chunk length is a multiple of this
+constexpr int32_t kMinSplitTokens = 32;   // the budget gives at most one split per this many
+constexpr int64_t kTargetBlocks = 1024;   // blocks the split count aims for (~8 per SM)
+constexpr int32_t kMaxSplits = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // How a launch cuts the work; computed once on the host.
 struct Geometry {
-  int32_t n_splits = 1;       // context chunks per row
-  int32_t chunk = 0;          // positions per chunk; the last chunk also takes any rest
+  int32_t n_splits = 1;       // blocks along a row's context (its chunks are cut on the device)
   int32_t group = 1;          // query heads per kv head
   int32_t head_tiles = 1;     // blocks per kv head: ceil(group / heads per block)
   int32_t lanes_per_key = 1;  // power of two <= 32: lanes that share one key's dot product
@@ -43,70 +44,99 @@ __device__ __forceinline__ T from_float(float x) {
   }
 }
 
-// out = the VEC elements at p as floats; p is 16-byte aligned when VEC > 1.
+// VEC elements of T as loaded from memory, still packed: a 16-byte vector when
+// VEC > 1 (8 bf16 or 4 f32), else one element. Keys and values stay packed until
+// they are used, which halves the registers a batch of bf16 rows holds.
 template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
+struct RawVec {
+  using type = std::conditional_t<(VEC > 1), uint4, T>;
+};
+template <typename T, int VEC>
+using Raw = typename RawVec<T, VEC>::type;
+
+// The VEC elements at p, packed; p is 16-byte aligned when VEC > 1.
+template <typename T, int VEC>
+__device__ __forceinline__ Raw<T, VEC> load_raw(const T* p) {
   if constexpr (VEC == 1) {
-    out[0] = to_float(*p);
-  } else if constexpr (std::is_same_v<T, float>) {
-    static_assert(VEC == 4);
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-    out[0] = v.x;
-    out[1] = v.y;
-    out[2] = v.z;
-    out[3] = v.w;
+    return *p;
   } else {
-    static_assert(VEC == 8);
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    static_assert(VEC * sizeof(T) == 16);
+    return __ldg(reinterpret_cast<const uint4*>(p));
+  }
+}
+
+// out = the packed elements as floats.
+template <typename T, int VEC>
+__device__ __forceinline__ void unpack(const Raw<T, VEC>& raw, float (&out)[VEC]) {
+  if constexpr (VEC == 1) {
+    out[0] = to_float(raw);
+  } else {
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    if constexpr (std::is_same_v<T, float>) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      __nv_bfloat162 pair;
-      static_assert(sizeof(pair) == sizeof(uint32_t));
-      memcpy(&pair, &words[i], sizeof(pair));
-      const float2 f = __bfloat1622float2(pair);
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
+      for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(words[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // bf16 -> f32 is exact: the 16 bits become the high half of the float.
+        out[2 * i] = __uint_as_float(words[i] << 16);
+        out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+      }
     }
   }
 }
 
-// The positions a row attends, [lo, hi), and the splits [first, last] that hold
-// any of them. The split kernel and the combine kernel both use this, so they
-// agree on which partials exist.
+// out = the VEC elements at p as floats; p is 16-byte aligned when VEC > 1.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
+  unpack<T, VEC>(load_raw<T, VEC>(p), out);
+}
+
+// The positions a row attends, [lo, hi), and how they are cut: `active` chunks
+// of `chunk` positions (a multiple of kChunkAlign; the last may be shorter), so
+// that the row's length, not the session budget, sets the work of each block. The
+// split kernel and the combine kernel both use this, so they agree on which
+// partials exist. Computed on the device from the row's position: a graph
+// captured once cuts every replay's rows by their current lengths.
 struct RowSpan {
   int64_t lo, hi;
-  int32_t first, last;
+  int32_t chunk, active;
 };
 
-__device__ __forceinline__ RowSpan row_span(int32_t pos, int32_t window, const Geometry& g) {
+__device__ __forceinline__ RowSpan row_span(int32_t pos, int32_t window, int32_t n_splits) {
   RowSpan s;
   s.hi = int64_t{pos} + 1;
   s.lo = window > 0 ? max(int64_t{0}, s.hi - window) : 0;
-  s.first = static_cast<int32_t>(min(s.lo / g.chunk, int64_t{g.n_splits - 1}));
-  s.last = static_cast<int32_t>(min((s.hi - 1) / g.chunk, int64_t{g.n_splits - 1}));
+  const int64_t len = s.hi - s.lo;
+  const int64_t per_split = (len + n_splits - 1) / n_splits;
+  s.chunk = static_cast<int32_t>((per_split + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
+  s.active = static_cast<int32_t>((len + s.chunk - 1) / s.chunk);
   return s;
 }
 
 // One block per (row, split, kv head x head tile). Lanes work in groups of
-// lanes_per_key; each group ("slot") takes every n_slots-th position of the split's
-// part of [lo, hi), loads the key and value rows through the table, and keeps an
-// online softmax (log2 domain) per query head. The slots' states are merged in
-// shared memory; the result goes to `out` (one split) or to the workspace.
-// Lane li of a group holds vectors li, li + lanes_per_key, ... of each head row.
+// lanes_per_key; each group ("slot") takes kKeysPerSlot positions of every
+// n_slots * kKeysPerSlot run of the chunk, loads all their key and value rows
+// through the table before it uses any (so a slot keeps that many row loads in
+// flight), and folds them into an online softmax (log2 domain) per query head
+// with one rescale per batch of keys. The table entries of the next batch are
+// loaded while the current one is folded. The slots' states are merged in shared
+// memory; the result goes to `out` (when the row has one chunk) or to the
+// workspace. Lane li of a group holds vectors li, li + lanes_per_key, ... of each
+// head row.
 template <typename T, int VEC, int HT>
 __global__ void __launch_bounds__(kThreads)
     attention_split_kernel(const AttentionParams<T> p, const Geometry g) {
   constexpr int NV = kMaxElemsPerLane / VEC;
+  constexpr int U = kKeysPerSlot;
   extern __shared__ float smem[];
 
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
-  const RowSpan span = row_span(p.positions[r], p.window, g);
-  if (split < span.first || split > span.last) return;  // chunk outside [lo, hi)
-  const int64_t begin = max(span.lo, int64_t{split} * g.chunk);
-  const int64_t end =
-      split == g.n_splits - 1 ? span.hi : min(span.hi, int64_t{split + 1} * g.chunk);
+  const RowSpan span = row_span(p.positions[r], p.window, g.n_splits);
+  if (split >= span.active) return;  // the row is shorter than this split's chunk
+  const int64_t begin = span.lo + int64_t{split} * span.chunk;
+  const int64_t end = min(span.hi, begin + span.chunk);
 
   const int64_t hd = p.head_dim;
   const int kv_head = static_cast<int>(blockIdx.z) / g.head_tiles;
@@ -117,8 +147,6 @@ __global__ void __launch_bounds__(kThreads)
   const int li = static_cast<int>(threadIdx.x) % lpk;
   const int slot = static_cast<int>(threadIdx.x) / lpk;
   const int n_slots = kThreads / lpk;
-  const int slots_per_warp = kWarp / lpk;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
 
   // Queries, pre-scaled so that scores come out in log2 units.
   const float q_scale = p.scale * kLog2e;
@@ -156,45 +184,76 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t cell_stride = p.n_kv_heads * hd;
   const T* k_base = p.k_pool + int64_t{kv_head} * hd;
   const T* v_base = p.v_pool + int64_t{kv_head} * hd;
-  // jb is the same for every lane of a warp, so the warp stays converged for the
-  // shuffles; lanes past `end` compute on zeros and skip the update.
-  for (int64_t jb = begin + int64_t{warp} * slots_per_warp; jb < end; jb += n_slots) {
-    const int64_t j = jb + (static_cast<int>(threadIdx.x) % kWarp) / lpk;
-    const bool valid = j < end;
-    float kf[NV][VEC], vf[NV][VEC];
-    const int64_t cell = valid ? int64_t{cells[j]} : 0;
+  const int64_t batch = int64_t{n_slots} * U;  // positions the block folds per iteration
+  // Key u of this slot in the batch starting at jb: jb + u * n_slots + slot.
+  int32_t next_cell[U];
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int vi = li + k * lpk;
-      if (valid && vi < g.n_vecs) {
-        load_vec<T, VEC>(k_base + cell * cell_stride + vi * VEC, kf[k]);
-        load_vec<T, VEC>(v_base + cell * cell_stride + vi * VEC, vf[k]);
-      } else {
+  for (int u = 0; u < U; ++u) {
+    const int64_t j = begin + u * n_slots + slot;
+    next_cell[u] = j < end ? cells[j] : -1;
+  }
+  // jb is the same for every thread, so the warp stays converged for the shuffles;
+  // lanes past `end` compute on zeros and fold nothing.
+  for (int64_t jb = begin; jb < end; jb += batch) {
+    int32_t cell[U];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) kf[k][e] = vf[k][e] = 0.f;
+    for (int u = 0; u < U; ++u) cell[u] = next_cell[u];
+    Raw<T, VEC> kr[U][NV], vr[U][NV];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int vi = li + k * lpk;
+        if (cell[u] >= 0 && vi < g.n_vecs) {
+          kr[u][k] = load_raw<T, VEC>(k_base + int64_t{cell[u]} * cell_stride + vi * VEC);
+          vr[u][k] = load_raw<T, VEC>(v_base + int64_t{cell[u]} * cell_stride + vi * VEC);
+        } else {
+          kr[u][k] = vr[u][k] = Raw<T, VEC>{};  // zeros: a finite dot, a zero weight
+        }
       }
     }
 #pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t j = jb + batch + u * n_slots + slot;
+      next_cell[u] = j < end ? cells[j] : -1;
+    }
+#pragma unroll
     for (int h = 0; h < HT; ++h) {
-      float s = 0.f;
+      float s[U];
+      float m_new = m[h];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float dot = 0.f;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+          float kf[VEC];
+          unpack<T, VEC>(kr[u][k], kf);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) dot = fmaf(q[h][k][e], kf[e], dot);
+        }
+        for (int off = lpk / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        s[u] = cell[u] >= 0 ? dot : -INFINITY;
+        m_new = fmaxf(m_new, s[u]);
+      }
+      if (m_new == -INFINITY) continue;               // no key of this slot yet
+      const float correction = exp2f(m[h] - m_new);  // 0 while m[h] is -inf
+      m[h] = m_new;
+      l[h] *= correction;
 #pragma unroll
       for (int k = 0; k < NV; ++k) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s = fmaf(q[h][k][e], kf[k][e], s);
+        for (int e = 0; e < VEC; ++e) acc[h][k][e] *= correction;
       }
-      for (int off = lpk / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (valid) {
-        const float m_new = fmaxf(m[h], s);
-        const float correction = exp2f(m[h] - m_new);  // 0 while m[h] is -inf
-        const float weight = exp2f(s - m_new);
-        l[h] = l[h] * correction + weight;
-        m[h] = m_new;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float weight = exp2f(s[u] - m_new);  // 0 for a key past `end`
+        l[h] += weight;
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
+          float vf[VEC];
+          unpack<T, VEC>(vr[u][k], vf);
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            acc[h][k][e] = fmaf(weight, vf[k][e], acc[h][k][e] * correction);
-          }
+          for (int e = 0; e < VEC; ++e) acc[h][k][e] = fmaf(weight, vf[e], acc[h][k][e]);
         }
       }
     }
@@ -238,7 +297,7 @@ __global__ void __launch_bounds__(kThreads)
       a = fmaf(w, s_acc[(s * HT + h) * hd + d], a);
     }
     const int64_t head = h0 + h;
-    if (g.n_splits == 1) {
+    if (span.active == 1) {
       p.out[(r * p.n_heads + head) * hd + d] = from_float<T>(a / sum);
     } else {
       const int64_t part = (r * p.n_heads + head) * g.n_splits + split;
@@ -251,29 +310,30 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block per (row, head): merges the partials of the splits [first, last] that
-// hold the row's positions (the same splits the split kernel filled).
+// One block per (row, head): merges the partials of the row's active chunks (the
+// ones the split kernel filled); a row with one chunk was written directly.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     attention_combine_kernel(const AttentionParams<T> p, const Geometry g) {
   const int64_t r = blockIdx.x;
   const int64_t head = blockIdx.y;
   const int64_t hd = p.head_dim;
-  const RowSpan span = row_span(p.positions[r], p.window, g);
+  const RowSpan span = row_span(p.positions[r], p.window, g.n_splits);
+  if (span.active == 1) return;
   const float* ws_acc = p.workspace;
   const float* ws_max = ws_acc + p.n_rows * p.n_heads * g.n_splits * hd;
   const float* ws_sum = ws_max + p.n_rows * p.n_heads * g.n_splits;
   const int64_t part0 = (r * p.n_heads + head) * g.n_splits;
   float mx = -INFINITY;
-  for (int32_t s = span.first; s <= span.last; ++s) mx = fmaxf(mx, ws_max[part0 + s]);
+  for (int32_t s = 0; s < span.active; ++s) mx = fmaxf(mx, ws_max[part0 + s]);
   float sum = 0.f;
-  for (int32_t s = span.first; s <= span.last; ++s) {
+  for (int32_t s = 0; s < span.active; ++s) {
     sum = fmaf(exp2f(ws_max[part0 + s] - mx), ws_sum[part0 + s], sum);
   }
   const float inv = 1.f / sum;
   for (int64_t d = threadIdx.x; d < hd; d += kThreads) {
     float a = 0.f;
-    for (int32_t s = span.first; s <= span.last; ++s) {
+    for (int32_t s = 0; s < span.active; ++s) {
       a = fmaf(exp2f(ws_max[part0 + s] - mx), ws_acc[(part0 + s) * hd + d], a);
     }
     p.out[(r * p.n_heads + head) * hd + d] = from_float<T>(a * inv);
@@ -284,6 +344,16 @@ int32_t next_pow2(int64_t x) {
   int32_t v = 1;
   while (v < x) v *= 2;
   return v;
+}
+
+// Query heads one block folds for a kv head with `group` query heads (an
+// instantiated tile size), and the blocks per kv head that takes.
+int heads_per_block(int64_t group) {
+  return group >= kMaxHeadsPerBlock ? kMaxHeadsPerBlock : next_pow2(group);
+}
+int32_t head_tiles_of(int64_t group) {
+  const int heads = heads_per_block(group);
+  return static_cast<int32_t>((group + heads - 1) / heads);
 }
 
 bool aligned16(const void* ptr) {
@@ -319,18 +389,28 @@ cudaError_t launch_split_heads(const AttentionParams<T>& p, const Geometry& g, i
 
 }  // namespace
 
-int32_t attention_num_splits(int64_t n_rows, int32_t max_context) {
-  if (n_rows <= 0 || max_context <= kMinSplitTokens) return 1;
+int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
+                             int32_t max_context) {
+  if (n_rows <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_context <= kMinSplitTokens) {
+    return 1;
+  }
+  const int64_t blocks_per_split = n_rows * n_kv_heads * head_tiles_of(n_heads / n_kv_heads);
+  const int64_t by_blocks = (kTargetBlocks + blocks_per_split - 1) / blocks_per_split;
   const int64_t by_context = (int64_t{max_context} + kMinSplitTokens - 1) / kMinSplitTokens;
-  const int64_t by_rows = std::max<int64_t>(1, kTargetRowSplits / n_rows);
-  return static_cast<int32_t>(std::min({by_context, by_rows, int64_t{kMaxSplits}}));
+  return static_cast<int32_t>(std::min({by_blocks, by_context, int64_t{kMaxSplits}}));
 }
 
-size_t attention_workspace_bytes(int64_t n_rows, int64_t n_heads, int64_t head_dim,
-                                 int32_t max_context) {
-  const int32_t n_splits = attention_num_splits(n_rows, max_context);
-  if (n_splits == 1 || n_rows <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
-  return sizeof(float) * static_cast<size_t>(n_rows * n_heads * n_splits * (head_dim + 2));
+size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, int32_t max_context) {
+  if (max_rows <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
+  // rows x splits is not monotonic in rows (fewer rows get more splits): take the
+  // largest over every launch size the buffer must serve.
+  int64_t parts = 0;
+  for (int64_t rows = 1; rows <= max_rows; ++rows) {
+    const int32_t splits = attention_num_splits(rows, n_heads, n_kv_heads, max_context);
+    if (splits > 1) parts = std::max(parts, rows * splits);
+  }
+  return sizeof(float) * static_cast<size_t>(parts * n_heads * (head_dim + 2));
 }
 
 template <typename T>
@@ -348,12 +428,11 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   Geometry g;
-  g.n_splits = attention_num_splits(p.n_rows, p.max_context);
-  g.chunk = (p.max_context + g.n_splits - 1) / g.n_splits;
+  g.n_splits = attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context);
   if (g.n_splits > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
   g.group = static_cast<int32_t>(p.n_heads / p.n_kv_heads);
-  const int heads = g.group >= kMaxHeadsPerBlock ? kMaxHeadsPerBlock : next_pow2(g.group);
-  g.head_tiles = (g.group + heads - 1) / heads;
+  const int heads = heads_per_block(g.group);
+  g.head_tiles = head_tiles_of(g.group);
   if (p.n_kv_heads * g.head_tiles > 65535) return cudaErrorInvalidValue;
 
   constexpr int kVec = 16 / sizeof(T);

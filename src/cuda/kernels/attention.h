@@ -20,13 +20,16 @@
 //   workspace  f32, attention_workspace_bytes() bytes (may be 0 bytes, then nullptr is
 //            fine): partial results of the context splits, overwritten by every launch.
 //
-// Flash-decoding split: positions [0, max_context) are cut into
-// attention_num_splits(n_rows, max_context) chunks of equal length; one block per
-// (row, split, kv head, tile of up to 8 query heads of that kv head) folds its
-// chunk's part of [lo, q] with an online softmax, and a combine kernel merges the
-// partial (max, sum, acc) of the non-empty chunks. With one split the block writes
-// `out` directly. The split count depends only on n_rows and max_context, never on
-// the data, so a captured CUDA graph stays valid while tables and positions change.
+// Flash-decoding split: attention_num_splits() blocks along each row's context,
+// a function of the launch's shape only (rows, heads, the session budget
+// max_context), so a captured CUDA graph stays valid while tables and positions
+// change. The cut is made on the device from the row's current length: its
+// positions [lo, q] are divided into at most that many chunks of equal length (a
+// multiple of 16), so a short row at a large budget still spreads over many
+// blocks, and one block per (row, chunk, kv head, tile of up to 8 query heads of
+// that kv head) folds its chunk with an online softmax. A row with one chunk is
+// written directly; otherwise a combine kernel merges the chunks' partial (max,
+// sum, acc).
 //
 // The launcher enqueues its kernels on `stream`; it never allocates or synchronizes
 // and may be captured in a CUDA graph (a replay reads the current contents of every
@@ -61,23 +64,25 @@ struct AttentionParams {
   int32_t window = 0;                  // sliding window in tokens; 0 = full history
   float scale = 0.f;                   // score scale, usually 1/sqrt(head_dim)
   int32_t max_context = 0;             // > every positions[r]: the session budget; sizes the split
-  float* workspace = nullptr;  // attention_workspace_bytes(n_rows, n_heads, head_dim, max_context)
+  float* workspace = nullptr;  // attention_workspace_bytes(>= n_rows, n_heads, n_kv_heads, ...)
   T* out = nullptr;            // [n_rows, n_heads * head_dim]
 };
 
-// Context chunks per row: a function of n_rows and max_context only (>= 1).
-int32_t attention_num_splits(int64_t n_rows, int32_t max_context);
+// Blocks along each row's context (>= 1): enough for ~1024 blocks in all, at
+// most one per 32 positions of the budget, at most 64. A function of the shape only.
+int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
+                             int32_t max_context);
 
-// Bytes of f32 workspace launch_attention needs; 0 when there is a single split.
-// Layout: acc [n_rows, n_heads, n_splits, head_dim], then max and sum, each
-// [n_rows, n_heads, n_splits] (max in log2 units).
-size_t attention_workspace_bytes(int64_t n_rows, int64_t n_heads, int64_t head_dim,
-                                 int32_t max_context);
+// Bytes of f32 workspace enough for every launch of up to `max_rows` rows with these
+// heads and budget; 0 when none of them splits. Layout of a launch of n rows with S
+// splits: acc [n, n_heads, S, head_dim], then max and sum, each [n, n_heads, S] (max
+// in log2 units).
+size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, int32_t max_context);
 
 // REQUIRES: the shapes above; 0 <= positions[r] < table_stride; table rows hold a cell
 // in [0, max_cells) for every position the row attends. positions[r] < max_context is
-// the budget the split is sized for: a position past it stays correct (the last chunk
-// takes the rest) but that chunk's block then does the extra work alone.
+// the budget the split count is sized for; a position past it is still correct.
 template <typename T>
 cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream);
 
