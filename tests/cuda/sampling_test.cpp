@@ -577,5 +577,263 @@ TEST(SampleTest, RefusesBadShapesAndAShortWorkspace) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// ---- The split first pass (sample_split): chunk boundaries, NaN and infinities
+// across chunks, and the same tokens with and without the split.
+
+// The host's tokens for every row of `batch`.
+std::vector<int32_t> host_tokens(const Batch& batch) {
+  std::vector<float> scratch;
+  std::vector<int32_t> tokens;
+  for (size_t r = 0; r < batch.rows.size(); ++r) {
+    const SamplingRow& row = batch.rows[r];
+    tokens.push_back(sample_token(batch.row(r), to_params(row),
+                                  sampling_uniform(row.seed, row.position), scratch));
+  }
+  return tokens;
+}
+
+// The rows [begin, end) of `batch` as a batch of their own.
+Batch slice(const Batch& batch, size_t begin, size_t end) {
+  Batch part;
+  part.vocab = batch.vocab;
+  for (size_t r = begin; r < end; ++r) part.add(batch.row(r), batch.rows[r]);
+  return part;
+}
+
+// The device's tokens for `batch` launched in groups of `rows_per_launch` rows
+// (so every launch but maybe the last splits as that row count does).
+std::vector<int32_t> tokens_in_launches_of(const Batch& batch, size_t rows_per_launch) {
+  std::vector<int32_t> tokens;
+  for (size_t begin = 0; begin < batch.rows.size(); begin += rows_per_launch) {
+    const size_t end = std::min(batch.rows.size(), begin + rows_per_launch);
+    const std::vector<int32_t> part = sample_on_device(slice(batch, begin, end)).tokens;
+    tokens.insert(tokens.end(), part.begin(), part.end());
+  }
+  return tokens;
+}
+
+// Ids next to the chunk boundaries of `split` (c * chunk_logits - 1, + 0, + 1)
+// and at the row's two ends, inside [0, vocab).
+std::vector<int64_t> boundary_ids(const SampleSplit& split, int64_t vocab) {
+  std::vector<int64_t> ids = {0, 1, vocab - 2, vocab - 1};
+  for (int64_t c = 1; c < split.n_chunks; ++c) {
+    for (int64_t d : {-1, 0, 1}) ids.push_back(c * split.chunk_logits + d);
+  }
+  std::erase_if(ids, [vocab](int64_t id) { return id < 0 || id >= vocab; });
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+// Row `r` of a set of rows that each stress the split's merge at `split`'s
+// boundaries: finite normal logits (sd 2) and then one of six patterns.
+std::vector<float> boundary_row(int64_t vocab, const SampleSplit& split, size_t r,
+                                std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> row(static_cast<size_t>(vocab));
+  for (float& x : row) x = normal(rng);
+  const auto at = [&row, vocab](int64_t id) -> float& {
+    return row[static_cast<size_t>(std::clamp<int64_t>(id, 0, vocab - 1))];
+  };
+  const int64_t n_chunks = split.n_chunks;
+  const int64_t chunk = split.chunk_logits;
+  const size_t variant = r / 6;
+  switch (r % 6) {
+    case 0: {  // one maximum next to a boundary
+      const std::vector<int64_t> ids = boundary_ids(split, vocab);
+      at(ids[variant % ids.size()]) = 50.0f;
+      break;
+    }
+    case 1: {  // a tie straddling a boundary: the lower id, in the earlier chunk
+      const int64_t b =
+          (1 + static_cast<int64_t>(variant) % std::max<int64_t>(n_chunks - 1, 1)) * chunk;
+      at(b) = 50.0f;
+      at(b - 1) = 50.0f;
+      break;
+    }
+    case 2:  // the same maximum at the last id of every chunk: chunk 0's wins
+      for (int64_t c = 0; c < n_chunks; ++c) at((c + 1) * chunk - 1) = 50.0f;
+      break;
+    case 3: {  // chunks [0, k] all NaN (every chunk when k = n_chunks - 1: token 0)
+      const int64_t k = static_cast<int64_t>(variant) % n_chunks;
+      std::fill(row.begin(), row.begin() + std::min((k + 1) * chunk, vocab), kNaN);
+      break;
+    }
+    case 4:  // +inf in every other chunk, from the last: the lowest of them
+      for (int64_t c = n_chunks - 1; c >= 0; c -= 2) at(c * chunk + c % 3) = kInf;
+      break;
+    case 5:  // -inf everywhere after a NaN first chunk: the first -inf id (or 0)
+      std::fill(row.begin(), row.end(), -kInf);
+      std::fill(row.begin(), row.begin() + std::min(chunk, vocab), kNaN);
+      break;
+  }
+  return row;
+}
+
+TEST(SampleSplitTest, ChunksFillTheDeviceAtSmallBatchAndStayLong) {
+  for (int64_t vocab : {int64_t{1}, int64_t{2047}, int64_t{4095}, int64_t{4096}, int64_t{4097},
+                        int64_t{32000}, int64_t{128256}, int64_t{151669}, int64_t{1} << 30}) {
+    for (int64_t n_rows : {1, 2, 3, 16, 64, 255, 256, 257, 300, 511, 512, 513, 4096}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + " rows " + std::to_string(n_rows));
+      const SampleSplit split = sample_split(n_rows, vocab);
+      ASSERT_GE(split.n_chunks, 1);
+      EXPECT_LE(split.n_chunks * n_rows, 512 + n_rows - 1);            // about 512 blocks, no more
+      EXPECT_GE(int64_t{split.n_chunks} * split.chunk_logits, vocab);  // chunks cover the row
+      EXPECT_LT(int64_t{split.n_chunks - 1} * split.chunk_logits, vocab);  // none is empty
+      if (split.n_chunks > 1) {
+        EXPECT_GE(split.chunk_logits, 2048);
+        EXPECT_LE(2 * int64_t{split.n_chunks}, vocab);  // the chunk bests fit in the row
+      }
+      if (n_rows >= 512 || vocab < 4096) {
+        EXPECT_EQ(split.n_chunks, 1);
+      }
+    }
+  }
+  // Llama-3's vocabulary at the benchmark's row counts.
+  EXPECT_EQ(sample_split(1, 128256).n_chunks, 62);
+  EXPECT_EQ(sample_split(16, 128256).n_chunks, 32);
+  EXPECT_EQ(sample_split(64, 128256).n_chunks, 8);
+  EXPECT_EQ(sample_split(256, 128256).n_chunks, 2);
+  EXPECT_EQ(sample_split(0, 128256).chunk_logits, 0);
+  EXPECT_EQ(sample_split(1, 0).chunk_logits, 0);
+}
+
+TEST(SampleSplitTest, ArgmaxRowsMatchTheHostAroundEveryChunkBoundary) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // Maxima, ties, NaN-only chunks, +inf and -inf placed at the boundaries of the
+  // split each row count gives; every row's token must be the host's exactly.
+  std::mt19937_64 rng(21);
+  for (int64_t vocab : {int64_t{1}, int64_t{2}, int64_t{2047}, int64_t{4095}, int64_t{4096},
+                        int64_t{4097}, int64_t{6143}, int64_t{8191}, int64_t{8193}, int64_t{32000},
+                        int64_t{128255}, int64_t{128256}, int64_t{128257}}) {
+    for (size_t rows_per_launch : {1, 16, 64, 300}) {
+      const SampleSplit split = sample_split(static_cast<int64_t>(rows_per_launch), vocab);
+      const std::string what = "vocab " + std::to_string(vocab) + ", " +
+                               std::to_string(rows_per_launch) + " rows a launch, " +
+                               std::to_string(split.n_chunks) + " chunks of " +
+                               std::to_string(split.chunk_logits);
+      Batch batch;
+      batch.vocab = vocab;
+      const size_t n_rows = std::max<size_t>(rows_per_launch, 48);
+      for (size_t r = 0; r < n_rows; ++r) {
+        batch.add(boundary_row(vocab, split, r, rng),
+                  policy(0.0f, static_cast<int32_t>(r % 3), r % 2 ? 0.5f : 1.0f, 0.0f));
+      }
+      const std::vector<int32_t> device = tokens_in_launches_of(batch, rows_per_launch);
+      const std::vector<int32_t> host = host_tokens(batch);
+      size_t bad = 0;
+      for (size_t r = 0; r < n_rows; ++r) {
+        if (device[r] != host[r] && ++bad <= 5) {
+          ADD_FAILURE() << what << ": row " << r << " (pattern " << r % 6 << ") device "
+                        << device[r] << " host " << host[r];
+        }
+      }
+      EXPECT_EQ(bad, 0u) << what;
+    }
+  }
+}
+
+TEST(SampleSplitTest, RowsWithoutMassFallBackToTheHostsArgmaxAtAnyTemperature) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // All NaN (token 0), all -inf (token 0), NaN chunks then -inf (the first -inf
+  // id), at temperature 0 and under sampling policies, which fall back to argmax.
+  const std::vector<SamplingRow> policies = {
+      policy(0.0f, 0, 1.0f, 0.0f), policy(1.0f, 0, 1.0f, 0.0f), policy(0.7f, 0, 0.9f, 0.0f),
+      policy(2.0f, 40, 1.0f, 0.05f), policy(1.0f, 0, 1.0f, 0.5f)};
+  for (int64_t vocab : {int64_t{32000}, int64_t{128256}}) {
+    for (int64_t n_rows : {1, 3, 64}) {
+      const SampleSplit split = sample_split(n_rows, vocab);
+      std::vector<std::vector<float>> rows;
+      rows.emplace_back(static_cast<size_t>(vocab), kNaN);
+      rows.emplace_back(static_cast<size_t>(vocab), -kInf);
+      for (int64_t k : {int64_t{1}, int64_t{split.n_chunks} / 2, int64_t{split.n_chunks} - 1}) {
+        std::vector<float> row(static_cast<size_t>(vocab), -kInf);
+        std::fill(row.begin(), row.begin() + std::min(k * split.chunk_logits, vocab), kNaN);
+        rows.push_back(row);
+      }
+      Batch batch;
+      batch.vocab = vocab;
+      for (size_t r = 0; r < static_cast<size_t>(n_rows); ++r) {
+        SamplingRow p = policies[r % policies.size()];
+        p.seed = r;
+        p.position = static_cast<int32_t>(r);
+        batch.add(rows[(r / policies.size() + r) % rows.size()], p);
+      }
+      EXPECT_EQ(sample_on_device(batch).tokens, host_tokens(batch))
+          << "vocab " << vocab << ", " << n_rows << " rows";
+    }
+  }
+}
+
+TEST(SampleSplitTest, InfinitiesInSeveralChunksShareTheMassLikeTheHost) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // +inf logits in several chunks weigh 1 each, the rest 0: greedy takes the
+  // lowest, a draw walks them (all sampling policies, one and four rows a launch).
+  std::mt19937_64 rng(23);
+  const int64_t vocab = 128256;
+  for (int64_t n_rows : {1, 4}) {
+    const SampleSplit split = sample_split(n_rows, vocab);
+    ASSERT_GT(split.n_chunks, 8);
+    Batch all;
+    all.vocab = vocab;
+    std::vector<SamplingRow> policies = policy_grid(vocab);
+    policies.push_back(policy(0.0f, 0, 1.0f, 0.0f));
+    for (size_t r = 0; r < policies.size(); ++r) {
+      std::vector<float> row = make_row(vocab, kKinds[r % 4], rng);
+      for (int64_t c = static_cast<int64_t>(r % 3); c < split.n_chunks; c += 3) {
+        row[static_cast<size_t>(c * split.chunk_logits + static_cast<int64_t>(r % 5))] = kInf;
+      }
+      SamplingRow p = policies[r];
+      p.seed = rng();
+      p.position = static_cast<int32_t>(r);
+      all.add(row, p);
+    }
+    for (size_t begin = 0; begin < all.rows.size(); begin += static_cast<size_t>(n_rows)) {
+      const size_t end = std::min(all.rows.size(), begin + static_cast<size_t>(n_rows));
+      expect_device_matches_host(slice(all, begin, end),
+                                 "+inf rows " + std::to_string(begin) + ".." + std::to_string(end));
+    }
+  }
+}
+
+TEST(SampleSplitTest, ThreeHundredRowsOfMixedPoliciesMatchTheHostRowByRow) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // Llama-3's vocabulary; every third row greedy (the acceptance rule holds
+  // argmax rows to the host's token exactly). 300 rows split in 2 chunks, 64
+  // rows in 8, 16 rows in 32.
+  const int64_t vocab = 128256;
+  for (size_t n_rows : {300, 64, 16}) {
+    Batch batch = mixed_batch(vocab, n_rows, 200 + n_rows);
+    for (size_t r = 0; r < n_rows; r += 3) batch.rows[r].temperature = 0.0f;
+    expect_device_matches_host(batch, std::to_string(n_rows) + " mixed rows");
+  }
+}
+
+TEST(SampleSplitTest, SplitAndUnsplitLaunchesDrawTheSameTokens) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // 520 rows in one launch do not split (the row kernel scans, as before the
+  // split existed); the same rows in launches of 1 to 256 rows split in 2 to 62
+  // chunks. Every token must be the same: the split changes no draw, boundary
+  // rows included.
+  const int64_t vocab = 128256;
+  const size_t n_rows = 520;
+  ASSERT_EQ(sample_split(static_cast<int64_t>(n_rows), vocab).n_chunks, 1);
+  Batch batch = mixed_batch(vocab, n_rows, 300);
+  for (size_t r = 0; r < n_rows; r += 4) batch.rows[r].temperature = 0.0f;
+  std::fill(batch.logits.begin() + 5 * vocab, batch.logits.begin() + 6 * vocab, kNaN);
+  std::fill(batch.logits.begin() + 6 * vocab, batch.logits.begin() + 7 * vocab, -kInf);
+  const std::vector<int32_t> unsplit = sample_on_device(batch).tokens;
+  for (size_t rows_per_launch : {1, 3, 16, 64, 256}) {
+    ASSERT_GT(sample_split(static_cast<int64_t>(rows_per_launch), vocab).n_chunks, 1);
+    // The first 40 rows one by one take long enough; larger groups cover them all.
+    const Batch first_rows = slice(batch, 0, rows_per_launch == 1 ? 40 : 0);
+    const Batch& rows = rows_per_launch == 1 ? first_rows : batch;
+    const std::vector<int32_t> split = tokens_in_launches_of(rows, rows_per_launch);
+    const std::vector<int32_t> want(unsplit.begin(),
+                                    unsplit.begin() + static_cast<std::ptrdiff_t>(split.size()));
+    EXPECT_EQ(split, want) << rows_per_launch << " rows a launch";
+  }
+}
+
 }  // namespace
 }  // namespace cellm::cuda

@@ -2,6 +2,7 @@
 // contract; the steps below mirror src/core/sampler.cpp one for one.
 #include "cuda/kernels/sampling.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -10,6 +11,13 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
+// The first pass's split (sample_split): blocks of kChunkThreads, each reducing a
+// chunk of at least kMinChunkLogits logits (a block streams it at full speed), and
+// about kTargetChunkBlocks blocks in all (4 per SM on a 132-SM H100/H200).
+constexpr int kChunkThreads = 256;
+constexpr int kChunkUnroll = 8;  // loads in flight per thread
+constexpr int64_t kMinChunkLogits = 2048;
+constexpr int64_t kTargetChunkBlocks = 512;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kBins = 256;                       // one radix digit of 8 bits
 constexpr int64_t kMaxVocab = int64_t{1} << 30;  // ids and loop indices stay in int32
@@ -81,6 +89,9 @@ struct Best {
   bool valid = false;
 };
 
+// (value desc, id asc) is a total order on the numbers of a row, so `better` is
+// associative and commutative: any grouping of a row (threads, warps, chunks)
+// reduces to the same best.
 __device__ Best better(const Best& a, const Best& b) {
   if (!a.valid) return b;
   if (!b.valid) return a;
@@ -89,14 +100,29 @@ __device__ Best better(const Best& a, const Best& b) {
   return a.index < b.index ? a : b;
 }
 
+// The candidate of logit x[i]: none when it is NaN.
+__device__ Best candidate_of(float v, int32_t i) {
+  Best b;
+  b.value = v;
+  b.index = i;
+  b.valid = !isnan(v);
+  return b;
+}
+
+// block_best's per-warp slots, for a block of kBlockThreads threads.
+template <int kBlockThreads>
+struct BestSlots {
+  float value[kBlockThreads / 32];
+  int32_t index[kBlockThreads / 32];
+  int32_t valid[kBlockThreads / 32];
+};
+
 // The block's shared state. Every helper below is called by all threads of the
 // block together and leaves the state free for the next helper.
 struct Shared {
   unsigned long long hist[kBins];  // radix histogram: count or fixed-point mass per digit
   uint64_t partial[kWarps];        // per-warp partial sums
-  float best_value[kWarps];
-  int32_t best_index[kWarps];
-  int32_t best_valid[kWarps];
+  BestSlots<kThreads> best;
   uint32_t bin;      // select_crossing: the digit found in this pass
   uint64_t above;    // select_crossing: measure above that digit
   int32_t found_id;  // first_crossing_in_id_order
@@ -146,8 +172,11 @@ __device__ uint64_t block_exclusive_sum(uint64_t v, Shared& sh) {
   return offset + inclusive - v;
 }
 
-// The best of every thread's `b`, returned to every thread.
-__device__ Best block_best(Best b, Shared& sh) {
+// The best of every thread's `b` in a block of kBlockThreads threads, returned to
+// every thread. Ends with a barrier, so every thread's reads before the call
+// precede every write after it.
+template <int kBlockThreads>
+__device__ Best block_best(Best b, BestSlots<kBlockThreads>& slots) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     Best other;
     other.value = __shfl_xor_sync(kFullMask, b.value, offset);
@@ -156,17 +185,17 @@ __device__ Best block_best(Best b, Shared& sh) {
     b = better(b, other);
   }
   if (lane_id() == 0) {
-    sh.best_value[warp_id()] = b.value;
-    sh.best_index[warp_id()] = b.index;
-    sh.best_valid[warp_id()] = b.valid ? 1 : 0;
+    slots.value[warp_id()] = b.value;
+    slots.index[warp_id()] = b.index;
+    slots.valid[warp_id()] = b.valid ? 1 : 0;
   }
   __syncthreads();
   Best result;
-  for (int w = 0; w < kWarps; ++w) {
+  for (int w = 0; w < kBlockThreads / 32; ++w) {
     Best other;
-    other.value = sh.best_value[w];
-    other.index = sh.best_index[w];
-    other.valid = sh.best_valid[w] != 0;
+    other.value = slots.value[w];
+    other.index = slots.index[w];
+    other.valid = slots.valid[w] != 0;
     result = better(result, other);
   }
   __syncthreads();
@@ -319,12 +348,55 @@ __device__ bool nth_id_with_weight(const float* weight, int32_t vocab, uint32_t 
   return first_crossing_in_id_order(weight, vocab, is_tie, rank - 1, sh, id);
 }
 
-// One block per row. weights: [n_rows, vocab] f32 scratch. A token's mass is its
-// weight in fixed point, round(w * 2^mass_shift); the masses of a row sum below 2^62.
+// The first pass when rows are split: one block per (chunk, row) = (blockIdx.x,
+// blockIdx.y) reduces logits [chunk * chunk_logits, + chunk_logits) of its row
+// (clipped to vocab) to their best and stores it in the row's workspace, which
+// the per-row kernel overwrites with weights only after reading it:
+//   weights[row * vocab + chunk]            the best value
+//   weights[row * vocab + n_chunks + chunk] the best id's int32 bits, -1 when the
+//                                           chunk holds no number
+// REQUIRES: 2 * n_chunks <= vocab (sample_split keeps chunks >= kMinChunkLogits).
+__global__ void __launch_bounds__(kChunkThreads)
+    chunk_best_kernel(const float* __restrict__ logits, int32_t vocab, int32_t chunk_logits,
+                      int32_t n_chunks, float* __restrict__ weights) {
+  __shared__ BestSlots<kChunkThreads> slots;
+  const int32_t chunk = static_cast<int32_t>(blockIdx.x);
+  const int64_t row = blockIdx.y;
+  const float* x = logits + row * vocab;
+  const int32_t begin = chunk * chunk_logits;
+  const int32_t end = min(begin + chunk_logits, vocab);
+  Best best;
+  // kChunkUnroll independent loads first, then their comparisons, so the loads
+  // are in flight together.
+  for (int32_t base = begin + static_cast<int32_t>(threadIdx.x); base < end;
+       base += kChunkThreads * kChunkUnroll) {
+    float v[kChunkUnroll];
+#pragma unroll
+    for (int u = 0; u < kChunkUnroll; ++u) {
+      const int32_t i = base + u * kChunkThreads;
+      v[u] = i < end ? x[i] : __int_as_float(0x7FFFFFFF);  // NaN: never a candidate
+    }
+#pragma unroll
+    for (int u = 0; u < kChunkUnroll; ++u) {
+      best = better(best, candidate_of(v[u], base + u * kChunkThreads));
+    }
+  }
+  best = block_best(best, slots);
+  if (threadIdx.x == 0) {
+    float* partials = weights + row * vocab;
+    partials[chunk] = best.valid ? best.value : 0.f;
+    partials[n_chunks + chunk] = __int_as_float(best.valid ? best.index : -1);
+  }
+}
+
+// One block per row. weights: [n_rows, vocab] f32 scratch; with n_chunks > 0 a
+// row's start holds its chunk bests from chunk_best_kernel, with n_chunks == 0
+// the block scans its row itself. A token's mass is its weight in fixed point,
+// round(w * 2^mass_shift); the masses of a row sum below 2^62.
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const float* __restrict__ logits, int32_t vocab,
                        const SamplingRow* __restrict__ params, int32_t* __restrict__ out_tokens,
-                       float* __restrict__ weights, int mass_shift) {
+                       float* __restrict__ weights, int32_t n_chunks, int mass_shift) {
   __shared__ Shared sh;
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
@@ -332,18 +404,20 @@ __global__ void __launch_bounds__(kThreads)
   const SamplingRow p = params[row];
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
 
-  // Argmax: the answer at temperature 0, and the fallback without mass.
+  // Argmax: the answer at temperature 0, and the fallback without mass. Merging
+  // the chunk bests gives the scan's best exactly (see `better`).
   Best best;
-  for (int32_t i = tid; i < vocab; i += kThreads) {
-    const float v = x[i];
-    if (isnan(v)) continue;
-    Best candidate;
-    candidate.value = v;
-    candidate.index = i;
-    candidate.valid = true;
-    best = better(best, candidate);
+  if (n_chunks > 0) {
+    for (int32_t c = tid; c < n_chunks; c += kThreads) {
+      const int32_t index = __float_as_int(weight[n_chunks + c]);
+      if (index >= 0) best = better(best, candidate_of(weight[c], index));
+    }
+  } else {
+    for (int32_t i = tid; i < vocab; i += kThreads) best = better(best, candidate_of(x[i], i));
   }
-  best = block_best(best, sh);
+  // The barrier inside block_best orders these reads of the chunk bests before
+  // the weights overwrite them.
+  best = block_best(best, sh.best);
   const int32_t argmax = best.valid ? best.index : 0;
   if (p.temperature == 0.f || !best.valid || (isinf(best.value) && best.value < 0.f)) {
     if (tid == 0) out_tokens[row] = argmax;
@@ -461,6 +535,19 @@ int bit_width(uint64_t v) {
 
 }  // namespace
 
+SampleSplit sample_split(int64_t n_rows, int64_t vocab) {
+  SampleSplit split;
+  if (n_rows < 1 || n_rows > kMaxRows || vocab < 1 || vocab > kMaxVocab) return split;
+  // Enough chunks for about kTargetChunkBlocks blocks, none shorter than
+  // kMinChunkLogits (so 2 * n_chunks <= vocab: the chunk bests fit in the row).
+  const int64_t by_occupancy = (kTargetChunkBlocks + n_rows - 1) / n_rows;
+  const int64_t by_length = vocab / kMinChunkLogits;
+  const int64_t n_chunks = std::max<int64_t>(1, std::min(by_occupancy, by_length));
+  split.n_chunks = static_cast<int32_t>(n_chunks);
+  split.chunk_logits = static_cast<int32_t>((vocab + n_chunks - 1) / n_chunks);
+  return split;
+}
+
 size_t sample_workspace_bytes(int64_t n_rows, int64_t vocab) {
   if (n_rows <= 0 || vocab <= 0) return 0;
   const size_t bytes = static_cast<size_t>(n_rows) * static_cast<size_t>(vocab) * sizeof(float);
@@ -480,9 +567,19 @@ cudaError_t launch_sample(const float* logits, int64_t n_rows, int64_t vocab,
     return cudaErrorInvalidValue;
   }
   const int mass_shift = 62 - bit_width(static_cast<uint64_t>(vocab));
+  const SampleSplit split = sample_split(n_rows, vocab);
+  float* weights = static_cast<float*>(workspace);
+  if (split.n_chunks > 1) {
+    // n_rows < kTargetChunkBlocks here, well inside gridDim.y's 65535.
+    const dim3 grid(static_cast<unsigned>(split.n_chunks), static_cast<unsigned>(n_rows));
+    chunk_best_kernel<<<grid, kChunkThreads, 0, stream>>>(
+        logits, static_cast<int32_t>(vocab), split.chunk_logits, split.n_chunks, weights);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
   sample_rows_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(
-      logits, static_cast<int32_t>(vocab), params, out_tokens, static_cast<float*>(workspace),
-      mass_shift);
+      logits, static_cast<int32_t>(vocab), params, out_tokens, weights,
+      split.n_chunks > 1 ? split.n_chunks : 0, mass_shift);
   return cudaGetLastError();
 }
 

@@ -25,6 +25,17 @@
 // 2^(2 bit_width(V) - 63) of the kept mass (< 1e-8 below 2^18 tokens) from a
 // cumulative boundary.
 //
+// Two kernels. One block per row would leave most of the device idle at small
+// batch while it streams a row of 128k logits, so with few rows the first pass
+// (the argmax, whose value is also the row's maximum) runs on a grid of (chunks,
+// rows): each block reduces a chunk of a row to its best (value desc, id asc,
+// NaN skipped) and stores it in the row's workspace; the per-row kernel merges
+// the chunk bests, which gives the scan's best exactly, since the order is total.
+// Argmax rows (temperature 0, or no mass) then finish without reading the
+// logits again; the others go on with the algorithm above. With many rows (one
+// block per row already fills the device) the split is off and the per-row
+// kernel scans its row itself. Either way the tokens are the same.
+//
 // Launches are asynchronous on `stream`, allocate nothing and never synchronize
 // with the host, so they can be captured in a CUDA graph.
 #pragma once
@@ -51,7 +62,21 @@ static_assert(sizeof(SamplingRow) == 32, "SamplingRow is uploaded as raw bytes")
 
 // Bytes of scratch launch_sample needs for n_rows rows of `vocab` logits: the
 // weights, [n_rows, vocab] f32, rounded up to 256 bytes. 0 when either is <= 0.
+// Between the two kernels the start of each row's weights holds its chunk bests
+// (2 * n_chunks floats, at most vocab / 1024), so the split needs no more.
+// After a launch a row that was drawn (temperature > 0, with mass) holds its
+// weights; an argmax row's holds nothing of use.
 size_t sample_workspace_bytes(int64_t n_rows, int64_t vocab);
+
+// How launch_sample splits each row for the first pass: n_chunks chunks of
+// chunk_logits consecutive logits (the last may be shorter), one block
+// each, about 512 blocks in all, no chunk shorter than 2048 logits. n_chunks == 1
+// is no split. Exposed for the tests that put ties and NaN at chunk boundaries.
+struct SampleSplit {
+  int32_t n_chunks = 1;
+  int32_t chunk_logits = 0;  // 0 for a shape launch_sample refuses
+};
+SampleSplit sample_split(int64_t n_rows, int64_t vocab);
 
 // For each row r in [0, n_rows): out_tokens[r] = the token the host's
 // sample_token(logits row r, params[r], sampling_uniform(params[r].seed,
