@@ -6,6 +6,8 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/kernels/bias.h"
+#include "cuda/kernels/gemv.h"
+#include "cuda/kernels/swiglu.h"
 
 namespace cellm::cuda {
 namespace {
@@ -74,15 +76,18 @@ cublasStatus_t set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenc
 
 }  // namespace
 
-Result<Gemm> Gemm::create(size_t workspace_bytes) {
-  Gemm gemm;
+Gemm::Gemm(GemmPath path) : path_(path) {}
+
+Result<Gemm> Gemm::create(size_t workspace_bytes, GemmPath path) {
+  Gemm gemm(path);
   CELLM_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm.handle_), "cublasLtCreate");
   CELLM_ASSIGN_OR_RETURN(gemm.workspace_, DeviceBuffer::allocate(workspace_bytes));
   return gemm;
 }
 
 Gemm::Gemm(Gemm&& other) noexcept
-    : handle_(std::exchange(other.handle_, nullptr)),
+    : path_(other.path_),
+      handle_(std::exchange(other.handle_, nullptr)),
       workspace_(std::move(other.workspace_)),
       plans_(std::move(other.plans_)) {}
 
@@ -90,6 +95,7 @@ Gemm& Gemm::operator=(Gemm&& other) noexcept {
   if (this != &other) {
     plans_.clear();
     if (handle_ != nullptr) cublasLtDestroy(handle_);
+    path_ = other.path_;
     handle_ = std::exchange(other.handle_, nullptr);
     workspace_ = std::move(other.workspace_);
     plans_ = std::move(other.plans_);
@@ -207,6 +213,17 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
     return InvalidArgument("Gemm::run: null operand");
   }
   if (handle_ == nullptr) return InvalidState("Gemm::run on a moved-from Gemm");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (path_ == GemmPath::kAuto && gemv_supports(m, k, x, w)) {
+      const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream);
+      if (err != cudaSuccess) {
+        return cuda_status(err, ("launch_gemv " +
+                                 describe(kCudaType<T>, kCudaType<TOut>, m, n, k, bias != nullptr))
+                                    .c_str());
+      }
+      return Status::Ok();
+    }
+  }
 
   const PlanKey key{.a_type = kCudaType<T>,
                     .out_type = kCudaType<TOut>,
@@ -243,6 +260,35 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
   return Status::Ok();
 }
 
+template <typename T>
+Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w_down, int64_t n,
+                             T* act, T* y, cudaStream_t stream) {
+  // REQUIRES: a well-formed shape and device operands.
+  if (m < 0 || ff <= 0 || n <= 0) {
+    return InvalidArgument("Gemm::run_swiglu_down: bad shape m=" + std::to_string(m) +
+                           " ff=" + std::to_string(ff) + " n=" + std::to_string(n));
+  }
+  if (m == 0) return Status::Ok();
+  if (gate_up == nullptr || w_down == nullptr || act == nullptr || y == nullptr) {
+    return InvalidArgument("Gemm::run_swiglu_down: null operand");
+  }
+  if (handle_ == nullptr) return InvalidState("Gemm::run_swiglu_down on a moved-from Gemm");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (path_ == GemmPath::kAuto && gemv_supports(m, ff, gate_up, w_down)) {
+      const cudaError_t err =
+          launch_gemv<T>(gate_up, m, ff, GemvInput::kSwiGLU, w_down, n, nullptr, y, stream);
+      if (err != cudaSuccess) {
+        return cuda_status(
+            err, ("launch_gemv swiglu " + describe(kCudaType<T>, kCudaType<T>, m, n, ff, false))
+                     .c_str());
+      }
+      return Status::Ok();
+    }
+  }
+  CELLM_CUDA_RETURN_IF_ERROR(launch_swiglu<T>(gate_up, m, ff, act, stream), "launch_swiglu");
+  return run<T, T>(act, m, ff, w_down, n, nullptr, y, stream);
+}
+
 template Status Gemm::run<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t,
                                                         const __nv_bfloat16*, int64_t,
                                                         const __nv_bfloat16*, __nv_bfloat16*,
@@ -252,5 +298,11 @@ template Status Gemm::run<__nv_bfloat16, float>(const __nv_bfloat16*, int64_t, i
                                                 float*, cudaStream_t);
 template Status Gemm::run<float, float>(const float*, int64_t, int64_t, const float*, int64_t,
                                         const float*, float*, cudaStream_t);
+
+template Status Gemm::run_swiglu_down<__nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t,
+                                                     const __nv_bfloat16*, int64_t, __nv_bfloat16*,
+                                                     __nv_bfloat16*, cudaStream_t);
+template Status Gemm::run_swiglu_down<float>(const float*, int64_t, int64_t, const float*, int64_t,
+                                             float*, float*, cudaStream_t);
 
 }  // namespace cellm::cuda

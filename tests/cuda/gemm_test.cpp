@@ -1,6 +1,8 @@
-// Tests of Gemm (cuBLASLt y = x · wᵀ + bias) against a double-precision host product of
-// the same inputs (bf16-rounded where T is bf16), every element; plan caching; capture
-// of warmed shapes in a CUDA graph.
+// Tests of Gemm (y = x · wᵀ + bias through cuBLASLt, or the GEMV for bf16 products of at
+// most kGemvMaxRows rows) against a double-precision host product of the same inputs
+// (bf16-rounded where T is bf16), every element, on both paths; which calls take the GEMV;
+// plan caching of the cuBLASLt path; run_swiglu_down for every batch size; capture of
+// warmed shapes in a CUDA graph.
 //
 // Tolerance, per element: |got - want| <= rel * |want| + 1e-6 * sum_c |x[i,c] w[j,c]|
 // (+ 4e-3 |bias[j]| for bf16 outputs).
@@ -9,21 +11,28 @@
 //   wide margin, while a TF32 product (10-bit mantissa: ~2^-11 of the sum) fails it.
 //   bf16 outputs: rel 1e-2, above the 2^-8 relative half-ulp of the single rounding, and
 //   4e-3 |bias| for a bias added after that rounding (the separate bias kernel).
+//   The GEMV's products (kernels/gemv.h) meet the same bounds: f32 accumulation, the
+//   bias added before the single rounding.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cuda/device_memory.h"
 #include "cuda/gemm.h"
+#include "cuda/kernels/gemv.h"
+#include "cuda/kernels/swiglu.h"
 #include "device_test_util.h"
 #include "gpu_test.h"
+#include "host_product.h"
 
 namespace cellm::cuda {
 namespace {
@@ -31,36 +40,13 @@ namespace {
 using testing::device_array;
 using testing::DeviceArray;
 using testing::download_floats;
+using testing::host_product;
+using testing::HostProduct;
 using testing::poison;
 using testing::random_values;
 using testing::type_name;
 
 using Bf16 = __nv_bfloat16;
-
-// sum_c x[i, c] * w[j, c] in f64, and sum_c |x[i, c] * w[j, c]| (the error scale).
-struct HostProduct {
-  std::vector<double> value;  // [m, n]
-  std::vector<double> scale;  // [m, n]
-};
-
-HostProduct host_product(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
-                         int64_t k, int64_t n) {
-  HostProduct p{std::vector<double>(static_cast<size_t>(m * n)),
-                std::vector<double>(static_cast<size_t>(m * n))};
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double sum = 0.0, abs_sum = 0.0;
-      for (int64_t c = 0; c < k; ++c) {
-        const double term = double{x[i * k + c]} * double{w[j * k + c]};
-        sum += term;
-        abs_sum += std::fabs(term);
-      }
-      p.value[i * n + j] = sum;
-      p.scale[i * n + j] = abs_sum;
-    }
-  }
-  return p;
-}
 
 // One product's inputs (random, non-zero, rounded to T) on host and device, and its
 // double-precision reference.
@@ -126,29 +112,33 @@ struct Dims {
 };
 constexpr Dims kDims[] = {{64, 64}, {67, 67}, {1024, 96}, {4096, 64}, {128, 4096}};
 
-Gemm make_gemm() {
-  Result<Gemm> gemm = Gemm::create();
+Gemm make_gemm(GemmPath path = GemmPath::kAuto) {
+  Result<Gemm> gemm = Gemm::create(size_t{32} << 20, path);
   EXPECT_TRUE(gemm.ok()) << gemm.status().to_string();
   return std::move(gemm).value();
 }
 
-TEST(GemmTest, Bf16ProductsMatchADoubleReferenceForBothOutputTypes) {
+TEST(GemmTest, Bf16ProductsMatchADoubleReferenceForBothOutputTypesOnBothPaths) {
   CELLM_SKIP_WITHOUT_GPU();
-  Gemm gemm = make_gemm();
+  Gemm gemms[] = {make_gemm(GemmPath::kAuto), make_gemm(GemmPath::kCublasLtOnly)};
   std::mt19937 rng(21);
   for (const Dims dims : kDims) {
     for (const int64_t m : kRowCounts) {
       const ProductCase<Bf16> c(rng, m, dims.k, dims.n);
-      for (const bool with_bias : {false, true}) {
+      for (const auto& [gemm, with_bias] : {std::pair{&gemms[0], false},
+                                            {&gemms[0], true},
+                                            {&gemms[1], false},
+                                            {&gemms[1], true}}) {
+        SCOPED_TRACE(gemm == &gemms[0] ? "kAuto" : "kCublasLtOnly");
         DeviceArray<Bf16> y16(static_cast<size_t>(m * dims.n));
         poison(y16);
-        const Status s16 = c.run(gemm, with_bias, y16, nullptr);
+        const Status s16 = c.run(*gemm, with_bias, y16, nullptr);
         ASSERT_TRUE(s16.ok()) << s16.to_string();
         c.expect_output(y16, with_bias);
 
         DeviceArray<float> y32(static_cast<size_t>(m * dims.n));
         poison(y32);
-        const Status s32 = c.run(gemm, with_bias, y32, nullptr);
+        const Status s32 = c.run(*gemm, with_bias, y32, nullptr);
         ASSERT_TRUE(s32.ok()) << s32.to_string();
         c.expect_output(y32, with_bias);
       }
@@ -176,7 +166,8 @@ TEST(GemmTest, F32ModeMatchesADoubleReferenceToTrueF32Precision) {
 
 TEST(GemmTest, ASecondRunOfTheSameShapeReusesItsCachedPlan) {
   CELLM_SKIP_WITHOUT_GPU();
-  Gemm gemm = make_gemm();
+  // cuBLASLt for every call (under kAuto these shapes take the GEMV, which has no plans).
+  Gemm gemm = make_gemm(GemmPath::kCublasLtOnly);
   std::mt19937 rng(23);
   const ProductCase<Bf16> a(rng, 7, 64, 96);
   const ProductCase<Bf16> b(rng, 8, 64, 96);
@@ -216,7 +207,7 @@ TEST(GemmTest, ASecondRunOfTheSameShapeReusesItsCachedPlan) {
 
 TEST(GemmTest, OperandsOffTheirUsualAlignmentGetTheirOwnPlanAndStayCorrect) {
   CELLM_SKIP_WITHOUT_GPU();
-  Gemm gemm = make_gemm();
+  Gemm gemm = make_gemm(GemmPath::kCublasLtOnly);
   std::mt19937 rng(24);
   constexpr int64_t kM = 7, kK = 64, kN = 64;
   // x and y start one element (2 bytes) past a 256-byte boundary.
@@ -253,52 +244,163 @@ TEST(GemmTest, OperandsOffTheirUsualAlignmentGetTheirOwnPlanAndStayCorrect) {
 
 TEST(GemmTest, WarmedShapesRecordIntoACudaGraphAndReplayCorrectly) {
   CELLM_SKIP_WITHOUT_GPU();
-  Gemm gemm = make_gemm();
   auto stream = Stream::create();
   ASSERT_TRUE(stream.ok()) << stream.status().to_string();
   std::mt19937 rng(25);
-  const ProductCase<Bf16> qkv(rng, 7, 64, 96);     // bf16 -> bf16 + bias (epilogue)
-  const ProductCase<Bf16> head(rng, 1, 128, 64);   // bf16 -> f32 + bias (bias kernel)
+  // On kCublasLtOnly: the BIAS epilogue, the bias kernel, f32. On kAuto the two bf16
+  // products take the GEMV.
+  const ProductCase<Bf16> qkv(rng, 7, 64, 96);     // bf16 -> bf16 + bias
+  const ProductCase<Bf16> head(rng, 1, 128, 64);   // bf16 -> f32 + bias
   const ProductCase<float> exact(rng, 3, 67, 67);  // f32 -> f32 + bias
-  DeviceArray<Bf16> y_qkv(static_cast<size_t>(7 * 96));
-  DeviceArray<float> y_head(64), y_exact(3 * 67);
-  const auto enqueue = [&] {
-    Status s = qkv.run(gemm, true, y_qkv, stream->get());
-    if (s.ok()) s = head.run(gemm, true, y_head, stream->get());
-    if (s.ok()) s = exact.run(gemm, true, y_exact, stream->get());
-    return s;
-  };
+  for (const auto& [path, want_plans] :
+       {std::pair{GemmPath::kCublasLtOnly, size_t{3}}, {GemmPath::kAuto, size_t{1}}}) {
+    SCOPED_TRACE(path == GemmPath::kAuto ? "kAuto" : "kCublasLtOnly");
+    Gemm gemm = make_gemm(path);
+    DeviceArray<Bf16> y_qkv(static_cast<size_t>(7 * 96));
+    DeviceArray<float> y_head(64), y_exact(3 * 67);
+    const auto enqueue = [&] {
+      Status s = qkv.run(gemm, true, y_qkv, stream->get());
+      if (s.ok()) s = head.run(gemm, true, y_head, stream->get());
+      if (s.ok()) s = exact.run(gemm, true, y_exact, stream->get());
+      return s;
+    };
 
-  // Orders the inputs' uploads (legacy stream) before work on the non-blocking stream.
-  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-  const Status warm = enqueue();  // builds the plans, outside capture
-  ASSERT_TRUE(warm.ok()) << warm.to_string();
-  CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
-  const size_t plans = gemm.cached_plans();
-  EXPECT_EQ(plans, 3u);
-
-  poison(y_qkv);
-  poison(y_head);
-  poison(y_exact);
-  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-  CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
-  const Status recorded = enqueue();
-  cudaGraph_t graph = nullptr;
-  CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
-  ASSERT_TRUE(recorded.ok()) << recorded.to_string();
-  cudaGraphExec_t exec_handle = nullptr;
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec_handle, graph, 0);
-  cudaGraphDestroy(graph);
-  CELLM_ASSERT_CUDA(instantiated);
-  const GraphExec exec(exec_handle);
-  EXPECT_EQ(gemm.cached_plans(), plans);
-  for (int replay = 0; replay < 2; ++replay) {
-    CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
+    // Orders the inputs' uploads (legacy stream) before work on the non-blocking stream.
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+    const Status warm = enqueue();  // builds the plans, outside capture
+    ASSERT_TRUE(warm.ok()) << warm.to_string();
     CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
-    qkv.expect_output(y_qkv, true);
-    head.expect_output(y_head, true);
-    exact.expect_output(y_exact, true);
+    const size_t plans = gemm.cached_plans();
+    EXPECT_EQ(plans, want_plans);
+
+    poison(y_qkv);
+    poison(y_head);
+    poison(y_exact);
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+    CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
+    const Status recorded = enqueue();
+    cudaGraph_t graph = nullptr;
+    CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
+    ASSERT_TRUE(recorded.ok()) << recorded.to_string();
+    cudaGraphExec_t exec_handle = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec_handle, graph, 0);
+    cudaGraphDestroy(graph);
+    CELLM_ASSERT_CUDA(instantiated);
+    const GraphExec exec(exec_handle);
+    EXPECT_EQ(gemm.cached_plans(), plans);
+    for (int replay = 0; replay < 2; ++replay) {
+      CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
+      CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
+      qkv.expect_output(y_qkv, true);
+      head.expect_output(y_head, true);
+      exact.expect_output(y_exact, true);
+    }
   }
+}
+
+TEST(GemmTest, SmallAlignedBf16ProductsTakeTheGemvAndBuildNoPlan) {
+  CELLM_SKIP_WITHOUT_GPU();
+  Gemm gemm = make_gemm();
+  std::mt19937 rng(26);
+  constexpr int64_t kK = 136, kN = 40;
+  for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
+    const ProductCase<Bf16> c(rng, m, kK, kN);
+    DeviceArray<Bf16> y16(static_cast<size_t>(m * kN));
+    DeviceArray<float> y32(static_cast<size_t>(m * kN));
+    poison(y16);
+    poison(y32);
+    ASSERT_TRUE(c.run(gemm, true, y16, nullptr).ok());
+    ASSERT_TRUE(c.run(gemm, false, y32, nullptr).ok());
+    c.expect_output(y16, true);
+    c.expect_output(y32, false);
+  }
+  EXPECT_EQ(gemm.cached_plans(), 0u);
+
+  // What the GEMV does not serve goes to cuBLASLt (a plan each): one row too many, k not a
+  // multiple of 8, an operand off 16-byte alignment, f32.
+  const ProductCase<Bf16> tall(rng, kGemvMaxRows + 1, kK, kN);
+  const ProductCase<Bf16> odd_k(rng, 3, 67, kN);
+  const ProductCase<float> f32(rng, 3, kK, kN);
+  DeviceArray<Bf16> y16(static_cast<size_t>((kGemvMaxRows + 1) * kN));
+  DeviceArray<float> y32(static_cast<size_t>(3 * kN));
+  ASSERT_TRUE(tall.run(gemm, false, y16, nullptr).ok());
+  tall.expect_output(y16, false);
+  EXPECT_EQ(gemm.cached_plans(), 1u);
+  ASSERT_TRUE(odd_k.run(gemm, false, y16, nullptr).ok());
+  EXPECT_EQ(gemm.cached_plans(), 2u);
+  ASSERT_TRUE(f32.run(gemm, false, y32, nullptr).ok());
+  f32.expect_output(y32, false);
+  EXPECT_EQ(gemm.cached_plans(), 3u);
+
+  // x one element (2 bytes) past its allocation's start.
+  const std::vector<float> x = random_values<Bf16>(rng, 3 * kK + 1);
+  const auto dev_x = device_array<Bf16>(x);
+  DeviceArray<Bf16> y(static_cast<size_t>(3 * kN));
+  poison(y);
+  const Status s =
+      gemm.run<Bf16, Bf16>(dev_x.get() + 1, 3, kK, tall.dev_w.get(), kN, nullptr, y.get(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(gemm.cached_plans(), 4u);
+  const HostProduct want =
+      host_product(std::vector<float>(x.begin() + 1, x.end()), tall.w, 3, kK, kN);
+  const std::vector<float> got = download_floats(y);
+  size_t bad = 0;
+  for (size_t e = 0; e < got.size(); ++e) {
+    const double tol = 1e-2 * std::fabs(want.value[e]) + 1e-6 * want.scale[e];
+    if (!(std::fabs(double{got[e]} - want.value[e]) <= tol) && ++bad <= 5) {
+      ADD_FAILURE() << "[" << e << "] got " << got[e] << " want " << want.value[e];
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+// One run_swiglu_down call against launch_swiglu followed by run on the same Gemm: the same
+// bits, and act untouched exactly when the call is `fused` (one GEMV launch).
+template <typename T>
+void expect_swiglu_down_equals_swiglu_then_run(Gemm& gemm, std::mt19937& rng, int64_t m,
+                                               bool fused) {
+  constexpr int64_t kFf = 136, kN = 40;
+  SCOPED_TRACE(std::string(type_name<T>()) + " m=" + std::to_string(m));
+  const auto gate_up = device_array<T>(random_values<T>(rng, m * 2 * kFf, 4.0f));
+  const auto w = device_array<T>(random_values<T>(rng, kN * kFf));
+  DeviceArray<T> act(static_cast<size_t>(m * kFf)), y(static_cast<size_t>(m * kN));
+  poison(act);
+  poison(y);
+  const Status s =
+      gemm.run_swiglu_down<T>(gate_up.get(), m, kFf, w.get(), kN, act.get(), y.get(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const std::vector<T> got = y.download();
+  const std::vector<float> act_after = download_floats(act);
+  for (size_t e = 0; e < act_after.size(); ++e) {
+    ASSERT_EQ(std::isnan(act_after[e]), fused) << "act[" << e << "]";
+  }
+
+  DeviceArray<T> act2(static_cast<size_t>(m * kFf)), y2(static_cast<size_t>(m * kN));
+  CELLM_ASSERT_CUDA(launch_swiglu<T>(gate_up.get(), m, kFf, act2.get(), nullptr));
+  const Status two = gemm.run<T, T>(act2.get(), m, kFf, w.get(), kN, nullptr, y2.get(), nullptr);
+  ASSERT_TRUE(two.ok()) << two.to_string();
+  const std::vector<T> want = y2.download();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)), 0)
+      << "run_swiglu_down differs from launch_swiglu + run";
+}
+
+TEST(GemmTest, RunSwigluDownEqualsSwigluThenRunForEveryBatchSize) {
+  CELLM_SKIP_WITHOUT_GPU();
+  Gemm gemm = make_gemm();
+  std::mt19937 rng(27);
+  for (const int64_t m : {1, 5, 8, 9, 64}) {
+    expect_swiglu_down_equals_swiglu_then_run<Bf16>(gemm, rng, m, m <= kGemvMaxRows);
+    expect_swiglu_down_equals_swiglu_then_run<float>(gemm, rng, m, false);
+  }
+  Gemm cublaslt = make_gemm(GemmPath::kCublasLtOnly);
+  expect_swiglu_down_equals_swiglu_then_run<Bf16>(cublaslt, rng, 3, false);
+  // An empty batch enqueues nothing; a malformed one is refused.
+  EXPECT_TRUE(
+      (gemm.run_swiglu_down<Bf16>(nullptr, 0, 64, nullptr, 64, nullptr, nullptr, nullptr).ok()));
+  EXPECT_EQ(
+      (gemm.run_swiglu_down<Bf16>(nullptr, 1, 0, nullptr, 64, nullptr, nullptr, nullptr).code()),
+      StatusCode::kInvalidArgument);
 }
 
 }  // namespace

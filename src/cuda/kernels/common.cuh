@@ -1,6 +1,7 @@
 // Device-side helpers shared by the kernel families (included by kernels/*.cu only):
-// conversions between the activation type T (float or __nv_bfloat16) and f32, packed
-// loads/stores of N consecutive elements, warp/block sums, and launch-shape helpers.
+// conversions between the activation type T (float or __nv_bfloat16) and f32, the SwiGLU
+// activation, packed loads/stores of N consecutive elements, warp/block sums, and
+// launch-shape helpers.
 //
 // Every kernel computes in f32: it widens T on load and rounds to T (nearest even) on
 // store. Packed accesses are used only when the launcher has checked that the row width
@@ -32,6 +33,13 @@ __device__ __forceinline__ float from_float<float>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+// silu(g) * up = g / (1 + e^-g) * up in f32: the SwiGLU activation. The one definition
+// of launch_swiglu and of the GEMV that fuses it (kernels/gemv.cu), so the two compile to
+// the same arithmetic and round alike bit for bit.
+__device__ __forceinline__ float silu_mul(float g, float up) {
+  return g / (1.0f + expf(-g)) * up;
 }
 
 // N consecutive elements moved as one access of sizeof(T) * N bytes.

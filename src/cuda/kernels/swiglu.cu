@@ -29,7 +29,7 @@ __global__ void swiglu_kernel(SwigluParams<T> p) {
     detail::load_floats<N>(gate, g);
     detail::load_floats<N>(gate + p.ff, u);
 #pragma unroll
-    for (int j = 0; j < N; ++j) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    for (int j = 0; j < N; ++j) o[j] = detail::silu_mul(g[j], u[j]);
     detail::store_floats<N>(p.out + row * p.ff + c, o);
   }
 }

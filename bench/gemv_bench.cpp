@@ -1,0 +1,270 @@
+// gemv_bench: the decode GEMV (launch_gemv, src/cuda/kernels/gemv.h) against cuBLASLt
+// (Gemm with GemmPath::kCublasLtOnly) on Llama-3-8B's linear layers.
+//
+//   gemv_bench [--iters N] [--peak-gbs G]
+//
+// For each weight shape (qkv, o, gate_up, down, LM head with f32 logits) and m in
+// {1, 2, 4, 8}: microseconds per call and GB/s of the bytes a call must move (weights, x,
+// y), as a percentage of G (default 4250 GB/s). Each timing is N calls (default 200)
+// recorded in one CUDA graph, as decode runs them, best of 5 replays; the calls rotate over
+// copies of the weights totalling >= 512 MiB, so every call reads its weights from HBM and
+// not from the 50 MB L2. Then, for the down projection, the MLP's activation + product
+// three ways: the fused SwiGLU GEMV, launch_swiglu + the GEMV, launch_swiglu + cuBLASLt.
+// A last column gives the largest relative difference between the GEMV's and cuBLASLt's
+// outputs (a sanity check; the tests hold the tolerances).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cellm/status.h"
+#include "cpu/kernels/convert.h"
+#include "cuda/device_memory.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels/gemv.h"
+#include "cuda/kernels/swiglu.h"
+
+namespace {
+
+using cellm::cuda::DeviceBuffer;
+using cellm::cuda::Gemm;
+using cellm::cuda::GemmPath;
+using cellm::cuda::GemvInput;
+using cellm::cuda::GraphExec;
+using cellm::cuda::Stream;
+using Bf16 = __nv_bfloat16;
+
+constexpr int64_t kRotationBytes = int64_t{512} << 20;
+
+void check(cudaError_t err, const char* what) {
+  CELLM_CHECK_MSG(err == cudaSuccess, std::string(what) + ": " + cudaGetErrorString(err));
+}
+void check(const cellm::Status& s) {
+  CELLM_CHECK_MSG(s.ok(), s.to_string());
+}
+
+DeviceBuffer allocate(int64_t bytes) {
+  cellm::Result<DeviceBuffer> b = DeviceBuffer::allocate(static_cast<size_t>(bytes));
+  check(b.status());
+  return std::move(b).value();
+}
+
+// `elements` bf16 values with magnitude in [0.1, 1), either sign: a random block uploaded
+// once and repeated over the buffer by device copies.
+DeviceBuffer random_bf16(std::mt19937& rng, int64_t elements) {
+  DeviceBuffer b = allocate(elements * 2);
+  const int64_t block = std::min<int64_t>(elements, int64_t{1} << 20);
+  std::vector<uint16_t> host(static_cast<size_t>(block));
+  std::uniform_real_distribution<float> magnitude(0.1f, 1.0f);
+  for (uint16_t& v : host) {
+    const float m = magnitude(rng);
+    v = cellm::cpu::f32_to_bf16((rng() & 1u) != 0 ? m : -m);
+  }
+  auto* bytes = b.as<unsigned char>();
+  check(cudaMemcpy(bytes, host.data(), static_cast<size_t>(block) * 2, cudaMemcpyHostToDevice),
+        "upload");
+  for (int64_t done = block; done < elements;) {
+    const int64_t n = std::min(done, elements - done);
+    check(cudaMemcpy(bytes + done * 2, bytes, static_cast<size_t>(n) * 2, cudaMemcpyDeviceToDevice),
+          "tile");
+    done += n;
+  }
+  return b;
+}
+
+// Microseconds per call of enqueue(i, stream) for i in [0, iters), recorded in one graph;
+// the best of 5 replays after a warm one.
+double time_per_call(int iters, const std::function<void(int, cudaStream_t)>& enqueue) {
+  cellm::Result<Stream> stream = Stream::create();
+  check(stream.status());
+  const cudaStream_t s = stream->get();
+  check(cudaDeviceSynchronize(), "sync");
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int i = 0; i < iters; ++i) enqueue(i, s);
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamEndCapture(s, &graph), "end capture");
+  cudaGraphExec_t exec_handle = nullptr;
+  check(cudaGraphInstantiate(&exec_handle, graph, 0), "instantiate");
+  cudaGraphDestroy(graph);
+  const GraphExec exec(exec_handle);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  check(cudaGraphLaunch(exec.get(), s), "warm replay");
+  float best_ms = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    check(cudaEventRecord(start, s), "record");
+    check(cudaGraphLaunch(exec.get(), s), "replay");
+    check(cudaEventRecord(stop, s), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 1e3 * best_ms / iters;
+}
+
+// Copies of a weight matrix [n, k] (and its input rows) enough to rotate over.
+struct Operands {
+  int64_t k, n, copies;
+  DeviceBuffer w, x, gate_up, act;
+  Operands(std::mt19937& rng, int64_t k_, int64_t n_)
+      : k(k_), n(n_), copies(std::max<int64_t>(2, (kRotationBytes + n * k * 2 - 1) / (n * k * 2))) {
+    w = random_bf16(rng, copies * n * k);
+    x = random_bf16(rng, cellm::cuda::kGemvMaxRows * k);
+    gate_up = random_bf16(rng, cellm::cuda::kGemvMaxRows * 2 * k);
+    act = allocate(cellm::cuda::kGemvMaxRows * k * 2);
+  }
+  const Bf16* weights(int i) const { return w.as<Bf16>() + (i % copies) * n * k; }
+};
+
+// The largest |a - b| / max(|b|, 1e-3 max|b|) over m rows of two [m, n] outputs.
+template <typename TOut>
+double max_rel_diff(const DeviceBuffer& a, const DeviceBuffer& b, int64_t elements) {
+  std::vector<TOut> ha(static_cast<size_t>(elements)), hb(static_cast<size_t>(elements));
+  check(cudaMemcpy(ha.data(), a.get(), ha.size() * sizeof(TOut), cudaMemcpyDeviceToHost), "get");
+  check(cudaMemcpy(hb.data(), b.get(), hb.size() * sizeof(TOut), cudaMemcpyDeviceToHost), "get");
+  const auto to_f = [](TOut v) {
+    if constexpr (std::is_same_v<TOut, float>) {
+      return v;
+    } else {
+      return __bfloat162float(v);
+    }
+  };
+  double scale = 0;
+  for (const TOut v : hb) scale = std::max(scale, std::fabs(double{to_f(v)}));
+  double worst = 0;
+  for (size_t i = 0; i < ha.size(); ++i) {
+    const double ref = to_f(hb[i]);
+    const double d = std::fabs(double{to_f(ha[i])} - ref) / std::max(std::fabs(ref), 1e-3 * scale);
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+
+struct Options {
+  int iters = 200;
+  double peak_gbs = 4250;
+};
+
+template <typename TOut>
+void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Options& o) {
+  const int64_t k = op.k, n = op.n;
+  DeviceBuffer y_gemv = allocate(cellm::cuda::kGemvMaxRows * n * sizeof(TOut));
+  DeviceBuffer y_lt = allocate(cellm::cuda::kGemvMaxRows * n * sizeof(TOut));
+  for (const int64_t m : {1, 2, 4, 8}) {
+    const auto gemv = [&](int i, cudaStream_t s) {
+      check(cellm::cuda::launch_gemv<TOut>(op.x.as<Bf16>(), m, k, GemvInput::kPlain, op.weights(i),
+                                           n, nullptr, y_gemv.as<TOut>(), s),
+            "launch_gemv");
+    };
+    const auto lt = [&](int i, cudaStream_t s) {
+      check(cublaslt.run<Bf16, TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
+                                     y_lt.as<TOut>(), s));
+    };
+    for (int i = 0; i < op.copies; ++i) lt(i, nullptr);  // plans, outside capture
+    gemv(0, nullptr);
+    lt(0, nullptr);
+    check(cudaDeviceSynchronize(), "sync");
+    const double diff = max_rel_diff<TOut>(y_gemv, y_lt, m * n);
+    const double bytes = double(n * k * 2 + m * k * 2 + m * n * int64_t{sizeof(TOut)});
+    const double us_gemv = time_per_call(o.iters, gemv);
+    const double us_lt = time_per_call(o.iters, lt);
+    const auto gbs = [&](double us) { return bytes / us / 1e3; };
+    std::printf("%-22s %2ld | %8.2f %7.0f %5.1f%% | %8.2f %7.0f %5.1f%% | %5.2fx | %.1e\n", name,
+                static_cast<long>(m), us_gemv, gbs(us_gemv), 100 * gbs(us_gemv) / o.peak_gbs, us_lt,
+                gbs(us_lt), 100 * gbs(us_lt) / o.peak_gbs, us_lt / us_gemv, diff);
+  }
+}
+
+void bench_swiglu_down(const Operands& op, Gemm& cublaslt, const Options& o) {
+  const int64_t ff = op.k, n = op.n;
+  DeviceBuffer y = allocate(cellm::cuda::kGemvMaxRows * n * 2);
+  std::printf("\ndown with its SwiGLU (%ld -> %ld), us per call:\n", static_cast<long>(ff),
+              static_cast<long>(n));
+  std::printf(" m | fused gemv | swiglu + gemv | swiglu + cuBLASLt\n");
+  for (const int64_t m : {1, 2, 4, 8}) {
+    const auto swiglu = [&](cudaStream_t s) {
+      check(cellm::cuda::launch_swiglu<Bf16>(op.gate_up.as<Bf16>(), m, ff, op.act.as<Bf16>(), s),
+            "launch_swiglu");
+    };
+    const auto fused = [&](int i, cudaStream_t s) {
+      check(cellm::cuda::launch_gemv<Bf16>(op.gate_up.as<Bf16>(), m, ff, GemvInput::kSwiGLU,
+                                           op.weights(i), n, nullptr, y.as<Bf16>(), s),
+            "launch_gemv swiglu");
+    };
+    const auto two = [&](int i, cudaStream_t s) {
+      swiglu(s);
+      check(cellm::cuda::launch_gemv<Bf16>(op.act.as<Bf16>(), m, ff, GemvInput::kPlain,
+                                           op.weights(i), n, nullptr, y.as<Bf16>(), s),
+            "launch_gemv");
+    };
+    const auto lt = [&](int i, cudaStream_t s) {
+      swiglu(s);
+      check(cublaslt.run<Bf16, Bf16>(op.act.as<Bf16>(), m, ff, op.weights(i), n, nullptr,
+                                     y.as<Bf16>(), s));
+    };
+    for (int i = 0; i < op.copies; ++i) lt(i, nullptr);
+    check(cudaDeviceSynchronize(), "sync");
+    std::printf("%2ld | %10.2f | %13.2f | %17.2f\n", static_cast<long>(m),
+                time_per_call(o.iters, fused), time_per_call(o.iters, two),
+                time_per_call(o.iters, lt));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--iters" && i + 1 < argc) {
+      o.iters = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--peak-gbs" && i + 1 < argc) {
+      o.peak_gbs = std::atof(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: gemv_bench [--iters N] [--peak-gbs G]\n");
+      return 2;
+    }
+  }
+  if (!cellm::cuda::gpu_available()) {
+    std::fprintf(stderr, "gemv_bench: no GPU\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "device properties");
+  std::printf("%s, %d SMs; %d calls per graph, best of 5; %% of %.0f GB/s\n\n", prop.name,
+              prop.multiProcessorCount, o.iters, o.peak_gbs);
+  cellm::Result<Gemm> cublaslt = Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly);
+  check(cublaslt.status());
+  std::mt19937 rng(1);
+  std::printf(
+      "%-22s  m |  gemv us    GB/s  %%peak | cuBLASLt    GB/s  %%peak | speedup | "
+      "max rel diff\n",
+      "shape (k -> n)");
+  const Operands qkv(rng, 4096, 6144);
+  bench_shape<Bf16>("qkv 4096->6144", qkv, *cublaslt, o);
+  const Operands o_proj(rng, 4096, 4096);
+  bench_shape<Bf16>("o 4096->4096", o_proj, *cublaslt, o);
+  const Operands gate_up(rng, 4096, 28672);
+  bench_shape<Bf16>("gate_up 4096->28672", gate_up, *cublaslt, o);
+  const Operands down(rng, 14336, 4096);
+  bench_shape<Bf16>("down 14336->4096", down, *cublaslt, o);
+  {
+    const Operands head(rng, 4096, 128256);
+    bench_shape<float>("lm_head 4096->128256 f32", head, *cublaslt, o);
+  }
+  bench_swiglu_down(down, *cublaslt, o);
+  return 0;
+}

@@ -1,0 +1,54 @@
+// The matrix product of a few rows, y = x · wᵀ (+ bias), for decode: at 1-8 rows a
+// linear layer is bound by reading its bf16 weights, so this kernel reads each weight
+// once, 16 bytes per load with several loads in flight per thread, in one launch (no
+// split-K reduction kernel), and can compute the SwiGLU activation of its input while it
+// stages it (so the MLP's down projection needs no separate activation kernel).
+//
+// Shapes (row-major, as PyTorch's Linear): x [m, k] (kPlain) or [m, 2k] (kSwiGLU: per row
+// gate in columns [0, k), up in [k, 2k), as launch_swiglu takes it), w [n, k], bias [n]
+// or null, y [m, n]. For kSwiGLU the product's input is x'[i, c] = bf16(silu(gate[i, c])
+// * up[i, c]) computed exactly as launch_swiglu computes it (kernels/swiglu.h), so the
+// fused product equals launch_swiglu followed by a kPlain product bit for bit.
+//
+// Arithmetic: products and sums in f32 (bf16 tensor-core MMAs with f32 accumulation);
+// the bias is added in f32 and the result rounded once to TOut. The summation order
+// depends on (n, k) only: a row of y is the same whatever m is, and every launch gives
+// the same bits (no atomics).
+//
+// The launcher enqueues on `stream`, never allocates or synchronises (safe inside CUDA
+// graph capture), and returns the launch error; a call outside the REQUIRES below
+// returns cudaErrorInvalidValue and launches nothing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cellm::cuda {
+
+enum class GemvInput {
+  kPlain,   // x' = x
+  kSwiGLU,  // x' = bf16(silu(gate) * up), x = [gate | up]
+};
+
+// The most rows (m) one launch serves.
+inline constexpr int64_t kGemvMaxRows = 8;
+
+// True when launch_gemv serves the shape: 1 <= m <= kGemvMaxRows, 0 < k < 2^24,
+// k % 8 == 0, and x and w 16-byte aligned (each 8-element load of a row is then one
+// aligned 16-byte access; column offsets within 8 rows fit 32 bits).
+inline bool gemv_supports(int64_t m, int64_t k, const void* x, const void* w) {
+  return m >= 1 && m <= kGemvMaxRows && k > 0 && k < (int64_t{1} << 24) && k % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+// y[i, j] = TOut(sum_c x'[i, c] * w[j, c] (+ bias[j])) for i in [0, m), j in [0, n).
+// TOut is __nv_bfloat16 or float. REQUIRES: gemv_supports(m, k, x, w), n > 0, input one
+// of GemvInput's values; device pointers, y not overlapping x, w or bias.
+template <typename TOut>
+cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput input,
+                        const __nv_bfloat16* w, int64_t n, const __nv_bfloat16* bias, TOut* y,
+                        cudaStream_t stream);
+
+}  // namespace cellm::cuda
