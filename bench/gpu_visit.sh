@@ -5,7 +5,7 @@
 # $OUT. A `.deps` prefix (headers and static libraries copied from the Debian
 # machine: gtest, nlohmann-json, pcre2) is used when present, for images that
 # lack them; bench/make_gpu_deps.sh makes it. Carry `.deps` in the call.
-#   bash bench/gpu_visit.sh [tests|bench|all]
+#   bash bench/gpu_visit.sh [tests|micro|bench|all]   (micro: the kernel benches)
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/cellm-out}
@@ -32,6 +32,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     $B/tests/cuda/cuda_cuda_executor_test --gtest_filter='*mistral*:CudaExecutorTest.*' \
     >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
+fi
+if [ "$what" = micro ] || [ "$what" = all ]; then
+  $B/bench/gemv_bench 2>&1 | tee "$OUT/gemv_bench.txt" | tail -40
+  $B/bench/sample_bench --iters 200 2>&1 | tee "$OUT/sample_bench.txt" | tail -20
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   for preset in 1b 8b; do

@@ -17,10 +17,8 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/embedding.h"
-#include "cuda/kernels/kv_write.h"
 #include "cuda/kernels/rmsnorm.h"
-#include "cuda/kernels/rope.h"
-#include "cuda/kernels/swiglu.h"
+#include "cuda/kernels/rope_kv_write.h"
 
 namespace cellm::cuda {
 namespace {
@@ -358,15 +356,25 @@ class CudaForward final : public ForwardEngine {
             launch_head_rmsnorm<T>(qkv, n, qkv_dim, q_dim, c.num_kv_heads(), hd, w.k_norm, eps, s),
             "k norm");
       }
-      CELLM_CUDA_RETURN_IF_ERROR(
-          launch_rope<T>(qkv, n, qkv_dim, 0, c.num_heads(), q_dim, c.num_kv_heads(), hd, positions,
-                         inv_freq_.as<float>(), s),
-          "rope");
-      CELLM_CUDA_RETURN_IF_ERROR(
-          launch_kv_write<T>(qkv, n, qkv_dim, q_dim, q_dim + kv_dim, kv_dim, cells, row_seq,
-                             positions, k_pool(l), v_pool(l),
-                             l == 0 ? table_.as<int32_t>() : nullptr, dims_.max_session_tokens, s),
-          "writing K/V");
+      RopeKvWriteParams<T> rk;
+      rk.qkv = qkv;
+      rk.n_rows = n;
+      rk.row_stride = qkv_dim;
+      rk.q_offset = 0;
+      rk.n_heads = c.num_heads();
+      rk.k_offset = q_dim;
+      rk.v_offset = q_dim + kv_dim;
+      rk.n_kv_heads = c.num_kv_heads();
+      rk.head_dim = hd;
+      rk.positions = positions;
+      rk.inv_freq = inv_freq_.as<float>();
+      rk.cells = cells;
+      rk.k_pool = k_pool(l);
+      rk.v_pool = v_pool(l);
+      rk.table = l == 0 ? table_.as<int32_t>() : nullptr;  // one table store per step
+      rk.table_stride = dims_.max_session_tokens;
+      rk.row_seq = row_seq;
+      CELLM_CUDA_RETURN_IF_ERROR(launch_rope_kv_write<T>(rk, s), "rope and the K/V write");
       AttentionParams<T> ap;
       ap.qkv = qkv;
       ap.row_stride = qkv_dim;
@@ -391,8 +399,7 @@ class CudaForward final : public ForwardEngine {
       CELLM_CUDA_RETURN_IF_ERROR(
           launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s), "post rmsnorm");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
-      CELLM_CUDA_RETURN_IF_ERROR(launch_swiglu<T>(gate_up, n, ff, act, s), "swiglu");
-      CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(act, n, ff, w.down_proj, d, nullptr, delta, s)));
+      CELLM_RETURN_IF_ERROR(gemm_->run_swiglu_down<T>(gate_up, n, ff, w.down_proj, d, act, delta, s));
     }
     if (n_sel == 0) return Status::Ok();
     // residual += the last MLP output (h is scratch here), then the final norm

@@ -7,9 +7,10 @@
 // selected for sampling, then calls run(). One run is:
 //   H2D copy of the step metadata -> embedding -> per layer:
 //     h = rmsnorm(residual (+ previous delta)); qkv = h Wqkvᵀ (+b)
-//     [q/k norm]; rope(q, k); K/V -> cells (+ cell table on layer 0)
+//     [q/k norm]; rope(q, k) and K/V -> cells (+ cell table on layer 0), one kernel
 //     attn = attention over each row's sequence cells; delta = attn Woᵀ (+b)
-//     h = rmsnorm(residual += delta); delta = down(swiglu(h Wgateupᵀ))
+//     h = rmsnorm(residual += delta); delta = down(swiglu(h Wgateupᵀ)) (at small
+//     batch the GEMMs are GEMVs, the swiglu fused into the down GEMV's input)
 //   -> residual += delta -> gather selected rows -> final norm -> logits
 //   -> sample on the device -> D2H copy of the sampled tokens
 //   [-> D2H copy of the raw logits of the rows asked for, one copy per row,
