@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Groups an `ncu --csv --page raw` profile of `cellm bench` by kernel.
 
-Usage: ncu_summary.py PROFILE.csv STEP_KERNELS [STEPS]
-The last STEPS (default 3) decode steps are the last STEPS * STEP_KERNELS
-kernel rows; prints, per kernel name, launches per step and microseconds per
-step, largest first, and the step's total.
+Usage: ncu_summary.py PROFILE.csv [STEPS]
+A step ends with the sampler's per-row kernel; the last STEPS (default 2)
+complete steps are averaged. Prints, per kernel name, launches and microseconds
+per step, largest first, and the step's total. Kernels are timed one at a time
+under ncu, so small kernels read a little slower than inside a graph replay.
 """
 import collections
 import csv
@@ -12,23 +13,27 @@ import sys
 
 
 def main() -> None:
-    path, per_step = sys.argv[1], int(sys.argv[2])
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    path = sys.argv[1]
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     with open(path, newline="") as f:
-        lines = [l for l in f if l.startswith('"')]
-    rows = list(csv.DictReader(lines))
-    rows = [r for r in rows if r.get("gpu__time_duration.sum", "").replace(".", "").isdigit()]
-    tail = rows[-per_step * steps:]
+        lines = [line for line in f if line.startswith('"')]
+    rows = [
+        r for r in csv.DictReader(lines)
+        if r.get("gpu__time_duration.sum", "").replace(",", "").replace(".", "").isdigit()
+    ]
+    ends = [i for i, r in enumerate(rows) if "sample_rows" in r["Kernel Name"]]
+    if len(ends) < steps + 1:
+        sys.exit(f"{path}: only {len(ends)} step ends found")
+    window = rows[ends[-steps - 1] + 1:ends[-1] + 1]
     time = collections.defaultdict(float)
     count = collections.Counter()
-    for r in tail:
-        name = r["Kernel Name"].split("(")[0][:70]
-        time[name] += float(r["gpu__time_duration.sum"]) / 1000.0 / steps  # ns -> us
+    for r in window:
+        name = r["Kernel Name"].split("(")[0][:80]
+        time[name] += float(r["gpu__time_duration.sum"].replace(",", "")) / 1000.0 / steps
         count[name] += 1 / steps
-    total = sum(time.values())
     for name, us in sorted(time.items(), key=lambda kv: -kv[1]):
         print(f"{us:9.1f} us  {count[name]:6.1f}x  {name}")
-    print(f"{total:9.1f} us per step ({len(tail)} kernels over {steps} steps)")
+    print(f"{sum(time.values()):9.1f} us per step ({len(window)} kernels over {steps} steps)")
 
 
 if __name__ == "__main__":

@@ -103,7 +103,9 @@ class CudaForward final : public ForwardEngine {
 
   Status init(const ModelWeights& weights) {
     CELLM_ASSIGN_OR_RETURN(model_, DeviceModel<T>::upload(weights));
-    CELLM_ASSIGN_OR_RETURN(gemm_, Gemm::create());
+    // cuBLASLt for every product: on the H200 it beats the GEMV at every decode
+    // shape but the 4096 -> 4096 one (bench/gemv_bench, docs/PERFORMANCE.md).
+    CELLM_ASSIGN_OR_RETURN(gemm_, Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly));
     CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
     CELLM_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(meta_.bytes + dims_.max_rows * 4));
     CELLM_ASSIGN_OR_RETURN(meta_dev_, DeviceBuffer::allocate(meta_.bytes));

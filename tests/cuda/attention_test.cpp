@@ -469,11 +469,11 @@ TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
   EXPECT_EQ(attention_num_splits(1, 32, 8, 33), 2);
   EXPECT_EQ(attention_num_splits(1, 32, 8, 1000), 32);
   EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 64);
-  // Enough rows fill ~1024 blocks without splitting.
-  EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 8);
-  EXPECT_EQ(attention_num_splits(128, 32, 8, 8192), 1);
+  // Enough rows fill ~512 blocks without splitting.
+  EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 4);
+  EXPECT_EQ(attention_num_splits(64, 32, 8, 8192), 1);
   // Group 12 takes two tiles of 8 heads per kv head: twice the blocks per split.
-  EXPECT_EQ(attention_num_splits(16, 24, 2, 8192), 16);
+  EXPECT_EQ(attention_num_splits(16, 24, 2, 8192), 8);
   EXPECT_EQ(attention_workspace_bytes(4096, 32, 8, 128, 32), 0u);
   EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 8192), sizeof(float) * 64 * 32 * (128 + 2));
   for (const int64_t rows : {1, 2, 7, 37, 256, 1000}) {

@@ -9,13 +9,14 @@ namespace cellm::cuda {
 namespace {
 
 constexpr int kThreads = 128;  // threads of every attention block
+constexpr int kMinBlocksPerSm = 3;  // 3 blocks (12 warps) per SM: up to 170 registers
 constexpr int kWarp = 32;
 constexpr int kMaxHeadsPerBlock = 8;       // query heads of one kv head folded by one block
 constexpr int kMaxElemsPerLane = 8;       // head_dim elements a lane holds per head
 constexpr int kKeysPerSlot = 4;           // keys a slot loads before it folds any of them
 constexpr int32_t kChunkAlign = 16;       // a row's chunk length is a multiple of this
 constexpr int32_t kMinSplitTokens = 32;   // the budget gives at most one split per this many
-constexpr int64_t kTargetBlocks = 1024;   // blocks the split count aims for (~8 per SM)
+constexpr int64_t kTargetBlocks = 512;    // blocks the split count aims for (~4 per SM)
 constexpr int32_t kMaxSplits = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -125,7 +126,7 @@ __device__ __forceinline__ RowSpan row_span(int32_t pos, int32_t window, int32_t
 // workspace. Lane li of a group holds vectors li, li + lanes_per_key, ... of each
 // head row.
 template <typename T, int VEC, int HT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     attention_split_kernel(const AttentionParams<T> p, const Geometry g) {
   constexpr int NV = kMaxElemsPerLane / VEC;
   constexpr int U = kKeysPerSlot;
@@ -217,26 +218,41 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t j = jb + batch + u * n_slots + slot;
       next_cell[u] = j < end ? cells[j] : -1;
     }
+    // Scores of the batch: each key is unpacked once and dotted with every head.
+    float sc[HT][U];
 #pragma unroll
     for (int h = 0; h < HT; ++h) {
-      float s[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) sc[h][u] = 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        float kf[VEC];
+        unpack<T, VEC>(kr[u][k], kf);
+#pragma unroll
+        for (int h = 0; h < HT; ++h) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) sc[h][u] = fmaf(q[h][k][e], kf[e], sc[h][u]);
+        }
+      }
+    }
+    // Per head: sum the lanes' parts, then one rescale for the whole batch.
+#pragma unroll
+    for (int h = 0; h < HT; ++h) {
       float m_new = m[h];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        float dot = 0.f;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-          float kf[VEC];
-          unpack<T, VEC>(kr[u][k], kf);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) dot = fmaf(q[h][k][e], kf[e], dot);
+        for (int off = lpk / 2; off > 0; off /= 2) {
+          sc[h][u] += __shfl_xor_sync(0xffffffffu, sc[h][u], off);
         }
-        for (int off = lpk / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        s[u] = cell[u] >= 0 ? dot : -INFINITY;
-        m_new = fmaxf(m_new, s[u]);
+        sc[h][u] = cell[u] >= 0 ? sc[h][u] : -INFINITY;
+        m_new = fmaxf(m_new, sc[h][u]);
       }
-      if (m_new == -INFINITY) continue;               // no key of this slot yet
-      const float correction = exp2f(m[h] - m_new);  // 0 while m[h] is -inf
+      // While the slot has seen no key m_new is -inf: nothing to fold or rescale.
+      const bool any = m_new != -INFINITY;
+      const float correction = any ? exp2f(m[h] - m_new) : 1.f;  // 0 while m[h] is -inf
       m[h] = m_new;
       l[h] *= correction;
 #pragma unroll
@@ -246,14 +262,21 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const float weight = exp2f(s[u] - m_new);  // 0 for a key past `end`
-        l[h] += weight;
+        sc[h][u] = any ? exp2f(sc[h][u] - m_new) : 0.f;  // the weight; 0 past `end`
+        l[h] += sc[h][u];
+      }
+    }
+    // Values: each is unpacked once and added to every head with its weight.
 #pragma unroll
-        for (int k = 0; k < NV; ++k) {
-          float vf[VEC];
-          unpack<T, VEC>(vr[u][k], vf);
+    for (int u = 0; u < U; ++u) {
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[h][k][e] = fmaf(weight, vf[e], acc[h][k][e]);
+      for (int k = 0; k < NV; ++k) {
+        float vf[VEC];
+        unpack<T, VEC>(vr[u][k], vf);
+#pragma unroll
+        for (int h = 0; h < HT; ++h) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[h][k][e] = fmaf(sc[h][u], vf[e], acc[h][k][e]);
         }
       }
     }

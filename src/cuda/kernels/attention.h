@@ -68,7 +68,7 @@ struct AttentionParams {
   T* out = nullptr;            // [n_rows, n_heads * head_dim]
 };
 
-// Blocks along each row's context (>= 1): enough for ~1024 blocks in all, at
+// Blocks along each row's context (>= 1): enough for ~512 blocks in all, at
 // most one per 32 positions of the budget, at most 64. A function of the shape only.
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
                              int32_t max_context);
