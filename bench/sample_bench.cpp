@@ -3,14 +3,16 @@
 //   sample_bench [--iters N]
 //
 // For vocab 128256 (Llama 3) and 32000 (Llama 2), rows 1, 16, 64 and 256, and
-// two policies (greedy; temperature 0.7 with top-p 0.9), prints the time of one
+// five policies (greedy; temperature 0.7 with top-p 0.9, with top-k 50, alone;
+// temperature 1 with min-p 0.05), prints the time of one
 // launch two ways: "eager", back-to-back launches on a stream (what a step pays
 // without graphs, host launch cost included when it exceeds the GPU's), and
 // "graph", launches replayed from a CUDA graph (the GPU's time, as a captured
 // decode step pays it). Also the split launch_sample chose (chunks per row) and
 // the logits' read bandwidth of one pass, logits bytes / graph time.
 // Logits are normal with sd 2 plus a peak of 8 on a few ids per row, roughly a
-// model's spread; the radix passes' cost does not depend much on it.
+// model's spread (top-p 0.9 then keeps about 11k candidates of 128k; flatter
+// rows cost more, see sampling.h).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -108,7 +110,15 @@ int main(int argc, char** argv) {
   Policy top_p{"T0.7 top-p0.9", {}};
   top_p.row.temperature = 0.7f;
   top_p.row.top_p = 0.9f;
-  const Policy policies[] = {greedy, top_p};
+  Policy top_k{"T0.7 top-k50", {}};
+  top_k.row.temperature = 0.7f;
+  top_k.row.top_k = 50;
+  Policy plain{"T0.7", {}};
+  plain.row.temperature = 0.7f;
+  Policy min_p{"T1 min-p0.05", {}};
+  min_p.row.temperature = 1.0f;
+  min_p.row.min_p = 0.05f;
+  const Policy policies[] = {greedy, top_p, top_k, plain, min_p};
 
   const int64_t max_rows = 256;
   const int64_t max_vocab = 128256;

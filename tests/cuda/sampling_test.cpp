@@ -36,297 +36,12 @@
 #include "cellm/types.h"
 #include "cuda/device_memory.h"
 #include "gpu_test.h"
+#include "sampling_test_util.h"
 
 namespace cellm::cuda {
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
-// Relative to the kept (or total) mass. The device's sums are exact in fixed
-// point with 2^-(63 - bit_width(V)) per token, at most 2^(2 bit_width(V) - 63)
-// <= 7.5e-9 in all below 2^18 tokens (the kept mass is >= 1); the host's double
-// sums are off by far less. The brief's looser 1e-5 would call about 10% of the
-// 32000-token rows boundary rows (flat rows at T = 2 keep thousands of mass) and
-// make "boundary rows are rare" meaningless.
-constexpr double kBoundaryTolerance = 1e-8;
-
-void check_cuda(cudaError_t err, const char* what) {
-  CELLM_CHECK_MSG(err == cudaSuccess, std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& host) {
-  DeviceBuffer buffer =
-      DeviceBuffer::allocate(std::max<size_t>(host.size(), 1) * sizeof(T)).value();
-  if (!host.empty()) {
-    check_cuda(
-        cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-        "upload");
-  }
-  return buffer;
-}
-
-template <typename T>
-std::vector<T> download(const DeviceBuffer& buffer, size_t count) {
-  std::vector<T> host(count);
-  if (count > 0) {
-    check_cuda(cudaMemcpy(host.data(), buffer.get(), count * sizeof(T), cudaMemcpyDeviceToHost),
-               "download");
-  }
-  return host;
-}
-
-// Rows of logits and their policies, as one launch takes them.
-struct Batch {
-  int64_t vocab = 0;
-  std::vector<float> logits;  // [rows, vocab]
-  std::vector<SamplingRow> rows;
-
-  std::span<const float> row(size_t r) const {
-    return {logits.data() + r * static_cast<size_t>(vocab), static_cast<size_t>(vocab)};
-  }
-  void add(std::span<const float> row_logits, const SamplingRow& policy) {
-    CELLM_CHECK(static_cast<int64_t>(row_logits.size()) == vocab);
-    logits.insert(logits.end(), row_logits.begin(), row_logits.end());
-    rows.push_back(policy);
-  }
-};
-
-// The device's tokens for `batch`, and the workspace (the weights) after it.
-struct DeviceRun {
-  std::vector<int32_t> tokens;
-  std::vector<float> weights;  // [rows, vocab]
-};
-
-DeviceRun sample_on_device(const Batch& batch) {
-  const int64_t n_rows = static_cast<int64_t>(batch.rows.size());
-  Stream stream = Stream::create().value();
-  DeviceBuffer logits = upload(batch.logits);
-  DeviceBuffer params = upload(batch.rows);
-  DeviceBuffer out = DeviceBuffer::allocate(std::max<int64_t>(n_rows, 1) * sizeof(int32_t)).value();
-  const size_t workspace_bytes = sample_workspace_bytes(n_rows, batch.vocab);
-  DeviceBuffer workspace = DeviceBuffer::allocate(std::max<size_t>(workspace_bytes, 1)).value();
-  check_cuda(launch_sample(logits.as<float>(), n_rows, batch.vocab, params.as<SamplingRow>(),
-                           out.as<int32_t>(), workspace.get(), workspace_bytes, stream.get()),
-             "launch_sample");
-  check_cuda(cudaStreamSynchronize(stream.get()), "sample");
-  DeviceRun run;
-  run.tokens = download<int32_t>(out, static_cast<size_t>(n_rows));
-  run.weights = download<float>(workspace, static_cast<size_t>(n_rows * batch.vocab));
-  return run;
-}
-
-SamplingParams to_params(const SamplingRow& row) {
-  SamplingParams params;
-  params.temperature = row.temperature;
-  params.top_k = row.top_k;
-  params.top_p = row.top_p;
-  params.min_p = row.min_p;
-  return params;
-}
-
-SamplingRow policy(float temperature, int32_t top_k, float top_p, float min_p) {
-  SamplingRow row;
-  row.temperature = temperature;
-  row.top_k = top_k;
-  row.top_p = top_p;
-  row.min_p = min_p;
-  return row;
-}
-
-bool near(double a, double b, double scale) {
-  return std::abs(a - b) <= kBoundaryTolerance * scale;
-}
-
-// The host's draw replayed step by step in its own arithmetic (a full stable
-// sort instead of its partial selection: the same order and the same sums).
-struct HostTrace {
-  Token token = 0;
-  bool boundary = false;  // the acceptance rule's (a) or (b)
-};
-
-HostTrace trace_host(std::span<const float> logits, const SamplingParams& params, float u) {
-  HostTrace trace;
-  const size_t vocab = logits.size();
-  float max_logit = -kInf;
-  bool any_number = false;
-  for (float x : logits) {
-    if (std::isnan(x)) continue;
-    any_number = true;
-    max_logit = std::max(max_logit, x);
-  }
-  if (params.temperature == 0.0f || !any_number || max_logit == -kInf) {
-    SamplingParams argmax = params;
-    argmax.temperature = 0.0f;
-    std::vector<float> scratch;
-    trace.token = sample_token(logits, argmax, u, scratch);
-    return trace;
-  }
-  std::vector<float> weight(vocab);
-  double total = 0.0;
-  for (size_t i = 0; i < vocab; ++i) {
-    const float x = logits[i];
-    float w;
-    if (std::isnan(x)) {
-      w = 0.0f;
-    } else if (std::isinf(max_logit)) {
-      w = x == max_logit ? 1.0f : 0.0f;
-    } else {
-      w = std::exp((x - max_logit) / params.temperature);
-    }
-    weight[i] = w;
-    total += w;
-  }
-  const bool use_top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
-  const bool use_top_p = !use_top_k && params.top_p > 0.0f && params.top_p < 1.0f;
-
-  std::vector<int32_t> walk;  // the kept ids, in the walk's order
-  bool descending = use_top_k || use_top_p;
-  if (descending) {
-    std::vector<int32_t> order(vocab);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&weight](int32_t a, int32_t b) { return weight[a] > weight[b]; });
-    size_t kept_count = vocab;
-    if (use_top_k) {
-      kept_count = static_cast<size_t>(params.top_k);
-    } else {
-      const double target = static_cast<double>(params.top_p) * total;
-      double cumulative = 0.0;
-      bool crossed = false;
-      for (size_t i = 0; i < vocab && !crossed; ++i) {
-        const double before = cumulative;
-        cumulative += weight[order[i]];
-        if (cumulative > target) {
-          kept_count = i + 1;
-          crossed = true;
-          trace.boundary |= near(before, target, total) || near(cumulative, target, total);
-        }
-      }
-      if (!crossed) trace.boundary = true;  // never crossed: rounding territory
-    }
-    for (size_t i = 0; i < kept_count && weight[order[i]] >= params.min_p; ++i) {
-      walk.push_back(order[i]);
-    }
-  } else {
-    for (size_t i = 0; i < vocab; ++i) {
-      if (weight[i] >= params.min_p && weight[i] != 0.0f) walk.push_back(static_cast<int32_t>(i));
-    }
-  }
-  double kept = 0.0;
-  for (int32_t id : walk) kept += weight[id];
-  const double r = static_cast<double>(u) * kept;
-  double cumulative = 0.0;
-  trace.token = walk.empty() ? 0 : walk.front();
-  for (int32_t id : walk) {
-    const float w = weight[id];
-    if (w == 0.0f) break;
-    const double before = cumulative;
-    cumulative += w;
-    trace.token = id;
-    if (cumulative > r) {
-      trace.boundary |= near(before, r, kept) || near(cumulative, r, kept);
-      return trace;
-    }
-  }
-  trace.boundary = true;  // ran off the end: rounding territory
-  return trace;
-}
-
-// Applies the acceptance rule to every row of `batch`; returns the boundary rows.
-size_t expect_device_matches_host(const Batch& batch, const std::string& what) {
-  const DeviceRun device = sample_on_device(batch);
-  std::vector<float> scratch;
-  size_t boundary = 0;
-  size_t off_boundary = 0;
-  for (size_t r = 0; r < batch.rows.size(); ++r) {
-    const SamplingRow& row = batch.rows[r];
-    const SamplingParams params = to_params(row);
-    const float u = sampling_uniform(row.seed, row.position);
-    const Token host = sample_token(batch.row(r), params, u, scratch);
-    const HostTrace trace = trace_host(batch.row(r), params, u);
-    EXPECT_EQ(trace.token, host) << what << " row " << r << ": the replay is not the host";
-    if (trace.boundary) ++boundary;
-    if (device.tokens[r] != host && !trace.boundary) {
-      if (++off_boundary <= 10) {
-        ADD_FAILURE() << what << " row " << r << ": device " << device.tokens[r] << ", host "
-                      << host << " (T " << row.temperature << ", top_k " << row.top_k << ", top_p "
-                      << row.top_p << ", min_p " << row.min_p << ", u " << u << ")";
-      }
-    }
-  }
-  EXPECT_EQ(off_boundary, 0u) << what << ": rows off the host's token away from any boundary";
-  EXPECT_LE(boundary, batch.rows.size() / 100 + 2) << what << ": too many boundary rows";
-  return boundary;
-}
-
-enum class LogitKind { kNormal, kPeaked, kQuantised, kCoarse };
-constexpr LogitKind kKinds[] = {LogitKind::kNormal, LogitKind::kPeaked, LogitKind::kQuantised,
-                                LogitKind::kCoarse};
-
-// One row of logits: normal (sd 2), peaked (sd 6), quantised to halves (heavy
-// ties) or four integer levels (ties everywhere); the first two and the
-// quantised kind sprinkle about 1% NaN and 1% -inf.
-std::vector<float> make_row(int64_t vocab, LogitKind kind, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> level(0, 3);
-  std::uniform_real_distribution<float> coin(0.0f, 1.0f);
-  std::vector<float> row(static_cast<size_t>(vocab));
-  for (float& x : row) {
-    switch (kind) {
-      case LogitKind::kNormal:
-        x = 2.0f * normal(rng);
-        break;
-      case LogitKind::kPeaked:
-        x = 6.0f * normal(rng);
-        break;
-      case LogitKind::kQuantised:
-        x = std::round(4.0f * normal(rng)) / 2.0f;
-        break;
-      case LogitKind::kCoarse:
-        x = static_cast<float>(level(rng));
-        break;
-    }
-    if (kind != LogitKind::kCoarse) {
-      const float c = coin(rng);
-      if (c < 0.01f) x = kNaN;
-      if (c >= 0.01f && c < 0.02f) x = -kInf;
-    }
-  }
-  return row;
-}
-
-// Every combination of the brief's policy values; top_k == vocab means "off by size".
-std::vector<SamplingRow> policy_grid(int64_t vocab) {
-  std::vector<SamplingRow> grid;
-  for (float temperature : {0.5f, 1.0f, 2.0f}) {
-    for (int32_t top_k : {0, 1, 5, 50, static_cast<int32_t>(vocab)}) {
-      for (float top_p : {0.1f, 0.5f, 0.9f, 1.0f}) {
-        for (float min_p : {0.0f, 0.05f, 0.5f}) {
-          grid.push_back(policy(temperature, top_k, top_p, min_p));
-        }
-      }
-    }
-  }
-  return grid;
-}
-
-// n_rows rows of `vocab` logits with mixed policies and kinds, random keys.
-Batch mixed_batch(int64_t vocab, size_t n_rows, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> position(0, INT32_MAX);
-  const std::vector<SamplingRow> grid = policy_grid(vocab);
-  Batch batch;
-  batch.vocab = vocab;
-  for (size_t r = 0; r < n_rows; ++r) {
-    SamplingRow row = grid[r % grid.size()];
-    row.seed = rng();
-    row.position = position(rng);
-    const LogitKind kind = kKinds[(r + r / grid.size()) % std::size(kKinds)];
-    batch.add(make_row(vocab, kind, rng), row);
-  }
-  return batch;
-}
+using namespace sampling_test;  // NOLINT(google-build-using-namespace)
 
 TEST(SamplingUniformTest, DeviceTwinMatchesTheHostBitForBit) {
   CELLM_SKIP_WITHOUT_GPU();
@@ -833,6 +548,125 @@ TEST(SampleSplitTest, SplitAndUnsplitLaunchesDrawTheSameTokens) {
                                     unsplit.begin() + static_cast<std::ptrdiff_t>(split.size()));
     EXPECT_EQ(split, want) << rows_per_launch << " rows a launch";
   }
+}
+
+// ---- The chunked path's cuts (sampling.h, launches 3-6): candidates found from
+// chunk histograms, compacted, and the draw over them; or the whole row when
+// they do not fit.
+
+enum class CutRow { kModel, kTiesAtTheCut, kOneToken, kFlat, kNearlyFlat };
+constexpr CutRow kCutRows[] = {CutRow::kModel, CutRow::kTiesAtTheCut, CutRow::kOneToken,
+                               CutRow::kFlat, CutRow::kNearlyFlat};
+
+// A row of `vocab` logits of the given shape, for launches of `split`:
+//   model: normal (sd 2) with a few peaks of 8, like sample_bench's;
+//   ties at the cut: 20 ids at 6 and 3000 ids at 3, all tied, laid across every
+//     chunk boundary, the rest far below: top-p 0.9 and top-k 50 both cut
+//     inside the tie, whose ids span chunks;
+//   one token: one logit of 60 takes (almost) all the mass;
+//   flat: every logit equal (every id a candidate: the whole-row fallback);
+//   nearly flat: tiny noise, so top-p 0.9 needs most of the row.
+std::vector<float> cut_row(int64_t vocab, const SampleSplit& split, CutRow kind,
+                           std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(vocab));
+  switch (kind) {
+    case CutRow::kModel:
+      for (float& x : row) x = 2.0f * normal(rng);
+      for (int peak = 0; peak < 4; ++peak) row[rng() % row.size()] = 8.0f;
+      break;
+    case CutRow::kTiesAtTheCut: {
+      for (float& x : row) x = -30.0f + normal(rng);
+      std::vector<int64_t> ids;
+      for (int64_t c = 0; c <= split.n_chunks; ++c) {
+        for (int64_t d = -1500 / (split.n_chunks + 1); d < 1500 / (split.n_chunks + 1); ++d) {
+          ids.push_back(std::clamp<int64_t>(c * split.chunk_logits + d, 0, vocab - 1));
+        }
+      }
+      for (int64_t id : ids) row[static_cast<size_t>(id)] = 3.0f;
+      for (int i = 0; i < 20; ++i) row[rng() % row.size()] = 6.0f;
+      break;
+    }
+    case CutRow::kOneToken:
+      for (float& x : row) x = 2.0f * normal(rng);
+      row[rng() % row.size()] = 60.0f;
+      break;
+    case CutRow::kFlat:
+      std::fill(row.begin(), row.end(), 1.5f);
+      break;
+    case CutRow::kNearlyFlat:
+      for (float& x : row) x = -4.0f + 0.01f * normal(rng);
+      break;
+  }
+  return row;
+}
+
+// Every pair of a cut-row shape and a policy from the brief's list, n_rows rows.
+Batch cut_batch(int64_t vocab, size_t n_rows, uint64_t seed) {
+  const std::vector<SamplingRow> policies = {
+      policy(0.7f, 0, 0.9f, 0.0f),  policy(0.7f, 50, 1.0f, 0.0f), policy(1.0f, 0, 1.0f, 0.05f),
+      policy(0.7f, 0, 1.0f, 0.0f),  policy(1.0f, 0, 0.9f, 0.05f), policy(1.0f, 50, 0.9f, 0.1f),
+      policy(2.0f, 0, 0.99f, 0.0f), policy(0.7f, 1, 1.0f, 0.0f)};
+  std::mt19937_64 rng(seed);
+  const SampleSplit split = sample_split(static_cast<int64_t>(n_rows), vocab);
+  Batch batch;
+  batch.vocab = vocab;
+  for (size_t r = 0; r < n_rows; ++r) {
+    SamplingRow p = policies[r % policies.size()];
+    p.seed = rng();
+    p.position = static_cast<int32_t>(rng() & 0x7FFFFFFF);
+    const CutRow kind = kCutRows[(r + r / policies.size()) % std::size(kCutRows)];
+    batch.add(cut_row(vocab, split, kind, rng), p);
+  }
+  return batch;
+}
+
+TEST(SampleChunkedTest, Llama3RowsMatchTheHostAtOneSixteenAnd256Rows) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // Model-like, tied, one-token, flat and nearly flat rows under top-p 0.9,
+  // top-k 50, min-p 0.05, plain temperature, top-p with min-p; one row a launch
+  // (62 chunks) for the first 40, then 16 rows (32 chunks) and 256 (2 chunks).
+  const int64_t vocab = 128256;
+  const Batch ones = cut_batch(vocab, 40, 400);
+  for (size_t r = 0; r < ones.rows.size(); ++r) {
+    expect_device_matches_host(slice(ones, r, r + 1), "one row, row " + std::to_string(r));
+  }
+  expect_device_matches_host(cut_batch(vocab, 16, 401), "16 rows");
+  expect_device_matches_host(cut_batch(vocab, 80, 402), "80 rows");
+  expect_device_matches_host(cut_batch(vocab, 256, 403), "256 rows");
+}
+
+TEST(SampleChunkedTest, TiesAtTheCutAcrossChunkBoundariesKeepTheLowestIds) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // Only rows whose cut falls inside a tie laid over every chunk boundary, at
+  // vocab sizes whose chunks end at odd places, one to 64 rows a launch.
+  std::mt19937_64 rng(31);
+  for (int64_t vocab : {int64_t{4096}, int64_t{8193}, int64_t{32000}, int64_t{151669}}) {
+    for (size_t n_rows : {1, 7, 64}) {
+      const SampleSplit split = sample_split(static_cast<int64_t>(n_rows), vocab);
+      Batch batch;
+      batch.vocab = vocab;
+      for (size_t r = 0; r < n_rows; ++r) {
+        SamplingRow p = r % 2 == 0 ? policy(0.7f, 0, 0.9f, 0.0f) : policy(0.7f, 50, 1.0f, 0.0f);
+        if (r % 3 == 2) p = policy(1.0f, 30, 1.0f, 0.0f);  // inside the ties at 6
+        p.seed = rng();
+        p.position = static_cast<int32_t>(r);
+        batch.add(cut_row(vocab, split, CutRow::kTiesAtTheCut, rng), p);
+      }
+      expect_device_matches_host(
+          batch, "ties, vocab " + std::to_string(vocab) + ", " + std::to_string(n_rows) + " rows");
+    }
+  }
+}
+
+TEST(SampleChunkedTest, ChunkedAndOneBlockLaunchesDrawTheSameTokens) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // 600 rows split in 1 chunk each (the whole row is one chunk); the same rows
+  // 16 a launch split in 32. Every token, boundary rows included, must agree.
+  const int64_t vocab = 32000;
+  const Batch batch = cut_batch(vocab, 600, 404);
+  ASSERT_EQ(sample_split(600, vocab).n_chunks, 1);
+  EXPECT_EQ(tokens_in_launches_of(batch, 600), tokens_in_launches_of(batch, 16));
 }
 
 }  // namespace

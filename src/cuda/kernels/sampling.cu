@@ -1,5 +1,5 @@
-// Device sampling: one block of kThreads threads per row. See sampling.h for the
-// contract; the steps below mirror src/core/sampler.cpp one for one.
+// Device sampling. See sampling.h for the contract and the launch sequence; the
+// steps below mirror src/core/sampler.cpp one for one.
 #include "cuda/kernels/sampling.h"
 
 #include <algorithm>
@@ -9,17 +9,26 @@
 namespace cellm::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 1024;  // the per-row kernels' blocks
 constexpr int kWarps = kThreads / 32;
-// The first pass's split (sample_split): blocks of kChunkThreads, each reducing a
-// chunk of at least kMinChunkLogits logits (a block streams it at full speed), and
-// about kTargetChunkBlocks blocks in all (4 per SM on a 132-SM H100/H200).
+// The split (sample_split): blocks of kChunkThreads, each on a chunk of at least
+// kMinChunkLogits logits (a block streams it at full speed), about
+// kTargetChunkBlocks blocks in all (4 per SM on a 132-SM H100/H200).
 constexpr int kChunkThreads = 256;
 constexpr int kChunkUnroll = 8;  // loads in flight per thread
 constexpr int64_t kMinChunkLogits = 2048;
 constexpr int64_t kTargetChunkBlocks = 512;
+constexpr int kMaxChunks = static_cast<int>(kTargetChunkBlocks);
+// Rows of fewer logits (never split) take the one-kernel path.
+constexpr int64_t kMinChunkedVocab = 2 * kMinChunkLogits;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
-constexpr int kBins = 256;                       // one radix digit of 8 bits
+constexpr int kBins = 256;  // one radix digit of 8 bits
+// A weight's coarse key: its float bits >> 20 (sign, exponent and 3 mantissa
+// bits: eighths of an octave). Weights lie in [0, 1], so keys are <= 0x3F8.
+constexpr int kKeyShift = 20;
+constexpr int kKeyBins = 1024;
+static_assert(kKeyBins == kThreads, "row_plan_kernel gives each key one thread");
+static_assert(kMaxChunks <= kThreads, "the per-row kernels give each chunk one thread");
 constexpr int64_t kMaxVocab = int64_t{1} << 30;  // ids and loop indices stay in int32
 constexpr int64_t kMaxRows = int64_t{1} << 24;   // keeps the workspace size in range
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
@@ -117,16 +126,18 @@ struct BestSlots {
   int32_t valid[kBlockThreads / 32];
 };
 
-// The block's shared state. Every helper below is called by all threads of the
-// block together and leaves the state free for the next helper.
+// The per-row kernels' shared state. Every helper below is called by all
+// threads of the block together and leaves the state free for the next helper.
 struct Shared {
   unsigned long long hist[kBins];  // radix histogram: count or fixed-point mass per digit
   uint64_t partial[kWarps];        // per-warp partial sums
   BestSlots<kThreads> best;
-  uint32_t bin;      // select_crossing: the digit found in this pass
-  uint64_t above;    // select_crossing: measure above that digit
-  int32_t found_id;  // first_crossing_in_id_order
+  uint32_t chunk_count[kMaxChunks];  // row_plan_kernel: candidates per chunk
+  uint32_t bin;                      // select_crossing: the digit found in this pass
+  uint64_t above;                    // select_crossing: measure above that digit
+  int32_t found_id;                  // first_crossing_in_id_order
   int32_t found;
+  int32_t first;  // row_plan_kernel: the first thread whose key crosses
 };
 
 __device__ unsigned lane_id() {
@@ -150,15 +161,21 @@ __device__ uint64_t warp_inclusive_scan(uint64_t v) {
   return v;
 }
 
-// The sum of `v` over the block, returned to every thread (exact: integers).
-__device__ uint64_t block_sum(uint64_t v, Shared& sh) {
+// The sum of `v` over a block of kBlockThreads threads, returned to every thread
+// (exact: integers). `partial` holds kBlockThreads / 32 entries.
+template <int kBlockThreads>
+__device__ uint64_t block_sum(uint64_t v, uint64_t* partial) {
   v = warp_sum(v);
-  if (lane_id() == 0) sh.partial[warp_id()] = v;
+  if (lane_id() == 0) partial[warp_id()] = v;
   __syncthreads();
   uint64_t total = 0;
-  for (int w = 0; w < kWarps; ++w) total += sh.partial[w];
+  for (int w = 0; w < kBlockThreads / 32; ++w) total += partial[w];
   __syncthreads();
   return total;
+}
+
+__device__ uint64_t block_sum(uint64_t v, Shared& sh) {
+  return block_sum<kThreads>(v, sh.partial);
 }
 
 // The sum of `v` over the threads before this one (thread order).
@@ -259,6 +276,109 @@ __device__ void find_crossing_bin(Shared& sh, uint64_t above, uint64_t target) {
   }
 }
 
+// What a row's draw needs of its logits: the maximum (the argmax's logit) and the
+// temperature. Every kernel after row_max_kernel rebuilds it from the argmax
+// that kernel left in out_tokens[row].
+struct RowScale {
+  float max_logit = 0.f;
+  float temperature = 0.f;
+  bool drawn = false;  // temperature > 0 and the row has mass; else its token is the argmax
+};
+
+__device__ RowScale row_scale(const float* x, int32_t argmax, float temperature) {
+  RowScale s;
+  s.max_logit = x[argmax];
+  s.temperature = temperature;
+  // The argmax's logit is NaN only when every logit is (argmax 0), -inf only
+  // when no logit is larger: no mass either way.
+  s.drawn = temperature != 0.f && !isnan(s.max_logit) && !(isinf(s.max_logit) && s.max_logit < 0.f);
+  return s;
+}
+
+// The host's weight of logit v, bit for bit: the quotient in float, then the
+// host's expf; the largest is exactly 1.
+__device__ float weight_of(float v, const RowScale& s) {
+  float w;
+  if (isnan(v)) {
+    w = 0.f;
+  } else if (isinf(s.max_logit)) {
+    w = v == s.max_logit ? 1.f : 0.f;
+  } else {
+    w = host_expf((v - s.max_logit) / s.temperature);
+  }
+  return w >= 0.f && w <= 1.f ? w : 0.f;  // only invalid params fail the test
+}
+
+__device__ uint32_t key_of(float w) {
+  return __float_as_uint(w) >> kKeyShift;
+}
+
+// How a row is drawn after its weights: by a walk in id order (no top-k or
+// top-p; min-p at most), or after a top-k / top-p cut in (weight desc, id asc)
+// order.
+__device__ bool use_top_k(const SamplingRow& p, int32_t vocab) {
+  return p.top_k > 0 && p.top_k < vocab;
+}
+__device__ bool use_top_p(const SamplingRow& p, int32_t vocab) {
+  return !use_top_k(p, vocab) && p.top_p > 0.f && p.top_p < 1.f;
+}
+__device__ bool is_cut(const SamplingRow& p, int32_t vocab) {
+  return use_top_k(p, vocab) || use_top_p(p, vocab);
+}
+
+// A token's mass: its weight in fixed point, round(w * 2^mass_shift); the masses
+// of a row sum below 2^62. Monotone in w.
+struct Mass {
+  double scale;
+  __device__ uint64_t operator()(float w) const {
+    return __double2ull_rn(static_cast<double>(w) * scale);
+  }
+};
+
+// Lists the selections below run over: n entries, each an id and its weight, in
+// ascending id order.
+//   StoredRow: a whole row's weights in memory.
+//   RecomputedRow: a whole row, each weight recomputed from its logit.
+//   CandidateList: compacted (weight bits, id) pairs.
+//   StoredChunk: ids [begin, begin + n) of a stored row whose ids below
+//                `deferred` are not stored yet and are recomputed.
+struct StoredRow {
+  const float* weight;
+  int32_t n;
+  __device__ float weight_at(int32_t j) const { return weight[j]; }
+  __device__ int32_t id_at(int32_t j) const { return j; }
+};
+
+struct RecomputedRow {
+  const float* x;
+  RowScale scale;
+  int32_t n;
+  __device__ float weight_at(int32_t j) const { return weight_of(x[j], scale); }
+  __device__ int32_t id_at(int32_t j) const { return j; }
+};
+
+struct CandidateList {
+  const uint32_t* bits;
+  const int32_t* ids;
+  int32_t n;
+  __device__ float weight_at(int32_t j) const { return __uint_as_float(bits[j]); }
+  __device__ int32_t id_at(int32_t j) const { return ids[j]; }
+};
+
+struct StoredChunk {
+  const float* weight;  // the row's weights, indexed by id
+  const float* x;       // the row's logits
+  RowScale scale;
+  int32_t begin;
+  int32_t n;
+  int32_t deferred;
+  __device__ float weight_at(int32_t j) const {
+    const int32_t id = begin + j;
+    return id < deferred ? weight_of(x[id], scale) : weight[id];
+  }
+  __device__ int32_t id_at(int32_t j) const { return begin + j; }
+};
+
 struct Selection {
   uint32_t bits = 0;   // the weight's float bits
   uint64_t above = 0;  // the measure of the set's elements strictly above it
@@ -266,26 +386,26 @@ struct Selection {
 
 // The weight v where the set's cumulative measure, taken in descending weight
 // order, crosses `target`: F(w > v) <= target < F(w >= v), F(.) summing
-// measure(w) over the ids i with in_set(i, w). Weights are >= 0, so their float
-// bits order like the values; four radix passes of 8 bits fix v digit by digit.
-// REQUIRES: target < F(all of the set).
-template <typename InSet, typename Measure>
-__device__ Selection select_crossing(const float* weight, int32_t vocab, InSet in_set,
-                                     Measure measure, uint64_t target, Shared& sh) {
+// measure(w) over the list's entries (id i, weight w) with in_set(i, w). Weights
+// are >= 0, so their float bits order like the values; four radix passes of 8
+// bits fix v digit by digit. REQUIRES: target < F(the whole list).
+template <typename List, typename InSet, typename Measure>
+__device__ Selection select_crossing(const List& list, InSet in_set, Measure measure,
+                                     uint64_t target, Shared& sh) {
   uint32_t prefix = 0;
   uint32_t prefix_mask = 0;
   uint64_t above = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = static_cast<int>(threadIdx.x); b < kBins; b += kThreads) sh.hist[b] = 0;
     __syncthreads();
-    for (int32_t base = 0; base < vocab; base += kThreads) {
-      const int32_t i = base + static_cast<int32_t>(threadIdx.x);
+    for (int32_t base = 0; base < list.n; base += kThreads) {
+      const int32_t j = base + static_cast<int32_t>(threadIdx.x);
       uint32_t key = 0;
       uint64_t value = 0;
-      if (i < vocab) {
-        const float w = weight[i];
+      if (j < list.n) {
+        const float w = list.weight_at(j);
         const uint32_t bits = __float_as_uint(w);
-        if ((bits & prefix_mask) == prefix && in_set(i, w)) {
+        if ((bits & prefix_mask) == prefix && in_set(list.id_at(j), w)) {
           key = (bits >> shift) & 0xFFu;
           value = measure(w);
         }
@@ -306,25 +426,26 @@ __device__ Selection select_crossing(const float* weight, int32_t vocab, InSet i
   return s;
 }
 
-// The first id i (in id order) where the sum of measure(j, w_j) over j <= i
-// exceeds `target`, in *id; false when the whole row's sum does not. Each thread
-// sums a contiguous chunk; a block scan places the chunks; the one chunk that
-// holds the crossing is walked by its thread.
-template <typename Measure>
-__device__ bool first_crossing_in_id_order(const float* weight, int32_t vocab, Measure measure,
-                                           uint64_t target, Shared& sh, int32_t* id) {
-  const int32_t chunk = (vocab + kThreads - 1) / kThreads;
-  const int32_t begin = min(static_cast<int32_t>(threadIdx.x) * chunk, vocab);
-  const int32_t end = min(begin + chunk, vocab);
+// The id of the first entry j (in list order) where the sum of measure(id, w)
+// over the entries up to j exceeds `target`, in *id; false when the whole list's
+// sum does not. Each thread sums a contiguous run of entries; a block scan places
+// the runs; the one run that holds the crossing is walked by its thread.
+template <typename List, typename Measure>
+__device__ bool first_crossing_in_id_order(const List& list, Measure measure, uint64_t target,
+                                           Shared& sh, int32_t* id) {
+  const int32_t run = (list.n + kThreads - 1) / kThreads;
+  const int32_t begin = min(static_cast<int32_t>(threadIdx.x) * run, list.n);
+  const int32_t end = min(begin + run, list.n);
   uint64_t sum = 0;
-  for (int32_t i = begin; i < end; ++i) sum += measure(i, weight[i]);
+  for (int32_t j = begin; j < end; ++j) sum += measure(list.id_at(j), list.weight_at(j));
   const uint64_t before = block_exclusive_sum(sum, sh);
   if (threadIdx.x == 0) sh.found = 0;
   __syncthreads();
   if (before <= target && target - before < sum) {  // exactly one thread when it exists
     uint64_t cumulative = before;
-    for (int32_t i = begin; i < end; ++i) {
-      cumulative += measure(i, weight[i]);
+    for (int32_t j = begin; j < end; ++j) {
+      const int32_t i = list.id_at(j);
+      cumulative += measure(i, list.weight_at(j));
       if (cumulative > target) {
         sh.found_id = i;
         sh.found = 1;
@@ -340,28 +461,187 @@ __device__ bool first_crossing_in_id_order(const float* weight, int32_t vocab, M
 }
 
 // The id of the rank-th (1-based) lowest id whose weight has float bits `bits`.
-__device__ bool nth_id_with_weight(const float* weight, int32_t vocab, uint32_t bits, uint64_t rank,
-                                   Shared& sh, int32_t* id) {
+template <typename List>
+__device__ bool nth_id_with_weight(const List& list, uint32_t bits, uint64_t rank, Shared& sh,
+                                   int32_t* id) {
   auto is_tie = [bits](int32_t, float w) -> uint64_t {
     return __float_as_uint(w) == bits ? 1u : 0u;
   };
-  return first_crossing_in_id_order(weight, vocab, is_tie, rank - 1, sh, id);
+  return first_crossing_in_id_order(list, is_tie, rank - 1, sh, id);
 }
 
-// The first pass when rows are split: one block per (chunk, row) = (blockIdx.x,
-// blockIdx.y) reduces logits [chunk * chunk_logits, + chunk_logits) of its row
-// (clipped to vocab) to their best and stores it in the row's workspace, which
-// the per-row kernel overwrites with weights only after reading it:
-//   weights[row * vocab + chunk]            the best value
-//   weights[row * vocab + n_chunks + chunk] the best id's int32 bits, -1 when the
-//                                           chunk holds no number
-// REQUIRES: 2 * n_chunks <= vocab (sample_split keeps chunks >= kMinChunkLogits).
+// The draw of a row with top-k or top-p on (is_cut), over a list that holds every
+// entry of the row at or above the cut's weight (so every entry the walk can
+// meet, and all entries tied at the cut): the cut, then min-p, then the walk in
+// (weight desc, id asc) order. `total` is the whole row's mass. Returns the
+// token, or `fallback` where the walk finds none (only invalid params).
+// Zero weights carry no mass and no rank: with fewer than k positive weights,
+// top-k keeps them all, as the host's does (its zeros weigh nothing in the walk).
+template <typename List>
+__device__ int32_t draw_after_cut(const List& list, const SamplingRow& p, int32_t vocab,
+                                  uint64_t total, Mass mass, int32_t fallback, Shared& sh) {
+  auto everything = [](int32_t, float) { return true; };
+  // The kept set before min-p: {w > threshold} and, at the threshold, the ids up
+  // to and including `cutoff` (the host's stable order keeps the lowest ids).
+  uint32_t threshold_bits = 0;
+  int32_t cutoff = INT32_MAX;
+  if (use_top_k(p, vocab)) {
+    auto positive = [](float w) -> uint64_t { return w > 0.f ? 1u : 0u; };
+    uint64_t local = 0;
+    for (int32_t j = static_cast<int32_t>(threadIdx.x); j < list.n; j += kThreads) {
+      local += positive(list.weight_at(j));
+    }
+    const uint64_t n_positive = block_sum(local, sh);
+    const uint64_t k = static_cast<uint64_t>(p.top_k);
+    if (k <= n_positive) {
+      const Selection s = select_crossing(list, everything, positive, k - 1, sh);
+      threshold_bits = s.bits;
+      if (!nth_id_with_weight(list, s.bits, k - s.above, sh, &cutoff)) cutoff = INT32_MAX;
+    }
+  } else {
+    // The host keeps tokens until the cumulative exceeds p * total; for an
+    // integer cumulative that is exceeding floor(p * total).
+    const uint64_t target =
+        __double2ull_rd(static_cast<double>(p.top_p) * static_cast<double>(total));
+    if (target < total) {
+      const Selection s = select_crossing(list, everything, mass, target, sh);
+      const uint64_t tie_mass = mass(__uint_as_float(s.bits));
+      const uint64_t rank = tie_mass > 0 ? (target - s.above) / tie_mass + 1 : 1;
+      threshold_bits = s.bits;
+      if (!nth_id_with_weight(list, s.bits, rank, sh, &cutoff)) cutoff = INT32_MAX;
+    }
+  }
+
+  // Min-p, the kept mass and the draw r = u * kept (exact: 24-bit u times a
+  // mass below 2^62, shifted back).
+  const float min_p = p.min_p;
+  auto kept = [threshold_bits, cutoff, min_p](int32_t i, float w) {
+    const uint32_t bits = __float_as_uint(w);
+    return (bits > threshold_bits || (bits == threshold_bits && i <= cutoff)) && w >= min_p;
+  };
+  uint64_t local = 0;
+  for (int32_t j = static_cast<int32_t>(threadIdx.x); j < list.n; j += kThreads) {
+    const float w = list.weight_at(j);
+    if (kept(list.id_at(j), w)) local += mass(w);
+  }
+  const uint64_t kept_mass = block_sum(local, sh);
+  if (kept_mass == 0) return fallback;  // only invalid params get here
+  const uint64_t u = uniform_bits24(p.seed, p.position);
+  const uint64_t r = (__umul64hi(u, kept_mass) << 40) | ((u * kept_mass) >> 24);
+
+  // The walk in (weight desc, id asc) order; the kept ids at any weight are the
+  // lowest ids with that weight.
+  const Selection s = select_crossing(list, kept, mass, r, sh);
+  const uint64_t tie_mass = mass(__uint_as_float(s.bits));
+  const uint64_t rank = tie_mass > 0 ? (r - s.above) / tie_mass + 1 : 1;
+  int32_t token = fallback;
+  if (!nth_id_with_weight(list, s.bits, rank, sh, &token)) token = fallback;
+  return token;
+}
+
+// ---- The one-kernel path, for rows of fewer than kMinChunkedVocab logits.
+
+// One block per row: the argmax, the weights (stored in the row's workspace), the
+// draw. weights: [n_rows, vocab] f32.
+__global__ void __launch_bounds__(kThreads)
+    sample_rows_kernel(const float* __restrict__ logits, int32_t vocab,
+                       const SamplingRow* __restrict__ params, int32_t* __restrict__ out_tokens,
+                       float* __restrict__ weights, int mass_shift) {
+  __shared__ Shared sh;
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * vocab;
+  float* weight = weights + row * vocab;
+  const SamplingRow p = params[row];
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
+
+  // Argmax: the answer at temperature 0, and the fallback without mass.
+  Best best;
+  for (int32_t i = tid; i < vocab; i += kThreads) best = better(best, candidate_of(x[i], i));
+  best = block_best(best, sh.best);
+  const int32_t argmax = best.valid ? best.index : 0;
+  const RowScale scale = row_scale(x, argmax, p.temperature);
+  if (!scale.drawn) {
+    if (tid == 0) out_tokens[row] = argmax;
+    return;
+  }
+  for (int32_t i = tid; i < vocab; i += kThreads) weight[i] = weight_of(x[i], scale);
+  __syncthreads();
+
+  const Mass mass{ldexp(1.0, mass_shift)};
+  const StoredRow list{weight, vocab};
+  int32_t token = argmax;
+  if (is_cut(p, vocab)) {
+    uint64_t local = 0;
+    for (int32_t i = tid; i < vocab; i += kThreads) local += mass(weight[i]);
+    const uint64_t total = block_sum(local, sh);
+    token = draw_after_cut(list, p, vocab, total, mass, argmax, sh);
+  } else {
+    const float min_p = p.min_p;
+    auto kept_mass_of = [min_p, mass](int32_t, float w) -> uint64_t {
+      return w >= min_p ? mass(w) : 0;
+    };
+    uint64_t local = 0;
+    for (int32_t i = tid; i < vocab; i += kThreads) local += kept_mass_of(i, weight[i]);
+    const uint64_t kept_mass = block_sum(local, sh);
+    if (kept_mass > 0) {  // else only invalid params
+      const uint64_t u = uniform_bits24(p.seed, p.position);
+      const uint64_t r = (__umul64hi(u, kept_mass) << 40) | ((u * kept_mass) >> 24);
+      if (!first_crossing_in_id_order(list, kept_mass_of, r, sh, &token)) token = argmax;
+    }
+  }
+  if (tid == 0) out_tokens[row] = token;
+}
+
+// ---- The chunked path: six launches, grids of (rows, chunks) or (rows).
+//
+// A row's workspace, [vocab] 32-bit words, as the launches leave it:
+//   chunk_best_kernel   [0, C) chunk best values, [C, 2C) their ids
+//   id-order rows (no top-k / top-p):
+//     chunk_weights     [0, 2C) each chunk's kept mass (u64 as lo, hi words),
+//                       [2C, vocab) the weights
+//     row_walk          [0, 2C) the weights too: the row holds all its weights
+//   cut rows (top-k / top-p):
+//     chunk_weights     header: [2C, 2C + 2) nothing; kSums + 2c: chunk c's mass;
+//                       [hist, + C * kKeyBins) chunk c's key histogram (counts of
+//                       positive weights per key)
+//     row_plan          header: min key, candidate count, total mass; each
+//                       chunk's offset into the candidate list
+//     chunk_compact     [bits, + capacity) candidate weights' bits, [ids, +
+//                       capacity) their ids, in id order
+struct RowLayout {
+  int32_t vocab;
+  int32_t n_chunks;
+  static constexpr int32_t kMinKey = 0;  // header words of a cut row
+  static constexpr int32_t kCount = 1;
+  static constexpr int32_t kTotal = 2;  // lo, hi
+  static constexpr int32_t kSums = 4;   // C chunk masses, lo, hi each
+  __device__ int32_t offsets() const { return kSums + 2 * n_chunks; }
+  __device__ int32_t hist() const { return offsets() + n_chunks; }
+  __device__ int32_t capacity() const { return (vocab - hist()) / 2; }
+  __device__ int32_t bits() const { return hist(); }
+  __device__ int32_t ids() const { return hist() + capacity(); }
+  __device__ int32_t deferred() const { return 2 * n_chunks; }  // id-order rows
+};
+
+__device__ void store_u64(uint32_t* words, uint64_t v) {
+  words[0] = static_cast<uint32_t>(v);
+  words[1] = static_cast<uint32_t>(v >> 32);
+}
+__device__ uint64_t load_u64(const uint32_t* words) {
+  return static_cast<uint64_t>(words[0]) | (static_cast<uint64_t>(words[1]) << 32);
+}
+
+// Launch 1: one block per (row, chunk) = (blockIdx.x, blockIdx.y) reduces logits
+// [chunk * chunk_logits, + chunk_logits) of its row (clipped to vocab) to their
+// best and stores it in the row's workspace:
+//   words[chunk]            the best value
+//   words[n_chunks + chunk] the best id, -1 when the chunk holds no number
 __global__ void __launch_bounds__(kChunkThreads)
     chunk_best_kernel(const float* __restrict__ logits, int32_t vocab, int32_t chunk_logits,
-                      int32_t n_chunks, float* __restrict__ weights) {
+                      int32_t n_chunks, float* __restrict__ workspace) {
   __shared__ BestSlots<kChunkThreads> slots;
-  const int32_t chunk = static_cast<int32_t>(blockIdx.x);
-  const int64_t row = blockIdx.y;
+  const int64_t row = blockIdx.x;
+  const int32_t chunk = static_cast<int32_t>(blockIdx.y);
   const float* x = logits + row * vocab;
   const int32_t begin = chunk * chunk_logits;
   const int32_t end = min(begin + chunk_logits, vocab);
@@ -383,137 +663,298 @@ __global__ void __launch_bounds__(kChunkThreads)
   }
   best = block_best(best, slots);
   if (threadIdx.x == 0) {
-    float* partials = weights + row * vocab;
+    float* partials = workspace + row * vocab;
     partials[chunk] = best.valid ? best.value : 0.f;
     partials[n_chunks + chunk] = __int_as_float(best.valid ? best.index : -1);
   }
 }
 
-// One block per row. weights: [n_rows, vocab] f32 scratch; with n_chunks > 0 a
-// row's start holds its chunk bests from chunk_best_kernel, with n_chunks == 0
-// the block scans its row itself. A token's mass is its weight in fixed point,
-// round(w * 2^mass_shift); the masses of a row sum below 2^62.
+// Launch 2: one block per row merges the chunk bests into the argmax, which is
+// the scan's best exactly (see `better`), and stores it in out_tokens[row]: the
+// token of an argmax row, and for the others the id of the maximum logit, which
+// the later launches read back.
+__global__ void __launch_bounds__(kChunkThreads)
+    row_max_kernel(int32_t vocab, int32_t n_chunks, const float* __restrict__ workspace,
+                   int32_t* __restrict__ out_tokens) {
+  __shared__ BestSlots<kChunkThreads> slots;
+  const int64_t row = blockIdx.x;
+  const float* partials = workspace + row * vocab;
+  Best best;
+  for (int32_t c = static_cast<int32_t>(threadIdx.x); c < n_chunks; c += kChunkThreads) {
+    const int32_t index = __float_as_int(partials[n_chunks + c]);
+    if (index >= 0) best = better(best, candidate_of(partials[c], index));
+  }
+  best = block_best(best, slots);
+  if (threadIdx.x == 0) out_tokens[row] = best.valid ? best.index : 0;
+}
+
+// Launch 3: one block per (row, chunk) computes its chunk's weights. An id-order
+// row stores them (but for ids below layout.deferred(), where the chunk masses
+// go) and its chunk's kept mass (w >= min_p); a cut row stores its chunk's mass
+// and its histogram of keys of positive weights. Argmax rows do nothing.
+__global__ void __launch_bounds__(kChunkThreads)
+    chunk_weights_kernel(const float* __restrict__ logits, int32_t vocab, int32_t chunk_logits,
+                         int32_t n_chunks, const SamplingRow* __restrict__ params,
+                         const int32_t* __restrict__ out_tokens, uint32_t* __restrict__ workspace,
+                         int mass_shift) {
+  __shared__ uint32_t hist[kKeyBins];
+  __shared__ uint64_t partial[kChunkThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int32_t chunk = static_cast<int32_t>(blockIdx.y);
+  const float* x = logits + row * vocab;
+  const SamplingRow p = params[row];
+  const RowScale scale = row_scale(x, out_tokens[row], p.temperature);
+  if (!scale.drawn) return;
+  const RowLayout layout{vocab, n_chunks};
+  uint32_t* words = workspace + row * vocab;
+  const int32_t begin = chunk * chunk_logits;
+  const int32_t end = min(begin + chunk_logits, vocab);
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
+  const Mass mass{ldexp(1.0, mass_shift)};
+  constexpr int kUnroll = 4;
+
+  if (!is_cut(p, vocab)) {
+    float* weight = reinterpret_cast<float*>(words);
+    const int32_t deferred = layout.deferred();
+    uint64_t local = 0;
+    for (int32_t base = begin + tid; base < end; base += kChunkThreads * kUnroll) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int32_t i = base + u * kChunkThreads;
+        v[u] = i < end ? x[i] : __int_as_float(0x7FFFFFFF);  // NaN: weight 0
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int32_t i = base + u * kChunkThreads;
+        const float w = weight_of(v[u], scale);
+        if (i < end && i >= deferred) weight[i] = w;
+        if (w >= p.min_p) local += mass(w);
+      }
+    }
+    const uint64_t kept = block_sum<kChunkThreads>(local, partial);
+    if (tid == 0) store_u64(words + 2 * chunk, kept);
+    return;
+  }
+
+  for (int b = tid; b < kKeyBins; b += kChunkThreads) hist[b] = 0;
+  __syncthreads();
+  uint64_t local = 0;
+  for (int32_t base = begin + tid; base < end; base += kChunkThreads * kUnroll) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int32_t i = base + u * kChunkThreads;
+      v[u] = i < end ? x[i] : __int_as_float(0x7FFFFFFF);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const float w = weight_of(v[u], scale);
+      local += mass(w);
+      if (w > 0.f) atomicAdd(&hist[key_of(w)], 1u);
+    }
+  }
+  const uint64_t total = block_sum<kChunkThreads>(local, partial);  // its barriers order hist
+  uint32_t* chunk_hist = words + layout.hist() + chunk * kKeyBins;
+  for (int b = tid; b < kKeyBins; b += kChunkThreads) chunk_hist[b] = hist[b];
+  if (tid == 0) store_u64(words + RowLayout::kSums + 2 * chunk, total);
+}
+
+// Launch 4: one block per drawn row.
+// An id-order row: the kept mass (the chunks' sum), r, the chunk where the
+// cumulative crosses r and the id in it; then the weights of the ids below
+// layout.deferred(), over the chunk masses.
+// A cut row: the total mass and the row's key histogram (the chunks' sums), and
+// from them the lowest key a candidate needs (see sampling.h): top-k's k-th
+// largest weight, and top-p's crossing weight, have a key >= min_key. Every
+// positive weight with key >= min_key is a candidate; this stores min_key, the
+// candidate count and each chunk's offset into the candidate list.
 __global__ void __launch_bounds__(kThreads)
-    sample_rows_kernel(const float* __restrict__ logits, int32_t vocab,
-                       const SamplingRow* __restrict__ params, int32_t* __restrict__ out_tokens,
-                       float* __restrict__ weights, int32_t n_chunks, int mass_shift) {
+    row_plan_kernel(const float* __restrict__ logits, int32_t vocab, int32_t chunk_logits,
+                    int32_t n_chunks, const SamplingRow* __restrict__ params,
+                    int32_t* __restrict__ out_tokens, uint32_t* __restrict__ workspace,
+                    int mass_shift) {
   __shared__ Shared sh;
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
-  float* weight = weights + row * vocab;
   const SamplingRow p = params[row];
+  const int32_t argmax = out_tokens[row];
+  const RowScale scale = row_scale(x, argmax, p.temperature);
+  if (!scale.drawn) return;
+  const RowLayout layout{vocab, n_chunks};
+  uint32_t* words = workspace + row * vocab;
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
+  const Mass mass{ldexp(1.0, mass_shift)};
 
-  // Argmax: the answer at temperature 0, and the fallback without mass. Merging
-  // the chunk bests gives the scan's best exactly (see `better`).
-  Best best;
-  if (n_chunks > 0) {
-    for (int32_t c = tid; c < n_chunks; c += kThreads) {
-      const int32_t index = __float_as_int(weight[n_chunks + c]);
-      if (index >= 0) best = better(best, candidate_of(weight[c], index));
+  if (!is_cut(p, vocab)) {
+    const uint64_t chunk_kept = tid < n_chunks ? load_u64(words + 2 * tid) : 0;
+    const uint64_t before = block_exclusive_sum(chunk_kept, sh);
+    const uint64_t kept_mass = block_sum(chunk_kept, sh);  // its barriers end the reads
+    int32_t token = argmax;
+    if (kept_mass > 0) {  // else only invalid params
+      const uint64_t u = uniform_bits24(p.seed, p.position);
+      const uint64_t r = (__umul64hi(u, kept_mass) << 40) | ((u * kept_mass) >> 24);
+      if (tid == 0) sh.found = -1;
+      __syncthreads();
+      if (tid < n_chunks && before <= r && r - before < chunk_kept) {
+        sh.found = tid;  // exactly one chunk
+        sh.above = before;
+      }
+      __syncthreads();
+      const int32_t chunk = sh.found;
+      const uint64_t above = sh.above;
+      __syncthreads();
+      if (chunk >= 0) {
+        const int32_t begin = chunk * chunk_logits;
+        const StoredChunk list{reinterpret_cast<const float*>(words),
+                               x,
+                               scale,
+                               begin,
+                               min(begin + chunk_logits, vocab) - begin,
+                               layout.deferred()};
+        const float min_p = p.min_p;
+        auto kept_mass_of = [min_p, mass](int32_t, float w) -> uint64_t {
+          return w >= min_p ? mass(w) : 0;
+        };
+        if (!first_crossing_in_id_order(list, kept_mass_of, r - above, sh, &token)) {
+          token = argmax;
+        }
+      }
     }
-  } else {
-    for (int32_t i = tid; i < vocab; i += kThreads) best = better(best, candidate_of(x[i], i));
-  }
-  // The barrier inside block_best orders these reads of the chunk bests before
-  // the weights overwrite them.
-  best = block_best(best, sh.best);
-  const int32_t argmax = best.valid ? best.index : 0;
-  if (p.temperature == 0.f || !best.valid || (isinf(best.value) && best.value < 0.f)) {
-    if (tid == 0) out_tokens[row] = argmax;
+    float* weight = reinterpret_cast<float*>(words);
+    for (int32_t i = tid; i < layout.deferred(); i += kThreads) weight[i] = weight_of(x[i], scale);
+    if (tid == 0) out_tokens[row] = token;
     return;
   }
 
-  // Weights exactly as the host computes them, bit for bit: the quotient in
-  // float, then the host's expf; the largest is exactly 1.
-  const float max_logit = best.value;
-  const bool infinite_max = isinf(max_logit);
-  for (int32_t i = tid; i < vocab; i += kThreads) {
-    const float v = x[i];
-    float w;
-    if (isnan(v)) {
-      w = 0.f;
-    } else if (infinite_max) {
-      w = v == max_logit ? 1.f : 0.f;
-    } else {
-      w = host_expf((v - max_logit) / p.temperature);
+  const uint64_t total =
+      block_sum(tid < n_chunks ? load_u64(words + RowLayout::kSums + 2 * tid) : 0, sh);
+  // Thread t holds key b = kKeyBins - 1 - t, so thread order is descending key
+  // order; `contribution` is what key b adds to the measure F taken from the top
+  // (a lower bound of its mass for top-p), `target` what F must exceed.
+  const int32_t key = kKeyBins - 1 - tid;
+  uint32_t count = 0;
+  for (int32_t c = 0; c < n_chunks; ++c) count += words[layout.hist() + c * kKeyBins + key];
+  uint64_t contribution = count;
+  uint64_t target = 0;
+  if (use_top_k(p, vocab)) {
+    target = static_cast<uint64_t>(p.top_k) - 1;
+  } else {
+    target = __double2ull_rd(static_cast<double>(p.top_p) * static_cast<double>(total));
+    contribution = count * mass(__uint_as_float(static_cast<uint32_t>(key) << kKeyShift));
+  }
+  const uint64_t from_top = block_exclusive_sum(contribution, sh) + contribution;
+  if (tid == 0) sh.first = kThreads;
+  __syncthreads();
+  if (from_top > target) atomicMin(&sh.first, tid);
+  __syncthreads();
+  // No key crosses (top-k's k exceeds the positive weights, top-p's target is
+  // not below the total, or the lower bounds fall short): every positive weight.
+  const uint32_t min_key =
+      sh.first < kThreads ? static_cast<uint32_t>(kKeyBins - 1 - sh.first) : 0u;
+
+  // Candidates per chunk: warp w sums chunks w, w + 32, ... over keys >= min_key.
+  for (int32_t c = static_cast<int32_t>(warp_id()); c < n_chunks; c += kWarps) {
+    const uint32_t* chunk_hist = words + layout.hist() + c * kKeyBins;
+    uint64_t n = 0;
+    for (int32_t b = static_cast<int32_t>(min_key + lane_id()); b < kKeyBins; b += 32) {
+      n += chunk_hist[b];
     }
-    if (!(w >= 0.f && w <= 1.f)) w = 0.f;  // only invalid params reach here
-    weight[i] = w;
+    n = warp_sum(n);
+    if (lane_id() == 0) sh.chunk_count[c] = static_cast<uint32_t>(n);
   }
   __syncthreads();
+  const uint64_t chunk_n = tid < n_chunks ? sh.chunk_count[tid] : 0;
+  const uint64_t offset = block_exclusive_sum(chunk_n, sh);
+  const uint64_t n_candidates = block_sum(chunk_n, sh);
+  if (tid < n_chunks) words[layout.offsets() + tid] = static_cast<uint32_t>(offset);
+  if (tid == 0) {
+    words[RowLayout::kMinKey] = min_key;
+    words[RowLayout::kCount] = static_cast<uint32_t>(n_candidates);
+    store_u64(words + RowLayout::kTotal, total);
+  }
+}
 
-  const double scale = ldexp(1.0, mass_shift);
-  auto mass = [scale](float w) -> uint64_t {
-    return __double2ull_rn(static_cast<double>(w) * scale);
-  };
-  auto everything = [](int32_t, float) { return true; };
-
-  // The kept set before min-p: {w > threshold} and, at the threshold, the ids up
-  // to and including `cutoff` (the host's stable order keeps the lowest ids).
-  const bool use_top_k = p.top_k > 0 && p.top_k < vocab;
-  const bool use_top_p = !use_top_k && p.top_p > 0.f && p.top_p < 1.f;
-  uint32_t threshold_bits = 0;
-  int32_t cutoff = vocab - 1;
-  if (use_top_k) {
-    auto count = [](float) -> uint64_t { return 1; };
-    const uint64_t k = static_cast<uint64_t>(p.top_k);
-    const Selection s = select_crossing(weight, vocab, everything, count, k - 1, sh);
-    threshold_bits = s.bits;
-    if (!nth_id_with_weight(weight, vocab, s.bits, k - s.above, sh, &cutoff)) cutoff = vocab - 1;
-  } else if (use_top_p) {
-    uint64_t local = 0;
-    for (int32_t i = tid; i < vocab; i += kThreads) local += mass(weight[i]);
-    const uint64_t total = block_sum(local, sh);
-    // The host keeps tokens until the cumulative exceeds p * total; for an
-    // integer cumulative that is exceeding floor(p * total).
-    const uint64_t target =
-        __double2ull_rd(static_cast<double>(p.top_p) * static_cast<double>(total));
-    if (target < total) {
-      const Selection s = select_crossing(weight, vocab, everything, mass, target, sh);
-      const uint64_t tie_mass = mass(__uint_as_float(s.bits));
-      const uint64_t rank = tie_mass > 0 ? (target - s.above) / tie_mass + 1 : 1;
-      threshold_bits = s.bits;
-      if (!nth_id_with_weight(weight, vocab, s.bits, rank, sh, &cutoff)) cutoff = vocab - 1;
+// Launch 5: one block per (row, chunk) of a cut row whose candidates fit:
+// stores its chunk's candidates (positive weights with key >= min_key) at its
+// offset in the candidate list, in id order.
+__global__ void __launch_bounds__(kChunkThreads)
+    chunk_compact_kernel(const float* __restrict__ logits, int32_t vocab, int32_t chunk_logits,
+                         int32_t n_chunks, const SamplingRow* __restrict__ params,
+                         const int32_t* __restrict__ out_tokens, uint32_t* __restrict__ workspace) {
+  __shared__ uint32_t warp_count[kChunkThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int32_t chunk = static_cast<int32_t>(blockIdx.y);
+  const float* x = logits + row * vocab;
+  const SamplingRow p = params[row];
+  const RowScale scale = row_scale(x, out_tokens[row], p.temperature);
+  if (!scale.drawn || !is_cut(p, vocab)) return;
+  const RowLayout layout{vocab, n_chunks};
+  uint32_t* words = workspace + row * vocab;
+  const uint32_t n_candidates = words[RowLayout::kCount];
+  if (n_candidates > static_cast<uint32_t>(layout.capacity())) return;
+  const uint32_t min_key = words[RowLayout::kMinKey];
+  uint32_t offset = words[layout.offsets() + chunk];
+  uint32_t* bits = words + layout.bits();
+  uint32_t* ids = words + layout.ids();
+  const int32_t begin = chunk * chunk_logits;
+  const int32_t end = min(begin + chunk_logits, vocab);
+  const unsigned lane = lane_id();
+  const unsigned warp = warp_id();
+  for (int32_t base = begin; base < end; base += kChunkThreads) {
+    const int32_t i = base + static_cast<int32_t>(threadIdx.x);
+    const float w = i < end ? weight_of(x[i], scale) : 0.f;
+    const bool take = w > 0.f && key_of(w) >= min_key;
+    const unsigned ballot = __ballot_sync(kFullMask, take);
+    if (lane == 0) warp_count[warp] = static_cast<uint32_t>(__popc(static_cast<int>(ballot)));
+    __syncthreads();
+    uint32_t before = 0;
+    uint32_t tile = 0;
+    for (unsigned q = 0; q < kChunkThreads / 32; ++q) {
+      before += q < warp ? warp_count[q] : 0u;
+      tile += warp_count[q];
     }
+    if (take) {
+      const uint32_t at =
+          offset + before +
+          static_cast<uint32_t>(__popc(static_cast<int>(ballot & ((1u << lane) - 1u))));
+      bits[at] = __float_as_uint(w);
+      ids[at] = static_cast<uint32_t>(i);
+    }
+    offset += tile;
+    __syncthreads();
   }
+}
 
-  // Min-p, the kept mass and the draw r = u * kept (exact: 24-bit u times a
-  // mass below 2^62, shifted back).
-  const float min_p = p.min_p;
-  auto kept = [threshold_bits, cutoff, min_p](int32_t i, float w) {
-    const uint32_t bits = __float_as_uint(w);
-    return (bits > threshold_bits || (bits == threshold_bits && i <= cutoff)) && w >= min_p;
-  };
-  uint64_t local = 0;
-  for (int32_t i = tid; i < vocab; i += kThreads) {
-    const float w = weight[i];
-    if (kept(i, w)) local += mass(w);
-  }
-  const uint64_t kept_mass = block_sum(local, sh);
-  if (kept_mass == 0) {  // only invalid params get here
-    if (tid == 0) out_tokens[row] = argmax;
-    return;
-  }
-  const uint64_t u = uniform_bits24(p.seed, p.position);
-  const uint64_t r = (__umul64hi(u, kept_mass) << 40) | ((u * kept_mass) >> 24);
-
-  // The walk: descending (weight desc, id asc) after top-k/top-p, id order otherwise.
-  int32_t token = argmax;
-  bool found = false;
-  if (use_top_k || use_top_p) {
-    const Selection s = select_crossing(weight, vocab, kept, mass, r, sh);
-    const uint64_t tie_mass = mass(__uint_as_float(s.bits));
-    const uint64_t rank = tie_mass > 0 ? (r - s.above) / tie_mass + 1 : 1;
-    // The kept ids at any weight are the lowest ids with that weight.
-    found = nth_id_with_weight(weight, vocab, s.bits, rank, sh, &token);
+// Launch 6: one block per cut row draws its token over the candidate list, or
+// over the whole row (weights recomputed) when the candidates did not fit.
+__global__ void __launch_bounds__(kThreads)
+    row_draw_kernel(const float* __restrict__ logits, int32_t vocab, int32_t n_chunks,
+                    const SamplingRow* __restrict__ params, int32_t* __restrict__ out_tokens,
+                    const uint32_t* __restrict__ workspace, int mass_shift) {
+  __shared__ Shared sh;
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * vocab;
+  const SamplingRow p = params[row];
+  const int32_t argmax = out_tokens[row];
+  const RowScale scale = row_scale(x, argmax, p.temperature);
+  if (!scale.drawn || !is_cut(p, vocab)) return;
+  const RowLayout layout{vocab, n_chunks};
+  const uint32_t* words = workspace + row * vocab;
+  const Mass mass{ldexp(1.0, mass_shift)};
+  const uint32_t n_candidates = words[RowLayout::kCount];
+  const uint64_t total = load_u64(words + RowLayout::kTotal);
+  int32_t token;
+  if (n_candidates <= static_cast<uint32_t>(layout.capacity())) {
+    const CandidateList list{words + layout.bits(),
+                             reinterpret_cast<const int32_t*>(words + layout.ids()),
+                             static_cast<int32_t>(n_candidates)};
+    token = draw_after_cut(list, p, vocab, total, mass, argmax, sh);
   } else {
-    auto kept_mass_of = [min_p, mass](int32_t, float w) -> uint64_t {
-      return w >= min_p ? mass(w) : 0;
-    };
-    found = first_crossing_in_id_order(weight, vocab, kept_mass_of, r, sh, &token);
+    const RecomputedRow list{x, scale, vocab};
+    token = draw_after_cut(list, p, vocab, total, mass, argmax, sh);
   }
-  if (tid == 0) out_tokens[row] = found ? token : argmax;
+  if (threadIdx.x == 0) out_tokens[row] = token;
 }
 
 __global__ void sampling_uniform_kernel(const uint64_t* __restrict__ seeds,
@@ -567,19 +1008,32 @@ cudaError_t launch_sample(const float* logits, int64_t n_rows, int64_t vocab,
     return cudaErrorInvalidValue;
   }
   const int mass_shift = 62 - bit_width(static_cast<uint64_t>(vocab));
-  const SampleSplit split = sample_split(n_rows, vocab);
-  float* weights = static_cast<float*>(workspace);
-  if (split.n_chunks > 1) {
-    // n_rows < kTargetChunkBlocks here, well inside gridDim.y's 65535.
-    const dim3 grid(static_cast<unsigned>(split.n_chunks), static_cast<unsigned>(n_rows));
-    chunk_best_kernel<<<grid, kChunkThreads, 0, stream>>>(
-        logits, static_cast<int32_t>(vocab), split.chunk_logits, split.n_chunks, weights);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+  const int32_t v = static_cast<int32_t>(vocab);
+  const unsigned rows = static_cast<unsigned>(n_rows);
+  if (vocab < kMinChunkedVocab) {
+    sample_rows_kernel<<<rows, kThreads, 0, stream>>>(logits, v, params, out_tokens,
+                                                      static_cast<float*>(workspace), mass_shift);
+    return cudaGetLastError();
   }
-  sample_rows_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(
-      logits, static_cast<int32_t>(vocab), params, out_tokens, weights,
-      split.n_chunks > 1 ? split.n_chunks : 0, mass_shift);
+  // The six launches of the chunked path (the file comment of sampling.h). The
+  // same sequence for every (n_rows, vocab), whatever the policies, so a graph
+  // captured once stays valid; each kernel skips the rows it has nothing to do for.
+  const SampleSplit split = sample_split(n_rows, vocab);
+  const int32_t c = split.n_chunks;
+  const int32_t chunk = split.chunk_logits;
+  const dim3 grid(rows, static_cast<unsigned>(c));  // c <= kMaxChunks, inside gridDim.y
+  float* ws_f32 = static_cast<float*>(workspace);
+  uint32_t* ws_u32 = static_cast<uint32_t*>(workspace);
+  chunk_best_kernel<<<grid, kChunkThreads, 0, stream>>>(logits, v, chunk, c, ws_f32);
+  row_max_kernel<<<rows, kChunkThreads, 0, stream>>>(v, c, ws_f32, out_tokens);
+  chunk_weights_kernel<<<grid, kChunkThreads, 0, stream>>>(logits, v, chunk, c, params, out_tokens,
+                                                           ws_u32, mass_shift);
+  row_plan_kernel<<<rows, kThreads, 0, stream>>>(logits, v, chunk, c, params, out_tokens, ws_u32,
+                                                 mass_shift);
+  chunk_compact_kernel<<<grid, kChunkThreads, 0, stream>>>(logits, v, chunk, c, params, out_tokens,
+                                                           ws_u32);
+  row_draw_kernel<<<rows, kThreads, 0, stream>>>(logits, v, c, params, out_tokens, ws_u32,
+                                                 mass_shift);
   return cudaGetLastError();
 }
 

@@ -1,4 +1,4 @@
-// Token sampling on the device: one block per row of logits draws exactly the
+// Token sampling on the device: for each row of logits, launch_sample draws exactly the
 // token the host's cellm::sample_token (include/cellm/sampler.h) draws for the
 // same row, policy and uniform sampling_uniform(seed, position), so only token
 // ids cross to the host and a seeded generation is reproducible on any executor
@@ -20,21 +20,44 @@
 // (4 passes of 8 bits, block-wide histograms in shared memory), and ties at a
 // threshold are resolved by a scan in id order. Masses are summed in 64-bit
 // fixed point (w * 2^S with S = 62 - bit_width(V)), exact and deterministic, so
-// a launch always gives the same tokens for the same inputs. The host sums in
-// double; the two agree on the token unless r (or top-p's p * total) lies within
-// 2^(2 bit_width(V) - 63) of the kept mass (< 1e-8 below 2^18 tokens) from a
-// cumulative boundary.
+// a launch always gives the same tokens for the same inputs, however a row is
+// split. The host sums in double; the two agree on the token unless r (or
+// top-p's p * total) lies within 2^(2 bit_width(V) - 63) of the kept mass
+// (< 1e-8 below 2^18 tokens) from a cumulative boundary.
 //
-// Two kernels. One block per row would leave most of the device idle at small
-// batch while it streams a row of 128k logits, so with few rows the first pass
-// (the argmax, whose value is also the row's maximum) runs on a grid of (chunks,
-// rows): each block reduces a chunk of a row to its best (value desc, id asc,
-// NaN skipped) and stores it in the row's workspace; the per-row kernel merges
-// the chunk bests, which gives the scan's best exactly, since the order is total.
-// Argmax rows (temperature 0, or no mass) then finish without reading the
-// logits again; the others go on with the algorithm above. With many rows (one
-// block per row already fills the device) the split is off and the per-row
-// kernel scans its row itself. Either way the tokens are the same.
+// Rows of fewer than 4096 logits take one kernel, one block per row doing all
+// of the above. Longer rows are cut into chunks (sample_split: about 512 blocks
+// in all) and take six launches, the same six for every policy so that a graph
+// captured once stays valid:
+//   1. (rows, chunks): each chunk's best logit (value desc, id asc, NaN skipped).
+//   2. (rows): the chunk bests merged: the scan's argmax exactly (the order is
+//      total), stored in out_tokens; argmax rows (temperature 0, no mass) are
+//      done, and every later launch skips them.
+//   3. (rows, chunks): each chunk's weights. A row drawn in id order (no top-k,
+//      top-p) stores them and its chunk's kept mass (w >= min_p); a cut row
+//      (top-k or top-p) stores its chunk's mass and a 1024-bin histogram of the
+//      keys (float bits >> 20: eighths of an octave) of its positive weights.
+//   4. (rows): an id-order row sums its chunk masses, draws r, finds the chunk
+//      where the cumulative crosses r and walks it: done. A cut row sums its
+//      chunks' masses (the total) and histograms, and finds the lowest key a
+//      candidate needs: for top-k the largest key b with at least k positive
+//      weights at keys >= b (the k-th largest weight has a key >= b); for
+//      top-p the largest key b where the masses at keys >= b, bounded below by
+//      count times the key's smallest weight, exceed floor(p * total) (then the
+//      true mass of weights >= that smallest weight exceeds it too, so the
+//      crossing weight v, F(w > v) <= floor(p * total) < F(w >= v), is at least
+//      it). Either way every weight the cut keeps, and every weight tied with
+//      the threshold, is a candidate: a positive weight with key >= b. Stores b,
+//      the candidate count and each chunk's offset (from the chunk histograms).
+//   5. (rows, chunks): each chunk compacts its candidates (weight bits, id) at
+//      its offset, so the list is in id order.
+//   6. (rows): the cut, min-p and the walk, as above, over the candidates (a
+//      few hundred to a few thousand for model-like rows) instead of the row.
+//      Zero weights carry no mass: with fewer than k positive weights, top-k
+//      keeps them all, and the walk's token is the host's. Where the candidates
+//      do not fit in the workspace (about vocab / 2: flat rows, or ties on most
+//      of the row) it runs over the whole row, weights recomputed: the same
+//      token, at the old one-block-per-row speed.
 //
 // Launches are asynchronous on `stream`, allocate nothing and never synchronize
 // with the host, so they can be captured in a CUDA graph.
@@ -60,15 +83,16 @@ struct SamplingRow {
 };
 static_assert(sizeof(SamplingRow) == 32, "SamplingRow is uploaded as raw bytes");
 
-// Bytes of scratch launch_sample needs for n_rows rows of `vocab` logits: the
-// weights, [n_rows, vocab] f32, rounded up to 256 bytes. 0 when either is <= 0.
-// Between the two kernels the start of each row's weights holds its chunk bests
-// (2 * n_chunks floats, at most vocab / 1024), so the split needs no more.
-// After a launch a row that was drawn (temperature > 0, with mass) holds its
-// weights; an argmax row's holds nothing of use.
+// Bytes of scratch launch_sample needs for n_rows rows of `vocab` logits:
+// [n_rows, vocab] 32-bit words, rounded up to 256 bytes. 0 when either is <= 0.
+// Each row's words hold, in turn, its chunk bests, its chunk masses and key
+// histograms, and its candidate list (sampling.cu's RowLayout). After a launch
+// a row that was drawn (temperature > 0, with mass) in id order (no top-k or
+// top-p), and any drawn row of fewer than 4096 logits, holds its weights f32;
+// other rows hold scratch.
 size_t sample_workspace_bytes(int64_t n_rows, int64_t vocab);
 
-// How launch_sample splits each row for the first pass: n_chunks chunks of
+// How launch_sample splits each row for its chunked launches: n_chunks chunks of
 // chunk_logits consecutive logits (the last may be shorter), one block
 // each, about 512 blocks in all, no chunk shorter than 2048 logits. n_chunks == 1
 // is no split. Exposed for the tests that put ties and NaN at chunk boundaries.
