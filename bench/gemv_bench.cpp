@@ -266,5 +266,16 @@ int main(int argc, char** argv) {
     bench_shape<float>("lm_head 4096->128256 f32", head, *cublaslt, o);
   }
   bench_swiglu_down(down, *cublaslt, o);
+  // The Llama-3.2-1B shapes (the `1b` preset): small enough that launch, ramp-up
+  // and tail weigh more than on the 8B ones.
+  std::printf("\n");
+  const Operands qkv_1b(rng, 2048, 3072);
+  bench_shape<Bf16>("1b qkv 2048->3072", qkv_1b, *cublaslt, o);
+  const Operands o_1b(rng, 2048, 2048);
+  bench_shape<Bf16>("1b o 2048->2048", o_1b, *cublaslt, o);
+  const Operands gate_up_1b(rng, 2048, 16384);
+  bench_shape<Bf16>("1b gate_up 2048->16384", gate_up_1b, *cublaslt, o);
+  const Operands down_1b(rng, 8192, 2048);
+  bench_shape<Bf16>("1b down 8192->2048", down_1b, *cublaslt, o);
   return 0;
 }
