@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -59,6 +60,22 @@ std::vector<float> download_floats(const DeviceArray<T>& a) {
 template <typename T>
 void poison(DeviceArray<T>& a) {
   a.fill_bytes(0xFF);
+}
+
+// Every element of `got` has the bits of the same element of `want`; names the
+// first few that differ with both values.
+template <typename T>
+void expect_bitwise_equal(const std::vector<T>& got, const std::vector<T>& want,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && ++bad <= 5) {
+      ADD_FAILURE() << what << " [" << i << "]: got " << to_f32<T>(got[i]) << ", want "
+                    << to_f32<T>(want[i]);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ";
 }
 
 // The bits of a T array as the CPU twins take them: f32 values, or bf16 bit patterns.

@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "device_array.h"
+#include "device_test_util.h"
 #include "gpu_test.h"
 
 namespace cellm::cuda {
 namespace {
 
 using testing::DeviceArray;
+using testing::expect_bitwise_equal;
 using testing::from_f32;
 using testing::random_nonzero;
 
@@ -26,20 +28,6 @@ struct Step {
   int64_t max_cells = 97;
   int64_t table_rows = 5, table_stride = 61;
 };
-
-// Bitwise comparison of two typed arrays; names the first few differences.
-template <typename T>
-void expect_bitwise_equal(const std::vector<T>& got, const std::vector<T>& want,
-                          const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && ++bad <= 5) {
-      ADD_FAILURE() << what << " [" << i << "] differs";
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what;
-}
 
 // Runs one step on the device and checks pools and table against the host
 // result: written rows equal their source exactly, everything else keeps its poison.

@@ -31,6 +31,7 @@ namespace cellm::cuda {
 namespace {
 
 using testing::DeviceArray;
+using testing::expect_bitwise_equal;
 using testing::from_f32;
 using testing::random_nonzero;
 
@@ -56,21 +57,6 @@ struct Shape {
            std::to_string(pad) + ", shift " + std::to_string(shift);
   }
 };
-
-// Bitwise comparison of two typed arrays; names the first few differences.
-template <typename T>
-void expect_bitwise_equal(const std::vector<T>& got, const std::vector<T>& want,
-                          const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && ++bad <= 5) {
-      ADD_FAILURE() << what << " [" << i << "]: fused " << testing::to_f32<T>(got[i])
-                    << ", unfused " << testing::to_f32<T>(want[i]);
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ";
-}
 
 // The inputs of one step, on the host.
 template <typename T>
