@@ -5,7 +5,7 @@
 # $OUT. A `.deps` prefix (headers and static libraries copied from the Debian
 # machine: gtest, nlohmann-json, pcre2) is used when present, for images that
 # lack them; bench/make_gpu_deps.sh makes it. Carry `.deps` in the call.
-#   bash bench/gpu_visit.sh [tests|micro|bench|all]   (micro: the kernel benches)
+#   bash bench/gpu_visit.sh [none|tests|micro|bench|all]   (none: build only; micro: kernel benches)
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/cellm-out}
