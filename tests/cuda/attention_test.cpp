@@ -234,8 +234,8 @@ std::string describe(const Geometry& g, int32_t context, int64_t n_rows) {
   return "head_dim=" + std::to_string(g.head_dim) + " heads=" + std::to_string(g.n_heads) + "/" +
          std::to_string(g.n_kv_heads) + " window=" + std::to_string(g.window) +
          " context=" + std::to_string(context) + " max_context=" + std::to_string(g.max_context) +
-         " n_rows=" + std::to_string(n_rows) +
-         " splits=" + std::to_string(attention_num_splits(n_rows, g.n_heads, g.n_kv_heads, g.max_context));
+         " n_rows=" + std::to_string(n_rows) + " splits=" +
+         std::to_string(attention_num_splits(n_rows, g.n_heads, g.n_kv_heads, g.max_context));
 }
 
 // Decode: row r is the last position of its own sequence r. Sequence 0 has the
@@ -320,8 +320,8 @@ TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
   // max_context 4096 with one row: 64 splits; the chunk is a multiple of 16 cut from the
   // row's length, so contexts around multiples of 16 and 64 * 16 straddle chunk edges.
   uint32_t seed = 300;
-  for (const int32_t context : {1, 15, 16, 17, 255, 256, 257, 1023, 1024, 1025, 1040, 1041,
-                                4095, 4096}) {
+  for (const int32_t context :
+       {1, 15, 16, 17, 255, 256, 257, 1023, 1024, 1025, 1040, 1041, 4095, 4096}) {
     const Geometry geo{8, 2, 128, 0, 4096};
     SCOPED_TRACE(describe(geo, context, 1));
     const std::vector<SequenceSpec> specs = {{context}};
@@ -381,6 +381,8 @@ TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
                                        geo.v_offset(), geo.kv_dim(), cells.get(), row_seq.get(),
                                        positions.get(), k_pool.get(), v_pool.get(), table.get(),
                                        table_stride, stream->get()));
+  // bf16 at head_dim 64, group 4: the graph holds the tensor-core kernel.
+  EXPECT_EQ(attention_uses_tensor_cores(p), (std::is_same_v<T, __nv_bfloat16>));
   CELLM_ASSERT_CUDA(launch_attention<T>(p, stream->get()));
   CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
   cudaGraphExec_t raw_exec = nullptr;
@@ -457,6 +459,143 @@ TYPED_TEST(AttentionTest, AnEmptyStepSucceedsAndAMalformedOneIsRefused) {
   p.n_kv_heads = 4;  // does not divide n_heads
   p.head_dim = 64;
   EXPECT_EQ(launch_attention<TypeParam>(p, nullptr), cudaErrorInvalidValue);
+}
+
+// The tensor-core path (bf16, head_dim 64 or 128, group <= 16): every case must
+// route there, and match the CPU twin within the bf16 tolerance.
+using Bf16 = __nv_bfloat16;
+
+void expect_tensor_cores_match_cpu(const Scenario& s, AttentionPath path = AttentionPath::kAuto) {
+  DeviceScenario<Bf16> d(s);
+  AttentionParams<Bf16> p = d.params(s);
+  p.path = path;
+  ASSERT_EQ(attention_uses_tensor_cores(p), path == AttentionPath::kAuto);
+  CELLM_ASSERT_CUDA(launch_attention<Bf16>(p, nullptr));
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+  expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<Bf16>,
+                   kRelTol<Bf16>, "attention out");
+}
+
+TEST(AttentionTensorCoreTest, DecodeRowsAtEveryGroupAndTileEdgeMatchTheCpuTwin) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // Contexts around the 16-key tile and the 4 warps' 64 keys; groups from 1 to 16 (the
+  // padded rows of the 16-row MMA); budgets that do and do not split.
+  uint32_t seed = 600;
+  for (const int64_t head_dim : {64, 128}) {
+    for (const int64_t group : {1, 4, 8, 12, 16}) {
+      for (const int32_t context : {1, 15, 16, 17, 31, 33, 255, 2049}) {
+        for (const int32_t window : {0, 40}) {
+          for (const int64_t n_rows : {1, 37}) {
+            for (const int32_t max_context : {context, 4096}) {
+              const Geometry geo{2 * group, 2, head_dim, window, max_context};
+              SCOPED_TRACE(describe(geo, context, n_rows));
+              std::mt19937 rng(seed);
+              std::vector<SequenceSpec> specs;
+              std::vector<std::pair<int32_t, int32_t>> rows;
+              decode_layout(context, n_rows, rng, &specs, &rows);
+              expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++));
+              if (::testing::Test::HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTensorCoreTest, ManyRowsOfLlamaShapesMatchTheCpuTwin) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // 32 query heads over 8 kv heads, head_dim 128: 300 decode rows (one split at a
+  // budget of 1024) and 16 rows (several splits).
+  uint32_t seed = 700;
+  for (const int64_t n_rows : {300, 16}) {
+    for (const int32_t context : {255, 1000}) {
+      const Geometry geo{32, 8, 128, 0, 1024};
+      SCOPED_TRACE(describe(geo, context, n_rows));
+      std::mt19937 rng(seed);
+      std::vector<SequenceSpec> specs;
+      std::vector<std::pair<int32_t, int32_t>> rows;
+      decode_layout(context, n_rows, rng, &specs, &rows);
+      expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++));
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(AttentionTensorCoreTest, PrefillRowsMatchTheCpuTwin) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // As PrefillRowsMatchTheCpuTwin, at the groups that test does not reach.
+  uint32_t seed = 800;
+  for (const int64_t head_dim : {64, 128}) {
+    for (const int64_t group : {8, 12, 16}) {
+      for (const int32_t window : {0, 40}) {
+        for (const int32_t context : {37, 300, 2049}) {
+          const Geometry geo{2 * group, 2, head_dim, window, 3000};
+          SCOPED_TRACE(describe(geo, context, 37));
+          const std::vector<SequenceSpec> specs = {{context}, {context, 0, context / 2}};
+          std::vector<std::pair<int32_t, int32_t>> rows;
+          for (int32_t i = 0; i < 20; ++i) rows.emplace_back(1, context - 20 + i);
+          for (int32_t i = 0; i < 17; ++i) rows.emplace_back(0, i);
+          expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++));
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTensorCoreTest, ForcedCudaCoresPathStillMatchesTheCpuTwin) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // The benchmark's baseline: the same shapes on the CUDA-core kernel.
+  uint32_t seed = 900;
+  for (const int32_t context : {17, 2049}) {
+    const Geometry geo{32, 8, 128, 0, 4096};
+    SCOPED_TRACE(describe(geo, context, 5));
+    std::mt19937 rng(seed);
+    std::vector<SequenceSpec> specs;
+    std::vector<std::pair<int32_t, int32_t>> rows;
+    decode_layout(context, 5, rng, &specs, &rows);
+    expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++),
+                                  AttentionPath::kCudaCores);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// Host-only: needs no device, so it also runs on machines without a GPU.
+TEST(AttentionPathTest, TensorCoresTakeBf16HeadDims64And128UpToGroup16WhenAligned) {
+  // The pointers are never dereferenced: only their alignment matters.
+  auto params = [](int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+    AttentionParams<Bf16> p;
+    p.qkv = p.k_pool = p.v_pool = reinterpret_cast<const Bf16*>(uintptr_t{0x10000});
+    p.n_heads = n_heads;
+    p.n_kv_heads = n_kv_heads;
+    p.head_dim = head_dim;
+    p.q_offset = 2 * n_kv_heads * head_dim;
+    p.row_stride = p.q_offset + n_heads * head_dim + 8;
+    return p;
+  };
+  EXPECT_TRUE(attention_uses_tensor_cores(params(32, 8, 128)));
+  EXPECT_TRUE(attention_uses_tensor_cores(params(2, 2, 64)));
+  EXPECT_TRUE(attention_uses_tensor_cores(params(32, 2, 128)));   // group 16
+  EXPECT_FALSE(attention_uses_tensor_cores(params(34, 2, 128)));  // group 17
+  EXPECT_FALSE(attention_uses_tensor_cores(params(8, 2, 8)));
+  EXPECT_FALSE(attention_uses_tensor_cores(params(8, 2, 96)));
+  AttentionParams<Bf16> p = params(32, 8, 128);
+  p.path = AttentionPath::kCudaCores;
+  EXPECT_FALSE(attention_uses_tensor_cores(p));
+  p = params(32, 8, 128);
+  p.q_offset += 4;  // queries not 16-byte aligned
+  EXPECT_FALSE(attention_uses_tensor_cores(p));
+  p = params(32, 8, 128);
+  p.k_pool += 1;
+  EXPECT_FALSE(attention_uses_tensor_cores(p));
+  AttentionParams<float> f;
+  f.qkv = f.k_pool = f.v_pool = reinterpret_cast<const float*>(uintptr_t{0x10000});
+  f.n_heads = 32;
+  f.n_kv_heads = 8;
+  f.head_dim = 128;
+  f.row_stride = 8192;
+  EXPECT_FALSE(attention_uses_tensor_cores(f));  // f32 stays on CUDA cores
 }
 
 // Host-only: needs no device, so it also runs on machines without a GPU.

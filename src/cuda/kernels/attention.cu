@@ -5,20 +5,26 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/kernels/attention_mma.h"
+#include "cuda/kernels/attention_span.cuh"
+
 namespace cellm::cuda {
 namespace {
 
-constexpr int kThreads = 128;  // threads of every attention block
+using detail::kLog2e;
+using detail::row_span;
+using detail::RowSpan;
+
+constexpr int kThreads = 128;       // threads of every attention block
 constexpr int kMinBlocksPerSm = 4;  // 16 warps per SM (128 registers): measured faster than 3
 constexpr int kWarp = 32;
-constexpr int kMaxHeadsPerBlock = 8;       // query heads of one kv head folded by one block
-constexpr int kMaxElemsPerLane = 8;       // head_dim elements a lane holds per head
-constexpr int kKeysPerSlot = 4;           // keys a slot loads before it folds any of them
-constexpr int32_t kChunkAlign = 16;       // a row's chunk length is a multiple of this
-constexpr int32_t kMinSplitTokens = 32;   // the budget gives at most one split per this many
-constexpr int64_t kTargetBlocks = 512;    // blocks the split count aims for (~4 per SM)
+constexpr int kMaxTensorCoreGroup = 16;  // query heads per kv head the mma kernel takes
+constexpr int kMaxHeadsPerBlock = 8;     // query heads of one kv head folded by one block
+constexpr int kMaxElemsPerLane = 8;      // head_dim elements a lane holds per head
+constexpr int kKeysPerSlot = 4;          // keys a slot loads before it folds any of them
+constexpr int32_t kMinSplitTokens = 32;  // the budget gives at most one split per this many
+constexpr int64_t kTargetBlocks = 512;   // blocks the split count aims for (~4 per SM)
 constexpr int32_t kMaxSplits = 64;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // How a launch cuts the work; computed once on the host.
 struct Geometry {
@@ -91,28 +97,6 @@ __device__ __forceinline__ void unpack(const Raw<T, VEC>& raw, float (&out)[VEC]
 template <typename T, int VEC>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
   unpack<T, VEC>(load_raw<T, VEC>(p), out);
-}
-
-// The positions a row attends, [lo, hi), and how they are cut: `active` chunks
-// of `chunk` positions (a multiple of kChunkAlign; the last may be shorter), so
-// that the row's length, not the session budget, sets the work of each block. The
-// split kernel and the combine kernel both use this, so they agree on which
-// partials exist. Computed on the device from the row's position: a graph
-// captured once cuts every replay's rows by their current lengths.
-struct RowSpan {
-  int64_t lo, hi;
-  int32_t chunk, active;
-};
-
-__device__ __forceinline__ RowSpan row_span(int32_t pos, int32_t window, int32_t n_splits) {
-  RowSpan s;
-  s.hi = int64_t{pos} + 1;
-  s.lo = window > 0 ? max(int64_t{0}, s.hi - window) : 0;
-  const int64_t len = s.hi - s.lo;
-  const int64_t per_split = (len + n_splits - 1) / n_splits;
-  s.chunk = static_cast<int32_t>((per_split + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
-  s.active = static_cast<int32_t>((len + s.chunk - 1) / s.chunk);
-  return s;
 }
 
 // One block per (row, split, kv head x head tile). Lanes work in groups of
@@ -410,6 +394,22 @@ cudaError_t launch_split_heads(const AttentionParams<T>& p, const Geometry& g, i
   }
 }
 
+// The CUDA-core split kernel: vector width and lanes per key from the shape.
+template <typename T>
+cudaError_t launch_cuda_cores(const AttentionParams<T>& p, Geometry* g, int heads,
+                              cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = p.head_dim % 8 == 0 && p.row_stride % kVec == 0 && p.q_offset % kVec == 0 &&
+                   aligned16(p.qkv) && aligned16(p.k_pool) && aligned16(p.v_pool);
+  const int vec_elems = vec ? kVec : 1;
+  g->n_vecs = static_cast<int32_t>(p.head_dim / vec_elems);
+  g->lanes_per_key = std::min(kWarp, next_pow2(g->n_vecs));
+  // Every vector must have a lane: n_vecs <= lanes_per_key * (kMaxElemsPerLane / vec_elems).
+  if (g->n_vecs > g->lanes_per_key * (kMaxElemsPerLane / vec_elems)) return cudaErrorInvalidValue;
+  return vec ? launch_split_heads<T, kVec>(p, *g, heads, stream)
+             : launch_split_heads<T, 1>(p, *g, heads, stream);
+}
+
 }  // namespace
 
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
@@ -437,6 +437,18 @@ size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv
 }
 
 template <typename T>
+bool attention_uses_tensor_cores(const AttentionParams<T>& p) {
+  if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+    return false;
+  } else {
+    return p.path == AttentionPath::kAuto && (p.head_dim == 64 || p.head_dim == 128) &&
+           p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 &&
+           p.n_heads / p.n_kv_heads <= kMaxTensorCoreGroup && p.row_stride % 8 == 0 &&
+           p.q_offset % 8 == 0 && aligned16(p.qkv) && aligned16(p.k_pool) && aligned16(p.v_pool);
+  }
+}
+
+template <typename T>
 cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
   if (p.n_rows < 0) return cudaErrorInvalidValue;
   if (p.n_rows == 0) return cudaSuccess;
@@ -458,17 +470,14 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
   g.head_tiles = head_tiles_of(g.group);
   if (p.n_kv_heads * g.head_tiles > 65535) return cudaErrorInvalidValue;
 
-  constexpr int kVec = 16 / sizeof(T);
-  const bool vec = p.head_dim % 8 == 0 && p.row_stride % kVec == 0 && p.q_offset % kVec == 0 &&
-                   aligned16(p.qkv) && aligned16(p.k_pool) && aligned16(p.v_pool);
-  const int vec_elems = vec ? kVec : 1;
-  g.n_vecs = static_cast<int32_t>(p.head_dim / vec_elems);
-  g.lanes_per_key = std::min(kWarp, next_pow2(g.n_vecs));
-  // Every vector must have a lane: n_vecs <= lanes_per_key * (kMaxElemsPerLane / vec_elems).
-  if (g.n_vecs > g.lanes_per_key * (kMaxElemsPerLane / vec_elems)) return cudaErrorInvalidValue;
-
-  const cudaError_t err = vec ? launch_split_heads<T, kVec>(p, g, heads, stream)
-                              : launch_split_heads<T, 1>(p, g, heads, stream);
+  cudaError_t err = cudaSuccess;
+  if (attention_uses_tensor_cores(p)) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      err = detail::launch_attention_split_mma(p, g.n_splits, stream);
+    }
+  } else {
+    err = launch_cuda_cores(p, &g, heads, stream);
+  }
   if (err != cudaSuccess || g.n_splits == 1) return err;
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(p.n_heads));
   attention_combine_kernel<T><<<grid, kThreads, 0, stream>>>(p, g);
@@ -478,5 +487,7 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
 template cudaError_t launch_attention<float>(const AttentionParams<float>&, cudaStream_t);
 template cudaError_t launch_attention<__nv_bfloat16>(const AttentionParams<__nv_bfloat16>&,
                                                      cudaStream_t);
+template bool attention_uses_tensor_cores<float>(const AttentionParams<float>&);
+template bool attention_uses_tensor_cores<__nv_bfloat16>(const AttentionParams<__nv_bfloat16>&);
 
 }  // namespace cellm::cuda

@@ -31,6 +31,13 @@
 // written directly; otherwise a combine kernel merges the chunks' partial (max,
 // sum, acc).
 //
+// Two split kernels. bf16 with head_dim 64 or 128, at most 16 query heads per kv
+// head and 16-byte aligned rows (attention_uses_tensor_cores) run on tensor cores:
+// one block per (row, chunk, kv head) holds all the kv head's query heads as the
+// 16 rows of an mma.m16n8k16 and folds 16 keys per step (attention_mma.cu). Other
+// shapes run on CUDA cores (attention.cu). Both write the same partials, in the same
+// workspace layout, for the same combine kernel.
+//
 // The launcher enqueues its kernels on `stream`; it never allocates or synchronizes
 // and may be captured in a CUDA graph (a replay reads the current contents of every
 // buffer). Returns cudaErrorInvalidValue for a malformed call, else the launch's
@@ -45,6 +52,10 @@
 namespace cellm::cuda {
 
 inline constexpr int64_t kMaxAttentionHeadDimCuda = 256;
+
+// Which split kernel a launch may use. kCudaCores is for tests and benchmarks that
+// compare the two paths; production leaves kAuto.
+enum class AttentionPath { kAuto, kCudaCores };
 
 template <typename T>
 struct AttentionParams {
@@ -66,6 +77,7 @@ struct AttentionParams {
   int32_t max_context = 0;             // > every positions[r]: the session budget; sizes the split
   float* workspace = nullptr;  // attention_workspace_bytes(>= n_rows, n_heads, n_kv_heads, ...)
   T* out = nullptr;            // [n_rows, n_heads * head_dim]
+  AttentionPath path = AttentionPath::kAuto;
 };
 
 // Blocks along each row's context (>= 1): enough for ~512 blocks in all, at
@@ -79,6 +91,12 @@ int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads
 // in log2 units).
 size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
                                  int64_t head_dim, int32_t max_context);
+
+// Whether launch_attention(p) runs the tensor-core split kernel: T is bf16, path is
+// kAuto, head_dim is 64 or 128, n_heads / n_kv_heads <= 16, and qkv, k_pool, v_pool,
+// row_stride and q_offset are 16-byte aligned. A function of p's shape and pointers.
+template <typename T>
+bool attention_uses_tensor_cores(const AttentionParams<T>& p);
 
 // REQUIRES: the shapes above; 0 <= positions[r] < table_stride; table rows hold a cell
 // in [0, max_cells) for every position the row attends. positions[r] < max_context is

@@ -1,0 +1,174 @@
+// attention_bench: microseconds per cuda::launch_attention, timed with CUDA events.
+//
+//   attention_bench [--iters N]
+//
+// Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
+// rows 1, 16, 64 and 256, every row at context 192 or 1024 (max_context 2048 sizes
+// the split), each row's cells scattered through a shuffled table. For the
+// tensor-core kernel and the CUDA-core kernel (AttentionPath::kCudaCores), prints
+// the time of one launch replayed from a CUDA graph (the GPU's time, as a captured
+// decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
+// head_dim x 2 bytes / time.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/kernels/attention.h"
+
+namespace {
+
+using cellm::cuda::attention_workspace_bytes;
+using cellm::cuda::AttentionParams;
+using cellm::cuda::AttentionPath;
+using cellm::cuda::launch_attention;
+using Bf16 = __nv_bfloat16;
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+
+constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+constexpr int64_t kMaxRows = 256;
+constexpr int32_t kMaxContext = 2048;
+constexpr int64_t kCells = kMaxRows * kMaxContext;  // every row's cells distinct
+constexpr int kLaunchesPerGraph = 20;
+
+template <typename T>
+T* device_alloc(size_t count) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc");
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--iters") == 0) iters = std::max(1, std::atoi(argv[i + 1]));
+  }
+  constexpr int64_t kv_dim = kKvHeads * kHeadDim;
+  constexpr int64_t q_dim = kHeads * kHeadDim;
+  constexpr int64_t row_stride = 2 * kv_dim + q_dim;
+
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(0.05f, 1.f);
+  // K/V pools of random values (2 x 512k cells x 1024 bf16 = 2 GiB), filled on the host
+  // one cell pattern repeated: the bench measures traffic, not values.
+  std::vector<Bf16> pattern(static_cast<size_t>(kv_dim * 64));
+  for (Bf16& x : pattern) x = __float2bfloat16(dist(rng));
+  Bf16* k_pool = device_alloc<Bf16>(static_cast<size_t>(kCells * kv_dim));
+  Bf16* v_pool = device_alloc<Bf16>(static_cast<size_t>(kCells * kv_dim));
+  for (int64_t c = 0; c < kCells; c += 64) {
+    const size_t off = static_cast<size_t>(c * kv_dim);
+    check(cudaMemcpy(k_pool + off, pattern.data(), pattern.size() * sizeof(Bf16),
+                     cudaMemcpyHostToDevice),
+          "upload k");
+    check(cudaMemcpy(v_pool + off, pattern.data(), pattern.size() * sizeof(Bf16),
+                     cudaMemcpyHostToDevice),
+          "upload v");
+  }
+  std::vector<Bf16> qkv_host(static_cast<size_t>(kMaxRows * row_stride));
+  for (Bf16& x : qkv_host) x = __float2bfloat16(dist(rng));
+  Bf16* qkv = device_alloc<Bf16>(qkv_host.size());
+  check(cudaMemcpy(qkv, qkv_host.data(), qkv_host.size() * sizeof(Bf16), cudaMemcpyHostToDevice),
+        "upload qkv");
+  // Table row s: a shuffled slice of all cells, so consecutive positions are far apart.
+  std::vector<int32_t> order(static_cast<size_t>(kCells));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  int32_t* table = device_alloc<int32_t>(order.size());
+  check(cudaMemcpy(table, order.data(), order.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+        "upload table");
+  std::vector<int32_t> seqs(kMaxRows);
+  std::iota(seqs.begin(), seqs.end(), 0);
+  int32_t* row_seq = device_alloc<int32_t>(kMaxRows);
+  check(cudaMemcpy(row_seq, seqs.data(), seqs.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+        "upload row_seq");
+  int32_t* positions = device_alloc<int32_t>(kMaxRows);
+  Bf16* out = device_alloc<Bf16>(static_cast<size_t>(kMaxRows * q_dim));
+  const size_t ws_bytes =
+      attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim, kMaxContext);
+  float* workspace = device_alloc<float>(ws_bytes / sizeof(float));
+
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream), "stream");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+
+  std::printf("Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay\n");
+  std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
+  for (const int32_t context : {192, 1024}) {
+    const std::vector<int32_t> pos(kMaxRows, context - 1);
+    check(cudaMemcpy(positions, pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+          "upload positions");
+    for (const int64_t rows : {1, 16, 64, 256}) {
+      double us[2] = {0, 0};
+      for (int path = 0; path < 2; ++path) {
+        AttentionParams<Bf16> p;
+        p.qkv = qkv;
+        p.row_stride = row_stride;
+        p.q_offset = 2 * kv_dim;
+        p.n_rows = rows;
+        p.n_heads = kHeads;
+        p.n_kv_heads = kKvHeads;
+        p.head_dim = kHeadDim;
+        p.k_pool = k_pool;
+        p.v_pool = v_pool;
+        p.table = table;
+        p.table_stride = kMaxContext;
+        p.row_seq = row_seq;
+        p.positions = positions;
+        p.scale = 0.08838834764831845f;
+        p.max_context = kMaxContext;
+        p.workspace = workspace;
+        p.out = out;
+        p.path = path == 0 ? AttentionPath::kAuto : AttentionPath::kCudaCores;
+        check(launch_attention(p, stream), "warm-up launch");
+        cudaGraph_t graph = nullptr;
+        check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+        for (int i = 0; i < kLaunchesPerGraph; ++i) check(launch_attention(p, stream), "launch");
+        check(cudaStreamEndCapture(stream, &graph), "end capture");
+        cudaGraphExec_t exec = nullptr;
+        check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+        check(cudaGraphLaunch(exec, stream), "warm-up replay");
+        check(cudaEventRecord(start, stream), "record");
+        for (int i = 0; i < iters; ++i) check(cudaGraphLaunch(exec, stream), "replay");
+        check(cudaEventRecord(stop, stream), "record");
+        check(cudaEventSynchronize(stop), "sync");
+        float ms = 0.f;
+        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+        us[path] = 1e3 * ms / (iters * kLaunchesPerGraph);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      const double kv_bytes = static_cast<double>(rows) * context * 2 * kv_dim * sizeof(Bf16);
+      std::printf("%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows),
+                  context, cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, kMaxContext),
+                  us[0], kv_bytes / (us[0] * 1e3), us[1], kv_bytes / (us[1] * 1e3), us[1] / us[0]);
+    }
+  }
+  check(cudaStreamSynchronize(stream), "final sync");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+  for (void* ptr :
+       {static_cast<void*>(k_pool), static_cast<void*>(v_pool), static_cast<void*>(qkv),
+        static_cast<void*>(table), static_cast<void*>(row_seq), static_cast<void*>(positions),
+        static_cast<void*>(out), static_cast<void*>(workspace)}) {
+    cudaFree(ptr);
+  }
+  return 0;
+}

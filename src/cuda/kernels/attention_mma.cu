@@ -1,0 +1,403 @@
+#include "cuda/kernels/attention_mma.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "cuda/kernels/attention_span.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "attention_mma.cu needs sm_80 or newer (bf16 mma.sync, cp.async, ldmatrix)"
+#endif
+
+namespace cellm::cuda::detail {
+namespace {
+
+// FlashDecoding with grouped-query heads on tensor cores. One block of kWarps warps
+// per (row, chunk, kv head). The kv head's query heads (<= 16) are the M = 16 rows of
+// mma.m16n8k16 (missing heads are zero rows whose results are dropped), so one key's
+// K and V rows, read once, serve every head: per 16 keys and 128 dims a warp issues
+// 16 MMAs for the scores, 16 for P·V and ~40 instructions of softmax, against ~90
+// instructions per key of the CUDA-core kernel.
+//
+// Keys go in tiles of 16 positions; warp w takes tiles w, w + kWarps, ... of the
+// chunk and gathers each tile's K and V rows (cell = table[seq][pos], head_dim bf16
+// contiguous per row) into its own shared-memory stage with cp.async, two stages, so
+// tile t + kWarps loads while tile t is folded. Positions past the chunk load
+// nothing: cp.async with source size 0 writes zeros (never a NaN of a stale or
+// spare cell), and their scores are masked to -inf (weight exactly 0). Each warp
+// keeps an online softmax (log2 domain) per head row; the warps' (max, sum, acc)
+// meet in shared memory at the end and go to `out` or the workspace as in the
+// CUDA-core kernel.
+//
+// Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
+// the same as gemv.cu). Lane = 4 g + q. A (16 x 16, row): {a0, a1, a2, a3} = A[g][2q,
+// 2q+1], A[g+8][2q, 2q+1], A[g][2q+8, 2q+9], A[g+8][2q+8, 2q+9], the lower index in the
+// low half. B (16 x 8, col): {b0, b1} = B[2q, 2q+1][g], B[2q+8, 2q+9][g]. C (16 x 8,
+// f32): {c0, c1, c2, c3} = C[g][2q], C[g][2q+1], C[g+8][2q], C[g+8][2q+1].
+//   S = Q·Kᵀ: A = Q[heads][16 dims of step kk], straight from global memory; B[d][n] =
+//     K[key n][d]: ldmatrix (no transpose) of 8 x 8 blocks of K rows, lane l addressing
+//     row l % 8 of block l / 8, gives lane (g, q) row g, elements 2q, 2q+1: b0/b1.
+//   O += P·V: the two S fragments of a tile (keys 0-7, 8-15) are P's A fragment as
+//     they stand ({s0.c0c1, s0.c2c3, s1.c0c1, s1.c2c3}, rounded to bf16); B[key][d] =
+//     V[key][d]: ldmatrix.trans of 8 x 8 blocks of V rows gives lane (g, q) elements
+//     (row 2q, column g), (row 2q+1, column g): b0/b1.
+// tests/cuda/attention_mma_emulation.cpp checks these index maps on the host.
+//
+// Shared memory: per warp and stage, K then V, [16 keys][head_dim + 8] bf16. The 8
+// bf16 of padding put the 8 rows an ldmatrix phase reads in distinct banks (a row
+// is 68 or 36 words: 8 rows start at banks 0, 4, ..., 28) and keep rows 16-byte
+// aligned for cp.async. head_dim 128: 68 KB per block (opt-in above 48 KB), 3 blocks
+// per SM (12 warps, 128 KB of K/V in flight); the merge reuses it.
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMinBlocksPerSm = 3;  // 168 registers; the smem of head_dim 128 allows 3
+constexpr int kTileKeys = 16;       // keys per warp step: P·V's k
+constexpr int kStages = 2;
+constexpr int kRowPad = 8;  // bf16 of padding per shared K/V row
+constexpr int kMaxGroup = 16;
+
+template <int HD>
+constexpr int row_elems() {
+  return HD + kRowPad;
+}
+template <int HD>
+constexpr size_t stage_bytes() {  // K and V of one tile
+  return sizeof(__nv_bfloat16) * 2 * kTileKeys * row_elems<HD>();
+}
+template <int HD>
+constexpr size_t merge_bytes() {  // acc [kWarps][16][HD], max and sum [kWarps][16], f32
+  return sizeof(float) * kWarps * kMaxGroup * (HD + 2);
+}
+template <int HD>
+constexpr size_t smem_bytes() {
+  const size_t pipeline = stage_bytes<HD>() * kStages * kWarps;
+  return pipeline > merge_bytes<HD>() ? pipeline : merge_bytes<HD>();
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes from global `src` to shared `dst`, through L2 only (K/V are streamed);
+// zeros when !fill (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill) {
+  const int src_bytes = fill ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// acc += A · B for one m16n8k16 bf16 MMA with f32 accumulation.
+__device__ __forceinline__ void mma_16816(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) rounded to bf16 (nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    attention_mma_kernel(const AttentionParams<__nv_bfloat16> p, const int32_t n_splits) {
+  using bf16 = __nv_bfloat16;
+  constexpr int KS = HD / 16;                        // k-steps of Q·Kᵀ
+  constexpr int ND = HD / 8;                         // 8-dim column blocks of O
+  constexpr int RE = row_elems<HD>();                // bf16 per shared K/V row
+  constexpr int kChunksPerRow = HD / 8;              // 16-byte cp.async chunks per K/V row
+  constexpr int kRowsPerPass = 32 / kChunksPerRow;   // rows a warp's 32 copies cover
+  constexpr int kPasses = kTileKeys / kRowsPerPass;  // copies per lane per tile, K and V each
+  static_assert(HD == 64 || HD == 128);
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int64_t r = blockIdx.x;
+  const int32_t split = static_cast<int32_t>(blockIdx.y);
+  const RowSpan span = row_span(p.positions[r], p.window, n_splits);
+  if (split >= span.active) return;  // the row is shorter than this split's chunk
+  const int64_t begin = span.lo + int64_t{split} * span.chunk;
+  const int64_t end = min(span.hi, begin + span.chunk);
+
+  const int kv_head = static_cast<int>(blockIdx.z);
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int64_t h0 = int64_t{kv_head} * group;  // first query head
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4;
+  const int q = lane % 4;
+
+  // Q as A fragments for the whole block: rows g and g + 8 are heads h0 + g, h0 + g + 8
+  // (zero past the group). Unscaled bf16 as stored; scores are scaled in f32.
+  uint32_t qa[KS][4];
+  {
+    const bf16* q_row = p.qkv + r * p.row_stride + p.q_offset + h0 * HD;
+    const bool lo_ok = g < group, hi_ok = g + 8 < group;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const bf16* lo = q_row + int64_t{g} * HD + kk * 16 + 2 * q;
+      const bf16* hi = lo + 8 * HD;
+      qa[kk][0] = lo_ok ? *reinterpret_cast<const uint32_t*>(lo) : 0u;
+      qa[kk][1] = hi_ok ? *reinterpret_cast<const uint32_t*>(hi) : 0u;
+      qa[kk][2] = lo_ok ? *reinterpret_cast<const uint32_t*>(lo + 8) : 0u;
+      qa[kk][3] = hi_ok ? *reinterpret_cast<const uint32_t*>(hi + 8) : 0u;
+    }
+  }
+  const float q_scale = p.scale * kLog2e;  // scores in log2 units
+
+  // Per head row g (index 0) and g + 8 (index 1): running max (log2 units), this
+  // lane's part of the running sum, and O columns nd * 8 + 2q, +1.
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  float o[ND][4];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[nd][c] = 0.f;
+  }
+
+  const int32_t* cells = p.table + int64_t{p.row_seq[r]} * p.table_stride;
+  const int64_t cell_stride = p.n_kv_heads * HD;
+  const bf16* k_base = p.k_pool + int64_t{kv_head} * HD;
+  const bf16* v_base = p.v_pool + int64_t{kv_head} * HD;
+  bf16* warp_smem = reinterpret_cast<bf16*>(smem) + warp * kStages * 2 * kTileKeys * RE;
+  // Stage s of this warp: K rows at stage_k(s), V rows kTileKeys * RE further.
+  auto stage_k = [&](int s) { return warp_smem + s * 2 * kTileKeys * RE; };
+
+  // Lane l < 16 (and l - 16) holds the cell of position j0 + l % 16, -1 past `end`.
+  auto cell_of = [&](int64_t j0) {
+    const int64_t j = j0 + lane % 16;
+    return j < end ? cells[j] : -1;
+  };
+  // Copies of lane l: row (key) pass * kRowsPerPass + l / kChunksPerRow, 16-byte
+  // chunk l % kChunksPerRow, for K and V.
+  const int copy_row = lane / kChunksPerRow;
+  const int copy_col = (lane % kChunksPerRow) * 8;
+  auto load_tile = [&](int32_t cell_lane, int s) {
+    bf16* ks = stage_k(s);
+    bf16* vs = ks + kTileKeys * RE;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int key = pass * kRowsPerPass + copy_row;
+      const int32_t cell = __shfl_sync(0xffffffffu, cell_lane, key);
+      const bool ok = cell >= 0;
+      const int64_t off = int64_t{ok ? cell : 0} * cell_stride + copy_col;
+      cp_async16(ks + key * RE + copy_col, k_base + off, ok);
+      cp_async16(vs + key * RE + copy_col, v_base + off, ok);
+    }
+  };
+
+  // ldmatrix row addresses of this lane (block b = lane / 8, row lane % 8), in bf16
+  // from the stage's K or V base:
+  //   K, step kk: blocks (keys 0-7, dims +0), (keys 0-7, +8), (keys 8-15, +0), (keys
+  //     8-15, +8) of dims [16 kk, 16 kk + 16): b0, b1 of keys 0-7, then of keys 8-15.
+  //   V, dims [16 n2, 16 n2 + 16): blocks (keys 0-7, +0), (keys 8-15, +0), (keys 0-7,
+  //     +8), (keys 8-15, +8), transposed: b0, b1 of dims +0..7, then of dims +8..15.
+  const int k_lane_off = ((lane / 16) * 8 + lane % 8) * RE + ((lane / 8) % 2) * 8;
+  const int v_lane_off = (((lane / 8) % 2) * 8 + lane % 8) * RE + (lane / 16) * 8;
+
+  const int64_t n_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
+  // t is the same for the whole warp: the loop and its shuffles stay converged.
+  int64_t t = warp;
+  if (t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
+  cp_async_commit();
+  int32_t next_cells = t + kWarps < n_tiles ? cell_of(begin + (t + kWarps) * kTileKeys) : -1;
+  for (int s = 0; t < n_tiles; t += kWarps, s ^= 1) {
+    // Start the warp's next tile, and the table read of the one after, before
+    // waiting for this one. An empty group keeps the wait count uniform.
+    if (t + kWarps < n_tiles) load_tile(next_cells, s ^ 1);
+    cp_async_commit();
+    if (t + 2 * kWarps < n_tiles) next_cells = cell_of(begin + (t + 2 * kWarps) * kTileKeys);
+    cp_async_wait<1>();
+    __syncwarp();  // every lane's copies of this tile are visible to the warp
+
+    const bf16* ks = stage_k(s);
+    const bf16* vs = ks + kTileKeys * RE;
+    float sc[2][4];  // scores of keys 0-7 and 8-15, C layout
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sc[nb][c] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ks + k_lane_off + kk * 16);
+      mma_16816(sc[0], qa[kk], b[0], b[1]);
+      mma_16816(sc[1], qa[kk], b[2], b[3]);
+    }
+
+    // Online softmax per head row: c0, c1 are row g, c2, c3 row g + 8, keys
+    // 8 nb + 2q + (c & 1). The tile holds at least one position < end, so each
+    // row's new max is finite and exp2f never sees -inf - -inf.
+    const int64_t j0 = begin + t * kTileKeys;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t j = j0 + nb * 8 + 2 * q + (c & 1);
+        sc[nb][c] = j < end ? sc[nb][c] * q_scale : -INFINITY;
+        tile_max[c / 2] = fmaxf(tile_max[c / 2], sc[nb][c]);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
+      corr[i] = exp2f(m[i] - m_new);  // 0 on the first tile (m = -inf)
+      m[i] = m_new;
+      l[i] *= corr[i];
+    }
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        // The weight, exactly 0 past `end`, rounded to bf16 as P·V takes it; the sum
+        // adds the rounded weights too, so the output stays a weighted mean of the
+        // values (measured: worst error 0.4 of the test's tolerance, against 0.5 with
+        // the sum of unrounded weights).
+        sc[nb][c] = __bfloat162float(__float2bfloat16(exp2f(sc[nb][c] - m[c / 2])));
+        l[c / 2] += sc[nb][c];
+      }
+    }
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+      o[nd][0] *= corr[0];
+      o[nd][1] *= corr[0];
+      o[nd][2] *= corr[1];
+      o[nd][3] *= corr[1];
+    }
+
+    const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
+                            pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int n2 = 0; n2 < ND / 2; ++n2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vs + v_lane_off + n2 * 16);
+      mma_16816(o[2 * n2], pa, b[0], b[1]);
+      mma_16816(o[2 * n2 + 1], pa, b[2], b[3]);
+    }
+    __syncwarp();  // the stage is read before the next iteration refills it
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages: reuse them for the merge
+
+  // Shared memory: acc [kWarps][16][HD], then max and sum [kWarps][16]. A warp that
+  // got no tile holds max -inf, sum 0, acc 0.
+  float* s_acc = reinterpret_cast<float*>(smem);
+  float* s_max = s_acc + kWarps * kMaxGroup * HD;
+  float* s_sum = s_max + kWarps * kMaxGroup;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = warp * kMaxGroup + g + 8 * i;
+    const float sum = quad_sum(l[i]);
+    if (q == 0) {
+      s_max[row] = m[i];
+      s_sum[row] = sum;
+    }
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+      float2* dst = reinterpret_cast<float2*>(s_acc + row * HD + nd * 8 + 2 * q);
+      *dst = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
+    }
+  }
+  __syncthreads();
+
+  // Warp 0 always saw position `begin`, so each head's merged max is finite.
+  float* ws_acc = p.workspace;
+  float* ws_max = ws_acc + p.n_rows * p.n_heads * n_splits * HD;
+  float* ws_sum = ws_max + p.n_rows * p.n_heads * n_splits;
+  for (int o_idx = static_cast<int>(threadIdx.x); o_idx < group * HD; o_idx += kThreads) {
+    const int h = o_idx / HD;
+    const int d = o_idx % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_max[w * kMaxGroup + h]);
+    float sum = 0.f, a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = s_max[w * kMaxGroup + h];
+      const float wt = mw == -INFINITY ? 0.f : exp2f(mw - mx);
+      sum = fmaf(wt, s_sum[w * kMaxGroup + h], sum);
+      a = fmaf(wt, s_acc[(w * kMaxGroup + h) * HD + d], a);
+    }
+    const int64_t head = h0 + h;
+    if (span.active == 1) {
+      p.out[(r * p.n_heads + head) * HD + d] = __float2bfloat16(a / sum);
+    } else {
+      const int64_t part = (r * p.n_heads + head) * n_splits + split;
+      ws_acc[part * HD + d] = a;
+      if (d == 0) {
+        ws_max[part] = mx;
+        ws_sum[part] = sum;
+      }
+    }
+  }
+}
+
+template <int HD>
+cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
+                       cudaStream_t stream) {
+  constexpr size_t bytes = smem_bytes<HD>();
+  // Above 48 KB a kernel must opt in; not a stream operation, so capture-safe.
+  if constexpr (bytes > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(attention_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
+                  static_cast<unsigned>(p.n_kv_heads));
+  attention_mma_kernel<HD><<<grid, kThreads, bytes, stream>>>(p, n_splits);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
+                                       cudaStream_t stream) {
+  if (p.n_kv_heads > 65535 || p.n_heads / p.n_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
+  switch (p.head_dim) {
+    case 64:
+      return launch_mma<64>(p, n_splits, stream);
+    case 128:
+      return launch_mma<128>(p, n_splits, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace cellm::cuda::detail

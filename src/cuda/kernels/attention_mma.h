@@ -1,0 +1,21 @@
+// The tensor-core split kernel of launch_attention (internal to the attention
+// launcher; see attention.h for the contract and attention_mma.cu for the design).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/attention.h"
+
+namespace cellm::cuda::detail {
+
+// Enqueues the split kernel of `p` with n_splits = attention_num_splits(p's shape):
+// it writes `out` for rows of one chunk and the workspace partials of the others,
+// exactly as the CUDA-core split kernel does; the caller launches the combine.
+// REQUIRES: p passed launch_attention's checks and attention_uses_tensor_cores(p).
+cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
+                                       cudaStream_t stream);
+
+}  // namespace cellm::cuda::detail

@@ -1,0 +1,37 @@
+// How the attention kernels cut a row's context into chunks (included by the
+// attention*.cu files only): the split kernels (CUDA-core and tensor-core) and the
+// combine kernel must agree on which partials exist, so they share this one cut.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cellm::cuda::detail {
+
+inline constexpr int32_t kAttentionChunkAlign = 16;  // a row's chunk length is a multiple of this
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// The positions a row attends, [lo, hi), and how they are cut: `active` chunks
+// of `chunk` positions (a multiple of kAttentionChunkAlign; the last may be
+// shorter), so that the row's length, not the session budget, sets the work of
+// each block. Computed on the device from the row's position: a graph captured
+// once cuts every replay's rows by their current lengths.
+struct RowSpan {
+  int64_t lo, hi;
+  int32_t chunk, active;
+};
+
+__device__ __forceinline__ RowSpan row_span(int32_t pos, int32_t window, int32_t n_splits) {
+  RowSpan s;
+  s.hi = int64_t{pos} + 1;
+  s.lo = window > 0 ? max(int64_t{0}, s.hi - window) : 0;
+  const int64_t len = s.hi - s.lo;
+  const int64_t per_split = (len + n_splits - 1) / n_splits;
+  s.chunk = static_cast<int32_t>((per_split + kAttentionChunkAlign - 1) / kAttentionChunkAlign *
+                                 kAttentionChunkAlign);
+  s.active = static_cast<int32_t>((len + s.chunk - 1) / s.chunk);
+  return s;
+}
+
+}  // namespace cellm::cuda::detail
