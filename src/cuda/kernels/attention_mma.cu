@@ -39,10 +39,11 @@ namespace {
 //     K[key n][d]: ldmatrix (no transpose) of 8 x 8 blocks of K rows, lane l addressing
 //     row l % 8 of block l / 8, gives lane (g, q) row g, elements 2q, 2q+1: b0/b1.
 //   O += P·V: the two S fragments of a tile (keys 0-7, 8-15) are P's A fragment as
-//     they stand ({s0.c0c1, s0.c2c3, s1.c0c1, s1.c2c3}, rounded to bf16); B[key][d] =
+//     they stand ({s0.c0c1, s0.c2c3, s1.c0c1, s1.c2c3}), taken twice: rounded to
+//     bf16, then the rounding's remainder rounded to bf16 (two MMAs); B[key][d] =
 //     V[key][d]: ldmatrix.trans of 8 x 8 blocks of V rows gives lane (g, q) elements
 //     (row 2q, column g), (row 2q+1, column g): b0/b1.
-// tests/cuda/attention_mma_emulation.cpp checks these index maps on the host.
+// tests/cuda/attention_mma_emulation_test.cpp checks these index maps on the host.
 //
 // Shared memory: per warp and stage, K then V, [16 keys][head_dim + 8] bf16. The 8
 // bf16 of padding put the 8 rows an ldmatrix phase reads in distinct banks (a row
@@ -285,11 +286,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     for (int nb = 0; nb < 2; ++nb) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        // The weight, exactly 0 past `end`, rounded to bf16 as P·V takes it; the sum
-        // adds the rounded weights too, so the output stays a weighted mean of the
-        // values (measured: worst error 0.4 of the test's tolerance, against 0.5 with
-        // the sum of unrounded weights).
-        sc[nb][c] = __bfloat162float(__float2bfloat16(exp2f(sc[nb][c] - m[c / 2])));
+        // The weight in f32, exactly 0 past `end`.
+        sc[nb][c] = exp2f(sc[nb][c] - m[c / 2]);
         l[c / 2] += sc[nb][c];
       }
     }
@@ -301,14 +299,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       o[nd][3] *= corr[1];
     }
 
+    // P·V takes each weight as two bf16 terms, hi = bf16(w) and lo = bf16(w - hi)
+    // (w - hi is exact in f32), so the product keeps ~16 bits of the weight: one
+    // bf16 term errs by up to 2^-9 of it, ~1e-3 on outputs whose values cancel,
+    // which the CPU twin's tolerance does not allow. The extra MMAs are cheap next
+    // to the tile's loads.
+    float res[2][4];
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        res[nb][c] = sc[nb][c] - __bfloat162float(__float2bfloat16(sc[nb][c]));
+      }
+    }
     const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
                             pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
+    const uint32_t pl[4] = {pack_bf16x2(res[0][0], res[0][1]), pack_bf16x2(res[0][2], res[0][3]),
+                            pack_bf16x2(res[1][0], res[1][1]), pack_bf16x2(res[1][2], res[1][3])};
 #pragma unroll
     for (int n2 = 0; n2 < ND / 2; ++n2) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, vs + v_lane_off + n2 * 16);
       mma_16816(o[2 * n2], pa, b[0], b[1]);
       mma_16816(o[2 * n2 + 1], pa, b[2], b[3]);
+      mma_16816(o[2 * n2], pl, b[0], b[1]);
+      mma_16816(o[2 * n2 + 1], pl, b[2], b[3]);
     }
     __syncwarp();  // the stage is read before the next iteration refills it
   }
