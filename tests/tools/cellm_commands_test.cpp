@@ -2,6 +2,7 @@
 // them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -126,6 +127,25 @@ TEST(CellmBenchTest, JsonPrintsOneRowPerParallelismWithEveryColumn) {
     EXPECT_DOUBLE_EQ(row.at("speed").get<double>(), static_cast<double>(pl * 12) / (t_pp + t_tg));
     EXPECT_FALSE(row.contains("tg_floor_fraction"));
   }
+}
+
+TEST(CellmBenchTest, StepTimesAddNoColumnsForAnExecutorThatDoesNotMeasureThem) {
+  // --step-times is measured by the CUDA executor; on the CPU it is accepted and the
+  // table keeps exactly the llama-batched-bench columns.
+  const CellmRun r = run_cellm({"bench", "--preset", "110m", "-npp", "8", "-ntg", "4", "--executor",
+                                "cpu", "--step-times", "--threads", "2"});
+  ExpectSuccess(r);
+  EXPECT_NE(r.out.find("|    PP |     TG |    B |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step ms"), std::string::npos) << r.out;
+  std::istringstream lines(r.out);
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("|     8 |", 0) == 0) {
+      ++rows;
+      EXPECT_EQ(std::count(line.begin(), line.end(), '|'), 11) << line;
+    }
+  }
+  EXPECT_EQ(rows, 1) << r.out;
 }
 
 }  // namespace
