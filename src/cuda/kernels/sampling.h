@@ -26,9 +26,9 @@
 // (< 1e-8 below 2^18 tokens) from a cumulative boundary.
 //
 // Rows of fewer than 4096 logits take one kernel, one block per row doing all
-// of the above (sampling.cu). Longer rows (sampling_chunked.cu) are cut into chunks (sample_split: about 512 blocks
-// in all) and take six launches, the same six for every policy so that a graph
-// captured once stays valid:
+// of the above (sampling.cu). Longer rows are cut into chunks (sample_split:
+// about 512 blocks in all) and take six launches (sampling_chunked.cu), the same
+// six for every policy so that a graph captured once stays valid:
 //   1. (rows, chunks): each chunk's best logit (value desc, id asc, NaN skipped).
 //   2. (rows): the chunk bests merged: the scan's argmax exactly (the order is
 //      total), stored in out_tokens; argmax rows (temperature 0, no mass) are
@@ -86,8 +86,8 @@ static_assert(sizeof(SamplingRow) == 32, "SamplingRow is uploaded as raw bytes")
 // Bytes of scratch launch_sample needs for n_rows rows of `vocab` logits:
 // [n_rows, vocab] 32-bit words, rounded up to 256 bytes. 0 when either is <= 0.
 // Each row's words hold, in turn, its chunk bests, its chunk masses and key
-// histograms, and its candidate list (sampling_chunked.cu's RowLayout). After a launch
-// a row that was drawn (temperature > 0, with mass) in id order (no top-k or
+// histograms, and its candidate list (RowLayout in sampling_chunked.cu). After a
+// launch a row that was drawn (temperature > 0, with mass) in id order (no top-k or
 // top-p), and any drawn row of fewer than 4096 logits, holds its weights f32;
 // other rows hold scratch.
 size_t sample_workspace_bytes(int64_t n_rows, int64_t vocab);
