@@ -343,6 +343,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
   }
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ForwardEngine> engine,
                          cuda::ForwardEngine::create(*weights, dims, o.precision));
+  if (o.time_steps) CELLM_RETURN_IF_ERROR(engine->set_timing(true));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(
       std::make_unique<cuda::ExecutorImpl>(std::move(weights), o, std::move(engine))));
 }
@@ -352,13 +353,8 @@ CudaExecutor::~CudaExecutor() = default;
 
 bool CudaExecutor::initialize() {
   const CudaExecutorOptions& o = impl_->options_;
-  if (o.cuda_graph_for_decode && o.capture_graphs_at_start && !impl_->capture_decode_graphs()) {
-    return false;
-  }
-  if (o.time_steps) {
-    if (Status s = impl_->engine_->set_timing(true); !s.ok()) return impl_->fail_cuda(s);
-  }
-  return true;
+  if (!o.cuda_graph_for_decode || !o.capture_graphs_at_start) return true;
+  return impl_->capture_decode_graphs();
 }
 
 size_t CudaExecutor::preferred_batch_tokens() const {
