@@ -1,0 +1,78 @@
+// How cellm's kernels are launched: programmatic dependent launch (PDL, sm_90+).
+//
+// A kernel launched with launch_kernel may start while the kernel before it on the
+// stream is still finishing: its blocks are scheduled once every block of the previous
+// kernel has called allow_dependent_grids() or exited, so its launch latency and
+// prologue overlap the previous kernel's tail. The contract that keeps this correct:
+//
+//   * every kernel launched through launch_kernel calls wait_for_prior_grids() before
+//     its first access to memory that an earlier kernel of the stream writes or reads
+//     (activations, K/V, the cell table, step metadata, workspaces). Reading weights
+//     (written once, before any step) before the wait is allowed. The wait returns
+//     when the previous kernel has completed and its writes are visible; since that
+//     kernel waited for its own predecessor, the whole prefix of the stream is done.
+//   * allow_dependent_grids() only lets the next kernel be scheduled early; it never
+//     publishes data, so a kernel may call it anywhere (cellm calls it once a block's
+//     main loop has been issued, so waiting dependents do not take the SM slots of the
+//     kernel's own later blocks).
+//
+// Kernels that are not ours (cuBLASLt) are launched normally and wait for everything
+// before them; a kernel of ours after them still overlaps their tail with its launch.
+// Both instructions are no-ops for a kernel launched without the attribute, so the same
+// kernels serve eager launches, captured CUDA graphs (the programmatic edges are
+// captured) and devices older than sm_90 (the attribute is then not set).
+//
+// set_programmatic_launch(false) turns the attribute off process-wide (for measuring
+// what PDL buys; `cellm bench --no-pdl`).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace cellm::cuda {
+
+// Process-wide: whether launch_kernel asks for programmatic dependent launch (default
+// true; honoured only on devices of compute capability 9.0 or newer).
+void set_programmatic_launch(bool enabled);
+bool programmatic_launch_enabled();
+
+namespace detail {
+
+// True when the current device supports PDL and it is enabled (cached per device).
+bool use_programmatic_launch();
+
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when
+// use_programmatic_launch(). Returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  if (use_programmatic_launch()) {
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace detail
+}  // namespace cellm::cuda
