@@ -4,14 +4,17 @@
 //   gemv_bench [--iters N] [--peak-gbs G]
 //
 // For each weight shape (qkv, o, gate_up, down, LM head with f32 logits) and m in
-// {1, 2, 4, 8}: microseconds per call and GB/s of the bytes a call must move (weights, x,
-// y), as a percentage of G (default 4250 GB/s). Each timing is N calls (default 200)
+// {1, 2, 4, 8}: microseconds per call of the GEMV's two kernels (GemvKernel::kTensorCores,
+// kRows) and of cuBLASLt, each with the bytes a call must move (weights, x, y) as a
+// percentage of G (default 4250 GB/s). Each timing is N calls (default 200)
 // recorded in one CUDA graph, as decode runs them, best of 5 replays; the calls rotate over
 // copies of the weights totalling >= 512 MiB, so every call reads its weights from HBM and
 // not from the 50 MB L2. Then, for the down projection, the MLP's activation + product
-// three ways: the fused SwiGLU GEMV, launch_swiglu + the GEMV, launch_swiglu + cuBLASLt.
-// A last column gives the largest relative difference between the GEMV's and cuBLASLt's
-// outputs (a sanity check; the tests hold the tolerances).
+// four ways: the fused SwiGLU GEMV (each kernel), launch_swiglu + the GEMV, launch_swiglu +
+// cuBLASLt. The last columns give the largest relative difference between each GEMV
+// kernel's and cuBLASLt's outputs (a sanity check; the tests hold the tolerances). The
+// GEMV kernels are launched with programmatic dependent launch, so consecutive calls
+// overlap as they do in a decode step.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -169,6 +172,12 @@ void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Opt
                                            n, nullptr, y_gemv.as<TOut>(), s),
             "launch_gemv");
     };
+    const auto rows = [&](int i, cudaStream_t s) {
+      check(cellm::cuda::launch_gemv<TOut>(op.x.as<Bf16>(), m, k, GemvInput::kPlain, op.weights(i),
+                                           n, nullptr, y_gemv.as<TOut>(), s,
+                                           cellm::cuda::GemvKernel::kRows),
+            "launch_gemv rows");
+    };
     const auto lt = [&](int i, cudaStream_t s) {
       check(cublaslt.run<Bf16, TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
                                      y_lt.as<TOut>(), s));
@@ -179,12 +188,17 @@ void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Opt
     check(cudaDeviceSynchronize(), "sync");
     const double diff = max_rel_diff<TOut>(y_gemv, y_lt, m * n);
     const double bytes = double(n * k * 2 + m * k * 2 + m * n * int64_t{sizeof(TOut)});
+    rows(0, nullptr);
+    check(cudaDeviceSynchronize(), "sync");
+    const double diff_rows = max_rel_diff<TOut>(y_gemv, y_lt, m * n);
     const double us_gemv = time_per_call(o.iters, gemv);
+    const double us_rows = time_per_call(o.iters, rows);
     const double us_lt = time_per_call(o.iters, lt);
     const auto gbs = [&](double us) { return bytes / us / 1e3; };
-    std::printf("%-22s %2ld | %8.2f %7.0f %5.1f%% | %8.2f %7.0f %5.1f%% | %5.2fx | %.1e\n", name,
-                static_cast<long>(m), us_gemv, gbs(us_gemv), 100 * gbs(us_gemv) / o.peak_gbs, us_lt,
-                gbs(us_lt), 100 * gbs(us_lt) / o.peak_gbs, us_lt / us_gemv, diff);
+    std::printf("%-22s %2ld | %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% | %5.2fx | %.1e %.1e\n",
+                name, static_cast<long>(m), us_gemv, 100 * gbs(us_gemv) / o.peak_gbs, us_rows,
+                100 * gbs(us_rows) / o.peak_gbs, us_lt, 100 * gbs(us_lt) / o.peak_gbs,
+                us_lt / std::min(us_gemv, us_rows), diff, diff_rows);
   }
 }
 
@@ -193,7 +207,7 @@ void bench_swiglu_down(const Operands& op, Gemm& cublaslt, const Options& o) {
   DeviceBuffer y = allocate(cellm::cuda::kGemvMaxRows * n * 2);
   std::printf("\ndown with its SwiGLU (%ld -> %ld), us per call:\n", static_cast<long>(ff),
               static_cast<long>(n));
-  std::printf(" m | fused gemv | swiglu + gemv | swiglu + cuBLASLt\n");
+  std::printf(" m | fused mma | fused rows | swiglu + gemv | swiglu + cuBLASLt\n");
   for (const int64_t m : {1, 2, 4, 8}) {
     const auto swiglu = [&](cudaStream_t s) {
       check(cellm::cuda::launch_swiglu<Bf16>(op.gate_up.as<Bf16>(), m, ff, op.act.as<Bf16>(), s),
@@ -203,6 +217,12 @@ void bench_swiglu_down(const Operands& op, Gemm& cublaslt, const Options& o) {
       check(cellm::cuda::launch_gemv<Bf16>(op.gate_up.as<Bf16>(), m, ff, GemvInput::kSwiGLU,
                                            op.weights(i), n, nullptr, y.as<Bf16>(), s),
             "launch_gemv swiglu");
+    };
+    const auto fused_rows = [&](int i, cudaStream_t s) {
+      check(cellm::cuda::launch_gemv<Bf16>(op.gate_up.as<Bf16>(), m, ff, GemvInput::kSwiGLU,
+                                           op.weights(i), n, nullptr, y.as<Bf16>(), s,
+                                           cellm::cuda::GemvKernel::kRows),
+            "launch_gemv swiglu rows");
     };
     const auto two = [&](int i, cudaStream_t s) {
       swiglu(s);
@@ -217,9 +237,9 @@ void bench_swiglu_down(const Operands& op, Gemm& cublaslt, const Options& o) {
     };
     for (int i = 0; i < op.copies; ++i) lt(i, nullptr);
     check(cudaDeviceSynchronize(), "sync");
-    std::printf("%2ld | %10.2f | %13.2f | %17.2f\n", static_cast<long>(m),
-                time_per_call(o.iters, fused), time_per_call(o.iters, two),
-                time_per_call(o.iters, lt));
+    std::printf("%2ld | %9.2f | %10.2f | %13.2f | %17.2f\n", static_cast<long>(m),
+                time_per_call(o.iters, fused), time_per_call(o.iters, fused_rows),
+                time_per_call(o.iters, two), time_per_call(o.iters, lt));
   }
 }
 
@@ -250,8 +270,8 @@ int main(int argc, char** argv) {
   check(cublaslt.status());
   std::mt19937 rng(1);
   std::printf(
-      "%-22s  m |  gemv us    GB/s  %%peak | cuBLASLt    GB/s  %%peak | speedup | "
-      "max rel diff\n",
+      "%-22s  m |  mma us  %%peak |  rows us  %%peak | cuBLASLt  %%peak | best gemv | "
+      "max rel diff (mma, rows)\n",
       "shape (k -> n)");
   const Operands qkv(rng, 4096, 6144);
   bench_shape<Bf16>("qkv 4096->6144", qkv, *cublaslt, o);

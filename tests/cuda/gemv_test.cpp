@@ -49,6 +49,10 @@ constexpr int64_t kRows = kGemvMaxRows;
 // Elements after y[m, n] that must keep their poison.
 constexpr int64_t kGuard = 64;
 
+const char* kernel_name(GemvKernel kernel) {
+  return kernel == GemvKernel::kTensorCores ? " (tensor cores)" : " (rows)";
+}
+
 const char* input_name(GemvInput input) {
   return input == GemvInput::kPlain ? "plain" : "swiglu";
 }
@@ -93,13 +97,14 @@ struct GemvCase {
 
   // y [m, n] (+ kGuard) of launch_gemv on this case's input, poisoned before the launch.
   template <typename TOut>
-  DeviceArray<TOut> run(int64_t m, GemvInput input, bool with_bias,
-                        cudaStream_t stream = nullptr) const {
+  DeviceArray<TOut> run(int64_t m, GemvInput input, bool with_bias, cudaStream_t stream = nullptr,
+                        GemvKernel kernel = GemvKernel::kTensorCores) const {
     DeviceArray<TOut> y(static_cast<size_t>(m * n + kGuard));
     poison(y);
     const Bf16* in = input == GemvInput::kPlain ? dev_x.get() : dev_gate_up.get();
-    const cudaError_t err = launch_gemv<TOut>(
-        in, m, k, input, dev_w.get(), n, with_bias ? dev_bias.get() : nullptr, y.get(), stream);
+    const cudaError_t err =
+        launch_gemv<TOut>(in, m, k, input, dev_w.get(), n, with_bias ? dev_bias.get() : nullptr,
+                          y.get(), stream, kernel);
     EXPECT_EQ(err, cudaSuccess) << name(m, input, with_bias) << ": " << cudaGetErrorString(err);
     return y;
   }
@@ -145,28 +150,31 @@ bool same_bits(const DeviceArray<T>& a, const DeviceArray<T>& b, int64_t element
 // reference; each row's bits equal to the m = kRows launch's; for kSwiGLU, the bits of
 // launch_swiglu followed by a kPlain product.
 template <typename TOut>
-void expect_every_row_count(const GemvCase& c, GemvInput input, bool with_bias) {
-  const DeviceArray<TOut> all_rows = c.run<TOut>(kRows, input, with_bias);
+void expect_every_row_count(const GemvCase& c, GemvInput input, bool with_bias, GemvKernel kernel) {
+  const DeviceArray<TOut> all_rows = c.run<TOut>(kRows, input, with_bias, nullptr, kernel);
   for (int64_t m = kRows; m >= 1; --m) {
-    SCOPED_TRACE(std::string(type_name<TOut>()) + " out " + c.name(m, input, with_bias));
-    const DeviceArray<TOut> y = c.run<TOut>(m, input, with_bias);
+    SCOPED_TRACE(std::string(type_name<TOut>()) + " out " + c.name(m, input, with_bias) +
+                 kernel_name(kernel));
+    const DeviceArray<TOut> y = c.run<TOut>(m, input, with_bias, nullptr, kernel);
     c.expect_output(y, m, input, with_bias);
     EXPECT_TRUE(same_bits(y, all_rows, m * c.n)) << "rows differ from the m = 8 launch's";
     if (input == GemvInput::kSwiGLU) {
       DeviceArray<TOut> unfused(static_cast<size_t>(m * c.n));
       CELLM_ASSERT_CUDA(launch_gemv<TOut>(c.dev_act.get(), m, c.k, GemvInput::kPlain, c.dev_w.get(),
                                           c.n, with_bias ? c.dev_bias.get() : nullptr,
-                                          unfused.get(), nullptr));
+                                          unfused.get(), nullptr, kernel));
       EXPECT_TRUE(same_bits(y, unfused, m * c.n)) << "fused differs from swiglu then plain";
     }
   }
 }
 
 void expect_case(const GemvCase& c) {
-  for (const GemvInput input : {GemvInput::kPlain, GemvInput::kSwiGLU}) {
-    for (const bool with_bias : {false, true}) {
-      expect_every_row_count<Bf16>(c, input, with_bias);
-      expect_every_row_count<float>(c, input, with_bias);
+  for (const GemvKernel kernel : {GemvKernel::kTensorCores, GemvKernel::kRows}) {
+    for (const GemvInput input : {GemvInput::kPlain, GemvInput::kSwiGLU}) {
+      for (const bool with_bias : {false, true}) {
+        expect_every_row_count<Bf16>(c, input, with_bias, kernel);
+        expect_every_row_count<float>(c, input, with_bias, kernel);
+      }
     }
   }
 }
@@ -200,9 +208,12 @@ TEST(GemvTest, LlamaEightBShapesMatchADoubleReference) {
         Shape{14336, 4096, GemvInput::kSwiGLU, {1, 8}},
         Shape{1024, 9000, GemvInput::kPlain, {3}}}) {
     const GemvCase c(rng, s.k, s.n);
-    for (const int64_t m : s.row_counts) {
-      c.expect_output(c.run<Bf16>(m, s.input, false), m, s.input, false);
-      c.expect_output(c.run<float>(m, s.input, true), m, s.input, true);
+    for (const GemvKernel kernel : {GemvKernel::kTensorCores, GemvKernel::kRows}) {
+      SCOPED_TRACE(kernel_name(kernel));
+      for (const int64_t m : s.row_counts) {
+        c.expect_output(c.run<Bf16>(m, s.input, false, nullptr, kernel), m, s.input, false);
+        c.expect_output(c.run<float>(m, s.input, true, nullptr, kernel), m, s.input, true);
+      }
     }
   }
 }
@@ -211,10 +222,13 @@ TEST(GemvTest, TwoLaunchesGiveTheSameBits) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(33);
   const GemvCase c(rng, 14336, 4096, /*with_reference=*/false);
-  for (const GemvInput input : {GemvInput::kPlain, GemvInput::kSwiGLU}) {
-    const DeviceArray<float> first = c.run<float>(kRows, input, true);
-    const DeviceArray<float> second = c.run<float>(kRows, input, true);
-    EXPECT_TRUE(same_bits(first, second, kRows * c.n)) << input_name(input);
+  for (const GemvKernel kernel : {GemvKernel::kTensorCores, GemvKernel::kRows}) {
+    for (const GemvInput input : {GemvInput::kPlain, GemvInput::kSwiGLU}) {
+      const DeviceArray<float> first = c.run<float>(kRows, input, true, nullptr, kernel);
+      const DeviceArray<float> second = c.run<float>(kRows, input, true, nullptr, kernel);
+      EXPECT_TRUE(same_bits(first, second, kRows * c.n))
+          << input_name(input) << kernel_name(kernel);
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 #include <climits>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "gemv.cu needs sm_80 or newer (bf16 mma.sync)"
@@ -163,7 +164,8 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
     }
   };
 
-  load_iteration(0);
+  load_iteration(0);  // weights only: in flight while the previous kernel finishes
+  detail::wait_for_prior_grids();
   if constexpr (kSwiglu) {
     stage_swiglu(p.x, p.m, k, 0, per_iter * kStepCols, stage);
     __syncthreads();
@@ -196,6 +198,7 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
     }
   }
 
+  detail::allow_dependent_grids();
   if (split_k > 1) {  // uniform over the block
     __syncthreads();  // kSwiGLU: the staged x' is no longer read; partials reuse it
     partials[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -242,8 +245,132 @@ cudaError_t launch(const GemvParams<TOut>& p, cudaStream_t stream) {
   const int64_t tiles_per_block = kWarps / p.split_k;
   const int64_t blocks = (tiles + tiles_per_block - 1) / tiles_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  gemv_kernel<kInput, kWarps, TOut><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return detail::launch_kernel(gemv_kernel<kInput, kWarps, TOut>,
+                               dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
+                               p);
+}
+
+// The kRows kernel. Warp w of the grid owns weight rows [kGemvRowsPerWarp w, +kRowsPerWarp)
+// whole: lane l reads columns [256 c + 8 l, +8) of each of them for chunk c = 0, 1, ... (one
+// 512-byte contiguous load per row per chunk), kRowsUnroll chunks in flight, multiplies
+// them with the same columns of every x row in f32 FMAs, and the warp sums its lanes at
+// the end (xor-shuffle tree). The order of the sum depends on k only. For kSwiGLU, x' is
+// computed per element from gate and up as launch_swiglu does (rounded to bf16).
+constexpr int kRowsWarps = 8;   // 256-thread blocks
+constexpr int kRowsUnroll = 2;  // chunks of each row in flight per warp
+constexpr int kChunkCols = 256;
+
+__device__ __forceinline__ void bf16x8_to_floats(const uint4& v, float (&out)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+// M: the x rows the accumulators are sized for (>= p.m), so m = 1 keeps 4 of them.
+template <GemvInput kInput, int M, typename TOut>
+__global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<TOut> p) {
+  constexpr int R = kGemvRowsPerWarp;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t row0 =
+      (int64_t{blockIdx.x} * kRowsWarps + static_cast<int64_t>(threadIdx.x >> 5)) * R;
+  if (row0 >= p.n) return;
+  const int k = p.k;
+  const int chunks = (k + kChunkCols - 1) / kChunkCols;
+  // Rows past n (the last warp) read row n - 1 and are not stored.
+  const __nv_bfloat16* w_row[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) w_row[r] = p.w + min(row0 + r, p.n - 1) * k + 8 * lane;
+
+  uint4 wv[kRowsUnroll][R];
+  const auto load_chunks = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) {
+      const int col = (c0 + u) * kChunkCols;
+      const bool in_k = col + 8 * lane < k;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[u][r] = in_k ? load_weights(w_row[r] + col) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  load_chunks(0);  // weights only: in flight while the previous kernel finishes
+  detail::wait_for_prior_grids();
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+  }
+  for (int c0 = 0; c0 < chunks; c0 += kRowsUnroll) {
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) {
+      const int col = (c0 + u) * kChunkCols + 8 * lane;
+      if (col >= k) continue;
+      float wf[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r) bf16x8_to_floats(wv[u][r], wf[r]);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        if (i >= p.m) break;
+        uint4 xv;
+        if constexpr (kInput == GemvInput::kSwiGLU) {
+          const __nv_bfloat16* gate = p.x + int64_t{i} * 2 * k + col;
+          const uint4 g = __ldg(reinterpret_cast<const uint4*>(gate));
+          const uint4 up = __ldg(reinterpret_cast<const uint4*>(gate + k));
+          xv = make_uint4(silu_mul_bf16x2(g.x, up.x), silu_mul_bf16x2(g.y, up.y),
+                          silu_mul_bf16x2(g.z, up.z), silu_mul_bf16x2(g.w, up.w));
+        } else {
+          xv = __ldg(reinterpret_cast<const uint4*>(p.x + int64_t{i} * k + col));
+        }
+        float xf[8];
+        bf16x8_to_floats(xv, xf);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wf[r][e], xf[e], acc[r][i]);
+        }
+      }
+    }
+    if (c0 + kRowsUnroll < chunks) load_chunks(c0 + kRowsUnroll);
+  }
+  detail::allow_dependent_grids();
+
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      if (i >= p.m) break;
+      const float sum = detail::warp_sum(acc[r][i]);
+      const int64_t row = row0 + r;
+      if (lane == (r * M + i) % 32 && row < p.n) {
+        float v = sum;
+        if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
+        p.y[i * p.n + row] = detail::from_float<TOut>(v);
+      }
+    }
+  }
+}
+
+template <GemvInput kInput, int M, typename TOut>
+cudaError_t launch_rows(const GemvParams<TOut>& p, cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = int64_t{kRowsWarps} * kGemvRowsPerWarp;
+  const int64_t blocks = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  return detail::launch_kernel(gemv_rows_kernel<kInput, M, TOut>,
+                               dim3(static_cast<unsigned>(blocks)), dim3(kRowsWarps * 32), 0,
+                               stream, p);
+}
+
+template <GemvInput kInput, typename TOut>
+cudaError_t launch_rows_for_m(const GemvParams<TOut>& p, cudaStream_t stream) {
+  if (p.m <= 1) return launch_rows<kInput, 1>(p, stream);
+  if (p.m <= 2) return launch_rows<kInput, 2>(p, stream);
+  if (p.m <= 4) return launch_rows<kInput, 4>(p, stream);
+  return launch_rows<kInput, kGemvMaxRows>(p, stream);
 }
 
 }  // namespace
@@ -251,11 +378,17 @@ cudaError_t launch(const GemvParams<TOut>& p, cudaStream_t stream) {
 template <typename TOut>
 cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput input,
                         const __nv_bfloat16* w, int64_t n, const __nv_bfloat16* bias, TOut* y,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, GemvKernel kernel) {
   if (!gemv_supports(m, k, x, w) || n <= 0 || x == nullptr || w == nullptr || y == nullptr) {
     return cudaErrorInvalidValue;
   }
   if (input != GemvInput::kPlain && input != GemvInput::kSwiGLU) return cudaErrorInvalidValue;
+  if (kernel == GemvKernel::kRows) {
+    const GemvParams<TOut> p{x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, 1};
+    if (input == GemvInput::kSwiGLU) return launch_rows_for_m<GemvInput::kSwiGLU>(p, stream);
+    return launch_rows_for_m<GemvInput::kPlain>(p, stream);
+  }
+  if (kernel != GemvKernel::kTensorCores) return cudaErrorInvalidValue;
   int device = 0;
   int sms = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -271,9 +404,9 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
 
 template cudaError_t launch_gemv<__nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t, GemvInput,
                                                 const __nv_bfloat16*, int64_t, const __nv_bfloat16*,
-                                                __nv_bfloat16*, cudaStream_t);
+                                                __nv_bfloat16*, cudaStream_t, GemvKernel);
 template cudaError_t launch_gemv<float>(const __nv_bfloat16*, int64_t, int64_t, GemvInput,
                                         const __nv_bfloat16*, int64_t, const __nv_bfloat16*, float*,
-                                        cudaStream_t);
+                                        cudaStream_t, GemvKernel);
 
 }  // namespace cellm::cuda

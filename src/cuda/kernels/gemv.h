@@ -32,6 +32,20 @@ enum class GemvInput {
   kSwiGLU,  // x' = bf16(silu(gate) * up), x = [gate | up]
 };
 
+// Which kernel serves a launch. Both read each weight once, in one launch, and give a row
+// of y the same bits for every m; they differ in how a warp walks the weights (so their
+// bits differ from each other):
+//   kTensorCores  a warp owns 16 weight rows and feeds 8 of their columns per lane
+//                 straight into bf16 mma.m16n8k16 (x rows are the MMA's N), splitting k
+//                 over up to 16 warps; cheap arithmetic at every m up to kGemvMaxRows.
+//   kRows         a warp owns kGemvRowsPerWarp whole weight rows and reads 512
+//                 contiguous bytes of each per load, with CUDA-core FMAs and a warp
+//                 reduction at the end; the simplest stream for m = 1-2.
+enum class GemvKernel { kTensorCores, kRows };
+
+// Weight rows per warp of the kRows kernel.
+inline constexpr int kGemvRowsPerWarp = 4;
+
 // The most rows (m) one launch serves.
 inline constexpr int64_t kGemvMaxRows = 8;
 
@@ -46,9 +60,13 @@ inline bool gemv_supports(int64_t m, int64_t k, const void* x, const void* w) {
 // y[i, j] = TOut(sum_c x'[i, c] * w[j, c] (+ bias[j])) for i in [0, m), j in [0, n).
 // TOut is __nv_bfloat16 or float. REQUIRES: gemv_supports(m, k, x, w), n > 0, input one
 // of GemvInput's values; device pointers, y not overlapping x, w or bias.
+//
+// Launched with programmatic dependent launch (kernels/launch.cuh): each warp puts its
+// first weight loads in flight before it waits for the previous kernel of the stream, so
+// the weight stream starts while that kernel finishes.
 template <typename TOut>
 cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput input,
                         const __nv_bfloat16* w, int64_t n, const __nv_bfloat16* bias, TOut* y,
-                        cudaStream_t stream);
+                        cudaStream_t stream, GemvKernel kernel = GemvKernel::kTensorCores);
 
 }  // namespace cellm::cuda
