@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A GPU visit that compares configurations: build, every `gpu` test, then one `cellm
+# bench` row set per argument, then the kernel benches. Results in three files under
+# $OUT (gpu_tests.log, bench.txt, micro.txt): the device tool brings back a handful.
+#   bash bench/ab_visit.sh [--no-tests] [--no-micro] "NAME:BENCH ARGS" ...   (carry .deps)
+# e.g. "8b:--preset 8b -npl 1,16,64,256" "8b_nopdl:--preset 8b -npl 1,16 --no-pdl".
+# Every row runs with -npp 128 -ntg 128 --peak-bandwidth 4250 --step-times unless its
+# arguments say otherwise (later flags win).
+set -uo pipefail
+OUT=${OUT:-/tmp/cellm-out}
+mkdir -p "$OUT"
+B=/tmp/cellm-build
+tests=1 micro=1
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
+  case $1 in
+    --no-tests) tests=0 ;;
+    --no-micro) micro=0 ;;
+    *) echo "unknown option $1"; exit 2 ;;
+  esac
+  shift
+done
+OUT=/tmp/cellm-build-logs bash "$(dirname "$0")/gpu_visit.sh" none >/tmp/cellm-visit.log 2>&1 ||
+  { tail -30 /tmp/cellm-visit.log; cp /tmp/cellm-visit.log "$OUT/visit.log"; exit 1; }
+if [ $tests = 1 ]; then
+  ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
+fi
+for row in "$@"; do
+  name=${row%%:*}
+  # shellcheck disable=SC2206
+  args=(${row#*:})
+  echo "== $name: ${args[*]}" | tee -a "$OUT/bench.txt"
+  timeout 200 $B/cellm bench --executor cuda -npp 128 -ntg 128 --peak-bandwidth 4250 --step-times \
+    "${args[@]}" 2>&1 | tee -a "$OUT/bench.txt" | grep -E "^\| +[0-9]"
+done
+if [ $micro = 1 ]; then
+  timeout 90 $B/bench/gemv_bench >>"$OUT/micro.txt" 2>&1
+  timeout 60 $B/bench/attention_bench >>"$OUT/micro.txt" 2>&1
+  cat "$OUT/micro.txt"
+fi
