@@ -11,10 +11,10 @@
 // execute() routes a batch of single-token decodes of distinct sessions to the
 // batched `decode` method: one CUDA graph per batch-size bucket (1, 2, 4, 8, 16,
 // 24, 32, then steps of 16 up to the decode cap), padded slots writing the
-// scratch cell; the graphs are captured up front by initialize(). Any other batch is cut by plan_slices into eager `prefill`
-// forwards of [min_prefill, W] tokens and lone-tail decodes. Each forward
-// declares its tokens, runs, and samples its selected rows on the device; only
-// token ids come back to the host.
+// scratch cell; the graphs are captured up front by initialize(). Any other
+// batch is cut by plan_slices into eager `prefill` forwards of [min_prefill, W]
+// tokens and lone-tail decodes. Each forward declares its tokens, runs, and
+// samples its selected rows on the device; only token ids come back to the host.
 //
 // This header includes no CUDA header. Thread-safety: like every executor,
 // driven by one thread (the runner's engine thread).
@@ -51,6 +51,11 @@ struct CudaExecutorOptions {
   CudaPrecision precision = CudaPrecision::kBF16;
   int device = 0;           // CUDA device ordinal
   bool time_steps = false;  // measure each batch's host and device time (step_times())
+  // Launch cellm's kernels with programmatic dependent launch on sm_90+ (each kernel's
+  // launch overlaps the previous kernel's tail); off only to measure what it buys.
+  // Process-wide: create() applies it to every executor of the process (the last
+  // created wins), including graphs captured after that.
+  bool programmatic_launch = true;
 };
 
 namespace cuda {

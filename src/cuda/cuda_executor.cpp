@@ -14,6 +14,7 @@
 #include "cellm/step_plan.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_forward.h"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm {
 namespace cuda {
@@ -326,6 +327,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     return NotSupported(cuda::prefixed("no usable CUDA device (cudaGetDeviceCount found none)"));
   }
   CELLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device), "CudaExecutor: selecting the device");
+  cuda::set_programmatic_launch(o.programmatic_launch);
   cuda::ForwardDims dims;
   dims.max_rows = std::max(o.step_width, cuda::decode_cap(o));
   dims.max_cells = o.max_cells;

@@ -1,7 +1,8 @@
 // The CUDA executor against the reference fixtures and the CPU executor:
 // greedy continuations alone, with 64 other sessions in the batch, with prompts
 // split into chunks, with decode graphs on and off; the study's CUDA checklist
-// (duplicate prompts, cell reuse, refused limits, clones, teardown).
+// (duplicate prompts, cell reuse, refused limits, clones, teardown); programmatic
+// dependent launch on and off.
 //
 // Precision: in f32 mode (no TF32) tokens must equal the reference exactly. In
 // bf16 mode the logits carry bf16 rounding (weights, activations and K/V are
@@ -15,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "cellm/cpu_executor.h"
+#include "cuda/kernels/launch.cuh"
 #include "executor_driver.h"
 #include "fixture_model.h"
 #include "gpu_test.h"
@@ -210,6 +212,83 @@ TEST_P(CudaExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   EXPECT_EQ(got, p.greedy);
   e->close_session(*child);
   EXPECT_EQ(e->kv_metrics().cells_in_use, 0);
+}
+
+// Puts the process-wide programmatic-launch switch back as it was when the test ends.
+class ProgrammaticLaunchRestorer {
+ public:
+  ProgrammaticLaunchRestorer() : saved_(cuda::programmatic_launch_enabled()) {}
+  ~ProgrammaticLaunchRestorer() { cuda::set_programmatic_launch(saved_); }
+  ProgrammaticLaunchRestorer(const ProgrammaticLaunchRestorer&) = delete;
+  ProgrammaticLaunchRestorer& operator=(const ProgrammaticLaunchRestorer&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Programmatic dependent launch only lets a kernel start before its predecessor has
+// finished; every kernel waits for it before touching the step's data, so tokens and
+// logprobs (from the raw logits) are bit for bit the same with it on and off: chunked
+// prefills, eager decodes and graph replays, greedy and sampled rows, both precisions.
+TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const ProgrammaticLaunchRestorer restorer;
+  const Fixture f = testing::load_fixture(GetParam());
+  auto w = load_weights(f);
+  const auto prompts = prompts_of(f);
+  std::vector<SamplingParams> params(prompts.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].num_logprobs = 5;
+    if (i % 2 == 1) {  // sampled rows: plain, top-k, top-p with min-p
+      params[i].temperature = 0.8f;
+      params[i].top_k = i == 3 ? 40 : 0;
+      params[i].top_p = i == 1 ? 0.9f : 1.0f;
+      params[i].min_p = i == 1 ? 0.05f : 0.0f;
+    }
+  }
+  for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
+    for (bool graphs : {true, false}) {
+      std::vector<std::vector<Output>> by_switch[2];
+      for (bool pdl : {true, false}) {
+        CudaExecutorOptions o;
+        o.max_sessions = 8;
+        o.max_session_tokens = 128;
+        o.step_width = 16;
+        o.precision = precision;
+        o.cuda_graph_for_decode = graphs;
+        o.programmatic_launch = pdl;
+        Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+        ASSERT_TRUE(e.ok()) << e.status().to_string();
+        EXPECT_EQ(cuda::programmatic_launch_enabled(), pdl);
+        ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+        by_switch[pdl ? 1 : 0] = testing::drive_outputs(**e, prompts, 5, 16, params);
+        if (graphs) {
+          EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
+        }
+      }
+      const std::string mode = std::string(precision == CudaPrecision::kF32 ? "f32" : "bf16") +
+                               (graphs ? " (graphs)" : " (eager)");
+      const auto& on = by_switch[1];
+      const auto& off = by_switch[0];
+      ASSERT_EQ(on.size(), off.size()) << mode;
+      for (size_t i = 0; i < on.size(); ++i) {
+        ASSERT_EQ(on[i].size(), 16u) << mode << " session " << i;
+        ASSERT_EQ(off[i].size(), on[i].size()) << mode << " session " << i;
+        for (size_t step = 0; step < on[i].size(); ++step) {
+          const std::string where =
+              mode + " session " + std::to_string(i) + " step " + std::to_string(step);
+          const Output& a = on[i][step];
+          const Output& b = off[i][step];
+          ASSERT_EQ(a.tokens, b.tokens) << where;
+          ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << where;
+          for (size_t t = 0; t < a.logprobs.size(); ++t) {
+            EXPECT_EQ(a.logprobs[t].logprob, b.logprobs[t].logprob) << where;
+            EXPECT_EQ(a.logprobs[t].top, b.logprobs[t].top) << where;
+          }
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaExecutorFixtureTest,

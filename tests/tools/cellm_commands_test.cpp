@@ -65,7 +65,7 @@ TEST(CellmHelpTest, EverySubcommandDescribesItsFlags) {
       {"tokenize", {"model", "text", "add-special", "help"}},
       {"bench",
        {"model", "preset", "npp", "ntg", "npl", "executor", "step-width", "threads", "seed",
-        "peak-bandwidth", "json", "help"}},
+        "peak-bandwidth", "no-pdl", "json", "help"}},
   };
   for (const HelpCase& c : cases) {
     for (const char* help : {"--help", "-h"}) {
@@ -127,6 +127,15 @@ TEST(CellmBenchTest, JsonPrintsOneRowPerParallelismWithEveryColumn) {
     EXPECT_DOUBLE_EQ(row.at("speed").get<double>(), static_cast<double>(pl * 12) / (t_pp + t_tg));
     EXPECT_FALSE(row.contains("tg_floor_fraction"));
   }
+}
+
+TEST(CellmBenchTest, NoPdlIsAcceptedByAnExecutorWithoutProgrammaticLaunch) {
+  // --no-pdl switches the CUDA executor's kernels to plain launches; the CPU executor
+  // has none to switch, so it runs as usual.
+  const CellmRun r = run_cellm({"bench", "--preset", "110m", "-npp", "8", "-ntg", "4", "--executor",
+                                "cpu", "--no-pdl", "--json", "--threads", "2"});
+  ExpectSuccess(r);
+  EXPECT_EQ(json::parse(r.out).at("pp").get<int64_t>(), 8) << r.out;
 }
 
 TEST(CellmBenchTest, StepTimesAddNoColumnsForAnExecutorThatDoesNotMeasureThem) {

@@ -29,6 +29,8 @@ const std::vector<FlagSpec> kFlags = {
     {"npl", "LIST", "sessions in parallel (default 1)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
+    {"no-pdl", "",
+     "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
@@ -212,6 +214,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.num_threads = static_cast<int32_t>(*threads);
   limits.cuda_graphs = !args->has("no-cuda-graphs");
   limits.time_steps = args->has("step-times");
+  limits.programmatic_launch = !args->has("no-pdl");
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();

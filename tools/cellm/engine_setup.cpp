@@ -132,6 +132,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.step_width = std::max(2, limits.step_width);
     o.cuda_graph_for_decode = limits.cuda_graphs;
     o.time_steps = limits.time_steps;
+    o.programmatic_launch = limits.programmatic_launch;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));

@@ -47,6 +47,9 @@ struct EngineLimits {
   int32_t num_threads = 0;   // CPU kernel threads; 0 = all
   bool cuda_graphs = true;   // CUDA: replay decode steps from captured graphs
   bool time_steps = false;   // CUDA: measure host and device time per batch
+  // CUDA: programmatic dependent launch of cellm's kernels (process-wide; see
+  // CudaExecutorOptions::programmatic_launch).
+  bool programmatic_launch = true;
 };
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,

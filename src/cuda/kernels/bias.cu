@@ -1,6 +1,7 @@
 #include "cuda/kernels/bias.h"
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -15,11 +16,13 @@ struct AddBiasParams {
 
 template <typename TOut, typename TBias>
 __global__ void add_bias_kernel(AddBiasParams<TOut, TBias> p) {
+  detail::wait_for_prior_grids();
   const int64_t total = p.m * p.n;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += stride) {
     p.y[e] = detail::from_float<TOut>(detail::to_float(p.y[e]) + detail::to_float(p.bias[e % p.n]));
   }
+  detail::allow_dependent_grids();
 }
 
 }  // namespace
@@ -30,9 +33,8 @@ cudaError_t launch_add_bias(TOut* y, int64_t m, int64_t n, const TBias* bias, cu
   if (m == 0) return cudaSuccess;
   if (y == nullptr || bias == nullptr) return cudaErrorInvalidValue;
   constexpr int kThreads = 256;
-  add_bias_kernel<TOut, TBias><<<detail::blocks_for(m * n, kThreads), kThreads, 0, stream>>>(
-      AddBiasParams<TOut, TBias>{y, m, n, bias});
-  return cudaGetLastError();
+  return detail::launch_kernel(add_bias_kernel<TOut, TBias>, detail::blocks_for(m * n, kThreads),
+                               kThreads, 0, stream, AddBiasParams<TOut, TBias>{y, m, n, bias});
 }
 
 template cudaError_t launch_add_bias<float, float>(float*, int64_t, int64_t, const float*,

@@ -1,6 +1,7 @@
 #include "cuda/kernels/convert.h"
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -17,6 +18,7 @@ struct ConvertParams {
 // Grid-stride over packs of N elements; REQUIRES: n % N == 0.
 template <typename T, int N>
 __global__ void convert_kernel(ConvertParams<T> p) {
+  detail::wait_for_prior_grids();
   const int64_t total = p.n / N;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += stride) {
@@ -24,6 +26,7 @@ __global__ void convert_kernel(ConvertParams<T> p) {
     detail::load_floats<N>(p.src + e * N, v);
     detail::store_floats<N>(p.dst + e * N, v);
   }
+  detail::allow_dependent_grids();
 }
 
 }  // namespace
@@ -38,11 +41,11 @@ cudaError_t launch_f32_to(const float* src, int64_t n, T* dst, cudaStream_t stre
                       detail::aligned_to(dst, sizeof(T) * kPack);
   constexpr int kThreads = 256;
   if (packed) {
-    convert_kernel<T, kPack><<<detail::blocks_for(n / kPack, kThreads), kThreads, 0, stream>>>(p);
-  } else {
-    convert_kernel<T, 1><<<detail::blocks_for(n, kThreads), kThreads, 0, stream>>>(p);
+    return detail::launch_kernel(convert_kernel<T, kPack>, detail::blocks_for(n / kPack, kThreads),
+                                 kThreads, 0, stream, p);
   }
-  return cudaGetLastError();
+  return detail::launch_kernel(convert_kernel<T, 1>, detail::blocks_for(n, kThreads), kThreads, 0,
+                               stream, p);
 }
 
 template cudaError_t launch_f32_to<float>(const float*, int64_t, float*, cudaStream_t);

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -19,8 +20,10 @@ struct GatherParams {
 };
 
 // One block per output row; each thread moves N consecutive elements per step.
+// The row index (step metadata, or rows of x) is read after the wait.
 template <typename T, int N>
 __global__ void gather_kernel(GatherParams<T> p) {
+  detail::wait_for_prior_grids();
   const int64_t i = blockIdx.x;
   const int32_t t = p.tokens[i];
   const bool valid = t >= 0 && t < p.vocab;
@@ -36,6 +39,7 @@ __global__ void gather_kernel(GatherParams<T> p) {
     }
     detail::store_floats<N>(dst + c, v);
   }
+  detail::allow_dependent_grids();
 }
 
 template <typename T>
@@ -50,12 +54,8 @@ cudaError_t launch_gather(const GatherParams<T>& p, int64_t n, cudaStream_t stre
   const int64_t packs = packed ? p.d / kPack : p.d;
   const int threads = detail::threads_for_row(packs, 256);
   const auto blocks = static_cast<unsigned>(n);
-  if (packed) {
-    gather_kernel<T, kPack><<<blocks, threads, 0, stream>>>(p);
-  } else {
-    gather_kernel<T, 1><<<blocks, threads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return packed ? detail::launch_kernel(gather_kernel<T, kPack>, blocks, threads, 0, stream, p)
+                : detail::launch_kernel(gather_kernel<T, 1>, blocks, threads, 0, stream, p);
 }
 
 }  // namespace

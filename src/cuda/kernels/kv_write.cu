@@ -2,6 +2,8 @@
 
 #include <cuda_bf16.h>
 
+#include "cuda/kernels/launch.cuh"
+
 namespace cellm::cuda {
 namespace {
 
@@ -17,6 +19,7 @@ __global__ void __launch_bounds__(kThreads)
                     const int32_t* __restrict__ cells, const int32_t* __restrict__ row_seq,
                     const int32_t* __restrict__ positions, Unit* __restrict__ k_pool,
                     Unit* __restrict__ v_pool, int32_t* __restrict__ table, int64_t table_stride) {
+  detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t cell = cells[r];
   const Unit* src = qkv + r * row_stride_units;
@@ -26,6 +29,7 @@ __global__ void __launch_bounds__(kThreads)
     k_dst[i] = src[k_offset_units + i];
     v_dst[i] = src[v_offset_units + i];
   }
+  detail::allow_dependent_grids();
   if (table != nullptr && threadIdx.x == 0) {
     table[int64_t{row_seq[r]} * table_stride + positions[r]] = cell;
   }
@@ -59,16 +63,15 @@ cudaError_t launch_kv_write(const T* qkv, int64_t n, int64_t row_stride, int64_t
                    v_offset % kVec == 0 && aligned16(qkv) && aligned16(k_pool) && aligned16(v_pool);
   const dim3 grid(static_cast<unsigned>(n));
   if (vec) {
-    kv_write_kernel<uint4><<<grid, kThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(qkv), row_stride / kVec, k_offset / kVec, v_offset / kVec,
-        kv_dim / kVec, cells, row_seq, positions, reinterpret_cast<uint4*>(k_pool),
-        reinterpret_cast<uint4*>(v_pool), table, table_stride);
-  } else {
-    kv_write_kernel<T><<<grid, kThreads, 0, stream>>>(qkv, row_stride, k_offset, v_offset, kv_dim,
-                                                      cells, row_seq, positions, k_pool, v_pool,
-                                                      table, table_stride);
+    return detail::launch_kernel(kv_write_kernel<uint4>, grid, kThreads, 0, stream,
+                                 reinterpret_cast<const uint4*>(qkv), row_stride / kVec,
+                                 k_offset / kVec, v_offset / kVec, kv_dim / kVec, cells, row_seq,
+                                 positions, reinterpret_cast<uint4*>(k_pool),
+                                 reinterpret_cast<uint4*>(v_pool), table, table_stride);
   }
-  return cudaGetLastError();
+  return detail::launch_kernel(kv_write_kernel<T>, grid, kThreads, 0, stream, qkv, row_stride,
+                               k_offset, v_offset, kv_dim, cells, row_seq, positions, k_pool,
+                               v_pool, table, table_stride);
 }
 
 #define CELLM_INSTANTIATE_KV_WRITE(T)                                                             \

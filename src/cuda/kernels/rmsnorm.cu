@@ -1,6 +1,7 @@
 #include "cuda/kernels/rmsnorm.h"
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -17,6 +18,11 @@ struct AddRmsNormParams {
   T* out;  // [m, d]
 };
 
+// Packs of the weight row each thread holds in registers, loaded before the wait for
+// the previous kernel (weights are written before any step); a wider row reads the
+// rest in pass 2. 4 covers d = 8192 in packs of 4 at 512 threads.
+constexpr int kHeldPacks = 4;
+
 // One block per row. Pass 1 adds delta into the residual row (each thread owns the same
 // elements in both passes, so it re-reads only what it wrote) and sums the squares; the
 // block reduction separates it from pass 2, which writes the normalised row.
@@ -28,6 +34,14 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
   T* out = p.out + row * p.d;
   const int64_t begin = int64_t{threadIdx.x} * N;
   const int64_t step = int64_t{blockDim.x} * N;
+
+  float held[kHeldPacks][N] = {};
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k) {
+    const int64_t c = begin + k * step;
+    if (c < p.d) detail::load_floats<N>(p.weight + c, held[k]);
+  }
+  detail::wait_for_prior_grids();
 
   float sum_sq = 0.0f;
   for (int64_t c = begin; c < p.d; c += step) {
@@ -45,8 +59,20 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
   }
   const float total = detail::block_sum(sum_sq);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.d) + p.eps);
+  detail::allow_dependent_grids();
 
-  for (int64_t c = begin; c < p.d; c += step) {
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k) {
+    const int64_t c = begin + k * step;
+    if (c < p.d) {
+      float r[N], o[N];
+      detail::load_floats<N>(res + c, r);
+#pragma unroll
+      for (int j = 0; j < N; ++j) o[j] = r[j] * inv_rms * held[k][j];
+      detail::store_floats<N>(out + c, o);
+    }
+  }
+  for (int64_t c = begin + kHeldPacks * step; c < p.d; c += step) {
     float r[N], w[N], o[N];
     detail::load_floats<N>(res + c, r);
     detail::load_floats<N>(p.weight + c, w);
@@ -68,11 +94,23 @@ struct HeadRmsNormParams {
   float eps;
 };
 
+// Elements of the weight each lane holds in registers, loaded before the wait for the
+// previous kernel; 4 covers head_dim = 128, a wider head reads the rest in the loop.
+constexpr int kHeldHeadWeights = 4;
+
 // One warp per (row, head), heads of a row adjacent; lanes stride over head_dim.
 template <typename T>
 __global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
-  const int64_t unit = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x & 31u);
+  float held[kHeldHeadWeights] = {};
+#pragma unroll
+  for (int k = 0; k < kHeldHeadWeights; ++k) {
+    const int64_t c = lane + 32 * k;
+    if (c < p.head_dim) held[k] = detail::to_float(p.weight[c]);
+  }
+  detail::wait_for_prior_grids();
+
+  const int64_t unit = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   if (unit >= p.m * p.n_heads) return;  // uniform over the warp: blockDim.x % 32 == 0
   const int64_t row = unit / p.n_heads;
   const int64_t head = unit % p.n_heads;
@@ -85,7 +123,13 @@ __global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
   }
   const float total = detail::warp_sum(sum_sq);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.head_dim) + p.eps);
-  for (int64_t c = lane; c < p.head_dim; c += 32) {
+  detail::allow_dependent_grids();
+#pragma unroll
+  for (int k = 0; k < kHeldHeadWeights; ++k) {
+    const int64_t c = lane + 32 * k;
+    if (c < p.head_dim) x[c] = detail::from_float<T>(detail::to_float(x[c]) * inv_rms * held[k]);
+  }
+  for (int64_t c = lane + 32 * kHeldHeadWeights; c < p.head_dim; c += 32) {
     x[c] = detail::from_float<T>(detail::to_float(x[c]) * inv_rms * detail::to_float(p.weight[c]));
   }
 }
@@ -105,12 +149,8 @@ cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight,
                       detail::aligned_to(out, sizeof(T) * kPack);
   const int threads = detail::threads_for_row(packed ? d / kPack : d, 512);
   const auto blocks = static_cast<unsigned>(m);
-  if (packed) {
-    add_rmsnorm_kernel<T, kPack><<<blocks, threads, 0, stream>>>(p);
-  } else {
-    add_rmsnorm_kernel<T, 1><<<blocks, threads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return packed ? detail::launch_kernel(add_rmsnorm_kernel<T, kPack>, blocks, threads, 0, stream, p)
+                : detail::launch_kernel(add_rmsnorm_kernel<T, 1>, blocks, threads, 0, stream, p);
 }
 
 template <typename T>
@@ -128,9 +168,9 @@ cudaError_t launch_head_rmsnorm(T* x, int64_t m, int64_t row_stride, int64_t off
   constexpr int64_t kUnitsPerBlock = kThreads / 32;
   const int64_t blocks = (units + kUnitsPerBlock - 1) / kUnitsPerBlock;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  head_rmsnorm_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+  return detail::launch_kernel(
+      head_rmsnorm_kernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream,
       HeadRmsNormParams<T>{x, m, row_stride, offset, n_heads, head_dim, weight, eps});
-  return cudaGetLastError();
 }
 
 template cudaError_t launch_add_rmsnorm<float>(float*, const float*, const float*, int64_t, int64_t,

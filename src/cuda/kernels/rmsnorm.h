@@ -6,7 +6,9 @@
 //
 // T is the activation type (float or __nv_bfloat16). Launchers enqueue on `stream`,
 // never allocate or synchronise (safe inside CUDA graph capture), and return the launch
-// error (cudaErrorInvalidValue for bad arguments). m = 0 launches nothing.
+// error (cudaErrorInvalidValue for bad arguments). m = 0 launches nothing. The kernels
+// are launched with programmatic dependent launch (kernels/launch.cuh) and read `weight`
+// before waiting for the previous kernel: no kernel of the stream may write it.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,6 +1,7 @@
 #include "cuda/kernels/rope.h"
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -24,6 +25,7 @@ struct RopeParams {
 // rotation is in place without hazards. Consecutive threads take consecutive j.
 template <typename T>
 __global__ void rope_kernel(RopeParams<T> p) {
+  detail::wait_for_prior_grids();
   const int64_t heads = p.n_q_heads + p.n_kv_heads;
   const int64_t total = p.m * heads * p.half;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -44,6 +46,7 @@ __global__ void rope_kernel(RopeParams<T> p) {
     v[j] = detail::from_float<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
     v[j + p.half] = detail::from_float<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
   }
+  detail::allow_dependent_grids();
 }
 
 }  // namespace
@@ -67,10 +70,10 @@ cudaError_t launch_rope(T* x, int64_t m, int64_t row_stride, int64_t q_offset, i
   if (total == 0) return cudaSuccess;
   if (x == nullptr || positions == nullptr || inv_freq == nullptr) return cudaErrorInvalidValue;
   constexpr int kThreads = 256;
-  rope_kernel<T><<<detail::blocks_for(total, kThreads), kThreads, 0, stream>>>(
-      RopeParams<T>{x, m, row_stride, q_offset, n_q_heads, k_offset, n_kv_heads, head_dim, half,
-                    positions, inv_freq});
-  return cudaGetLastError();
+  return detail::launch_kernel(rope_kernel<T>, detail::blocks_for(total, kThreads), kThreads, 0,
+                               stream,
+                               RopeParams<T>{x, m, row_stride, q_offset, n_q_heads, k_offset,
+                                             n_kv_heads, head_dim, half, positions, inv_freq});
 }
 
 template cudaError_t launch_rope<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t,

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -14,23 +15,28 @@ constexpr int kMaxHalf = static_cast<int>(kMaxRopeKvWriteHeadDim / 2);
 // One block per row. The row's angles are computed first, one (cos, sin) per j in
 // [0, half), into shared memory: the precise cosf/sinf (their slow path at large
 // positions) are most of a decode row's work, and every head shares them. The
-// first `half` threads compute them while the others copy V and store the table
-// entry, which need no angle. Then each unit of work is N consecutive j of one
-// head: the packs x[j, j + N) and x[j + half, + N) are rotated with rope.cu's
-// arithmetic and stored back into qkv, and for a k head into its pool row too.
-// N = 1 when the shapes or pointers allow no wider pack (launch_rope_kv_write).
+// first `half` threads compute them (each loads its inv_freq before the wait for
+// the previous kernel: inv_freq is written before any step) while the others copy
+// V and store the table entry, which need no angle. Then each unit of work is N
+// consecutive j of one head: the packs x[j, j + N) and x[j + half, + N) are rotated
+// with rope.cu's arithmetic and stored back into qkv, and for a k head into its
+// pool row too. N = 1 when the shapes or pointers allow no wider pack
+// (launch_rope_kv_write).
 template <typename T, int N>
 __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWriteParams<T> p) {
+  static_assert(kMaxHalf <= kThreads, "each thread computes at most one angle");
   __shared__ float cos_j[kMaxHalf];
   __shared__ float sin_j[kMaxHalf];
   const int64_t r = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
   const int half = static_cast<int>(p.head_dim / 2);
-  const float position = static_cast<float>(p.positions[r]);
-  for (int j = tid; j < half; j += kThreads) {
-    const float angle = position * p.inv_freq[j];  // one f32 product, as rope.cu
-    cos_j[j] = cosf(angle);
-    sin_j[j] = sinf(angle);
+  const float freq = tid < half ? p.inv_freq[tid] : 0.0f;
+  detail::wait_for_prior_grids();
+
+  if (tid < half) {
+    const float angle = static_cast<float>(p.positions[r]) * freq;  // one f32 product, as rope.cu
+    cos_j[tid] = cosf(angle);
+    sin_j[tid] = sinf(angle);
   }
 
   const int32_t cell = p.cells[r];
@@ -45,6 +51,7 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWri
     p.table[int64_t{p.row_seq[r]} * p.table_stride + p.positions[r]] = cell;
   }
   __syncthreads();
+  detail::allow_dependent_grids();
 
   const int packs_per_half = half / N;
   const int units = static_cast<int>(p.n_heads + p.n_kv_heads) * packs_per_half;
@@ -93,8 +100,8 @@ bool packable(const RopeKvWriteParams<T>& p, int64_t n) {
 
 template <typename T, int N>
 cudaError_t launch_packed(const RopeKvWriteParams<T>& p, cudaStream_t stream) {
-  rope_kv_write_kernel<T, N><<<static_cast<unsigned>(p.n_rows), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return detail::launch_kernel(rope_kv_write_kernel<T, N>, static_cast<unsigned>(p.n_rows),
+                               kThreads, 0, stream, p);
 }
 
 // [a, a + a_len) and [b, b + b_len) share a column.

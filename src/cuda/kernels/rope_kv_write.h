@@ -27,8 +27,10 @@
 //
 // The launcher enqueues one kernel on `stream`; it never allocates or synchronizes
 // and may be captured in a CUDA graph (a replay reads every input's current
-// contents). Returns cudaErrorInvalidValue for a malformed call, else the launch's
-// error. Thread-safety: reentrant.
+// contents). The kernel is launched with programmatic dependent launch
+// (kernels/launch.cuh) and reads inv_freq before waiting for the previous kernel:
+// no kernel of the stream may write it. Returns cudaErrorInvalidValue for a malformed call, else
+// the launch's error. Thread-safety: reentrant.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/sampling_device.cuh"
 
 namespace cellm::cuda {
@@ -21,6 +22,7 @@ __global__ void __launch_bounds__(kThreads)
                        const SamplingRow* __restrict__ params, int32_t* __restrict__ out_tokens,
                        float* __restrict__ weights, int mass_shift) {
   __shared__ Shared sh;
+  detail::wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
   float* weight = weights + row * vocab;
@@ -31,6 +33,7 @@ __global__ void __launch_bounds__(kThreads)
   Best best;
   for (int32_t i = tid; i < vocab; i += kThreads) best = better(best, candidate_of(x[i], i));
   best = block_best(best, sh.best);
+  detail::allow_dependent_grids();
   const int32_t argmax = best.valid ? best.index : 0;
   const RowScale scale = row_scale(x, argmax, p.temperature);
   if (!scale.drawn) {
@@ -68,9 +71,11 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void sampling_uniform_kernel(const uint64_t* __restrict__ seeds,
                                         const int32_t* __restrict__ positions, int64_t n,
                                         float* __restrict__ out) {
+  detail::wait_for_prior_grids();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   out[i] = static_cast<float>(uniform_bits24(seeds[i], positions[i])) * 0x1.0p-24f;
+  detail::allow_dependent_grids();
 }
 
 int bit_width(uint64_t v) {
@@ -119,9 +124,8 @@ cudaError_t launch_sample(const float* logits, int64_t n_rows, int64_t vocab,
   const int32_t v = static_cast<int32_t>(vocab);
   const unsigned rows = static_cast<unsigned>(n_rows);
   if (vocab < kMinChunkedVocab) {
-    sample_rows_kernel<<<rows, kThreads, 0, stream>>>(logits, v, params, out_tokens,
-                                                      static_cast<float*>(workspace), mass_shift);
-    return cudaGetLastError();
+    return detail::launch_kernel(sample_rows_kernel, rows, kThreads, 0, stream, logits, v, params,
+                                 out_tokens, static_cast<float*>(workspace), mass_shift);
   }
   return detail::launch_sample_chunked(logits, v, rows, params, out_tokens, workspace, mass_shift,
                                        stream);
@@ -135,9 +139,8 @@ cudaError_t launch_sampling_uniform(const uint64_t* seeds, const int32_t* positi
   constexpr int kBlock = 256;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  sampling_uniform_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(seeds, positions, n,
-                                                                                out);
-  return cudaGetLastError();
+  return detail::launch_kernel(sampling_uniform_kernel, static_cast<unsigned>(blocks), kBlock, 0,
+                               stream, seeds, positions, n, out);
 }
 
 }  // namespace cellm::cuda

@@ -1,6 +1,7 @@
 // The device sampler's chunked path, for rows of kMinChunkedVocab logits or
 // more: six launches over grids of (rows, chunks) and (rows), so one row's work
 // spreads over many SMs. See sampling.h for the contract and the launch sequence.
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/sampling_device.cuh"
 
 namespace cellm::cuda {
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     chunk_best_kernel(const float* __restrict__ logits, int32_t vocab, int32_t chunk_logits,
                       int32_t n_chunks, float* __restrict__ workspace) {
   __shared__ BestSlots<kChunkThreads> slots;
+  detail::wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const int32_t chunk = static_cast<int32_t>(blockIdx.y);
   const float* x = logits + row * vocab;
@@ -75,6 +77,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       best = better(best, candidate_of(v[u], base + u * kChunkThreads));
     }
   }
+  detail::allow_dependent_grids();
   best = block_best(best, slots);
   if (threadIdx.x == 0) {
     float* partials = workspace + row * vocab;
@@ -91,6 +94,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     row_max_kernel(int32_t vocab, int32_t n_chunks, const float* __restrict__ workspace,
                    int32_t* __restrict__ out_tokens) {
   __shared__ BestSlots<kChunkThreads> slots;
+  detail::wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const float* partials = workspace + row * vocab;
   Best best;
@@ -98,6 +102,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     const int32_t index = __float_as_int(partials[n_chunks + c]);
     if (index >= 0) best = better(best, candidate_of(partials[c], index));
   }
+  detail::allow_dependent_grids();
   best = block_best(best, slots);
   if (threadIdx.x == 0) out_tokens[row] = best.valid ? best.index : 0;
 }
@@ -113,6 +118,7 @@ __global__ void __launch_bounds__(kChunkThreads)
                          int mass_shift) {
   __shared__ uint32_t hist[kKeyBins];
   __shared__ uint64_t partial[kChunkThreads / 32];
+  detail::wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const int32_t chunk = static_cast<int32_t>(blockIdx.y);
   const float* x = logits + row * vocab;
@@ -146,6 +152,7 @@ __global__ void __launch_bounds__(kChunkThreads)
         if (w >= p.min_p) local += mass(w);
       }
     }
+    detail::allow_dependent_grids();
     const uint64_t kept = block_sum<kChunkThreads>(local, partial);
     if (tid == 0) store_u64(words + 2 * chunk, kept);
     return;
@@ -168,6 +175,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       if (w > 0.f) atomicAdd(&hist[key_of(w)], 1u);
     }
   }
+  detail::allow_dependent_grids();
   const uint64_t total = block_sum<kChunkThreads>(local, partial);  // its barriers order hist
   uint32_t* chunk_hist = words + layout.hist() + chunk * kKeyBins;
   for (int b = tid; b < kKeyBins; b += kChunkThreads) chunk_hist[b] = hist[b];
@@ -189,6 +197,7 @@ __global__ void __launch_bounds__(kThreads)
                     int32_t* __restrict__ out_tokens, uint32_t* __restrict__ workspace,
                     int mass_shift) {
   __shared__ Shared sh;
+  detail::wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
   const SamplingRow p = params[row];
@@ -235,6 +244,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    detail::allow_dependent_grids();
     float* weight = reinterpret_cast<float*>(words);
     for (int32_t i = tid; i < layout.deferred(); i += kThreads) weight[i] = weight_of(x[i], scale);
     if (tid == 0) out_tokens[row] = token;
@@ -281,6 +291,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t chunk_n = tid < n_chunks ? sh.chunk_count[tid] : 0;
   const uint64_t offset = block_exclusive_sum(chunk_n, sh);
   const uint64_t n_candidates = block_sum(chunk_n, sh);
+  detail::allow_dependent_grids();
   if (tid < n_chunks) words[layout.offsets() + tid] = static_cast<uint32_t>(offset);
   if (tid == 0) {
     words[RowLayout::kMinKey] = min_key;
@@ -297,6 +308,7 @@ __global__ void __launch_bounds__(kChunkThreads)
                          int32_t n_chunks, const SamplingRow* __restrict__ params,
                          const int32_t* __restrict__ out_tokens, uint32_t* __restrict__ workspace) {
   __shared__ uint32_t warp_count[kChunkThreads / 32];
+  detail::wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const int32_t chunk = static_cast<int32_t>(blockIdx.y);
   const float* x = logits + row * vocab;
@@ -338,6 +350,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     offset += tile;
     __syncthreads();
   }
+  detail::allow_dependent_grids();
 }
 
 // Launch 6: one block per cut row draws its token over the candidate list, or
@@ -347,6 +360,7 @@ __global__ void __launch_bounds__(kThreads)
                     const SamplingRow* __restrict__ params, int32_t* __restrict__ out_tokens,
                     const uint32_t* __restrict__ workspace, int mass_shift) {
   __shared__ Shared sh;
+  detail::wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
   const SamplingRow p = params[row];
@@ -368,6 +382,7 @@ __global__ void __launch_bounds__(kThreads)
     const RecomputedRow list{x, scale, vocab};
     token = draw_after_cut(list, p, vocab, total, mass, argmax, sh);
   }
+  detail::allow_dependent_grids();
   if (threadIdx.x == 0) out_tokens[row] = token;
 }
 
@@ -387,17 +402,22 @@ cudaError_t launch_sample_chunked(const float* logits, int32_t vocab, unsigned r
   const dim3 grid(rows, static_cast<unsigned>(c));  // c <= kMaxChunks, inside gridDim.y
   float* ws_f32 = static_cast<float*>(workspace);
   uint32_t* ws_u32 = static_cast<uint32_t*>(workspace);
-  chunk_best_kernel<<<grid, kChunkThreads, 0, stream>>>(logits, vocab, chunk, c, ws_f32);
-  row_max_kernel<<<rows, kChunkThreads, 0, stream>>>(vocab, c, ws_f32, out_tokens);
-  chunk_weights_kernel<<<grid, kChunkThreads, 0, stream>>>(logits, vocab, chunk, c, params,
-                                                           out_tokens, ws_u32, mass_shift);
-  row_plan_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, chunk, c, params, out_tokens,
-                                                 ws_u32, mass_shift);
-  chunk_compact_kernel<<<grid, kChunkThreads, 0, stream>>>(logits, vocab, chunk, c, params,
-                                                           out_tokens, ws_u32);
-  row_draw_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, c, params, out_tokens, ws_u32,
-                                                 mass_shift);
-  return cudaGetLastError();
+  cudaError_t err = launch_kernel(chunk_best_kernel, grid, kChunkThreads, 0, stream, logits, vocab,
+                                  chunk, c, ws_f32);
+  if (err != cudaSuccess) return err;
+  err = launch_kernel(row_max_kernel, rows, kChunkThreads, 0, stream, vocab, c, ws_f32, out_tokens);
+  if (err != cudaSuccess) return err;
+  err = launch_kernel(chunk_weights_kernel, grid, kChunkThreads, 0, stream, logits, vocab, chunk, c,
+                      params, out_tokens, ws_u32, mass_shift);
+  if (err != cudaSuccess) return err;
+  err = launch_kernel(row_plan_kernel, rows, kThreads, 0, stream, logits, vocab, chunk, c, params,
+                      out_tokens, ws_u32, mass_shift);
+  if (err != cudaSuccess) return err;
+  err = launch_kernel(chunk_compact_kernel, grid, kChunkThreads, 0, stream, logits, vocab, chunk, c,
+                      params, out_tokens, ws_u32);
+  if (err != cudaSuccess) return err;
+  return launch_kernel(row_draw_kernel, rows, kThreads, 0, stream, logits, vocab, c, params,
+                       out_tokens, ws_u32, mass_shift);
 }
 
 }  // namespace detail

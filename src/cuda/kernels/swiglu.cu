@@ -1,6 +1,7 @@
 #include "cuda/kernels/swiglu.h"
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -18,6 +19,7 @@ struct SwigluParams {
 // Grid-stride over packs of N consecutive columns of one row.
 template <typename T, int N>
 __global__ void swiglu_kernel(SwigluParams<T> p) {
+  detail::wait_for_prior_grids();
   const int64_t packs_per_row = p.ff / N;
   const int64_t total = p.m * packs_per_row;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -32,6 +34,7 @@ __global__ void swiglu_kernel(SwigluParams<T> p) {
     for (int j = 0; j < N; ++j) o[j] = detail::silu_mul(g[j], u[j]);
     detail::store_floats<N>(p.out + row * p.ff + c, o);
   }
+  detail::allow_dependent_grids();
 }
 
 }  // namespace
@@ -46,12 +49,12 @@ cudaError_t launch_swiglu(const T* gate_up, int64_t m, int64_t ff, T* out, cudaS
                       detail::aligned_to(out, sizeof(T) * kPack);
   constexpr int kThreads = 256;
   if (packed) {
-    swiglu_kernel<T, kPack>
-        <<<detail::blocks_for(m * ff / kPack, kThreads), kThreads, 0, stream>>>(p);
-  } else {
-    swiglu_kernel<T, 1><<<detail::blocks_for(m * ff, kThreads), kThreads, 0, stream>>>(p);
+    return detail::launch_kernel(swiglu_kernel<T, kPack>,
+                                 detail::blocks_for(m * ff / kPack, kThreads), kThreads, 0, stream,
+                                 p);
   }
-  return cudaGetLastError();
+  return detail::launch_kernel(swiglu_kernel<T, 1>, detail::blocks_for(m * ff, kThreads), kThreads,
+                               0, stream, p);
 }
 
 template cudaError_t launch_swiglu<float>(const float*, int64_t, int64_t, float*, cudaStream_t);
