@@ -29,13 +29,16 @@ const std::vector<FlagSpec> kFlags = {
     {"npl", "LIST", "sessions in parallel (default 1)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
+    {"no-gemm-tuning", "",
+     "CUDA: use cuBLASLt's heuristic for every GEMM instead of timing the decode GEMMs' kernels"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
     {"peak-bandwidth", "GB/s",
      "memory bandwidth; adds TG_BW%: the TG phase's fraction of the bandwidth floor"},
     {"step-times", "",
-     "CUDA: add the mean wall and device time of a decode step (host share = the difference)"},
+     "CUDA: add the mean wall and device time of a decode step (host share = the difference), "
+     "and list the kernel each tuned GEMM shape chose"},
     {"json", "", "print one JSON object per row instead of the table"},
 };
 
@@ -212,6 +215,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.num_threads = static_cast<int32_t>(*threads);
   limits.cuda_graphs = !args->has("no-cuda-graphs");
   limits.time_steps = args->has("step-times");
+  limits.tune_gemm = !args->has("no-gemm-tuning");
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();
@@ -243,6 +247,11 @@ int run_bench(int argc, const char* const* argv) {
         }
       }
     }
+  }
+  if (limits.time_steps && !json) {
+    const std::vector<std::string> tuned = tuned_gemm_report();
+    if (!tuned.empty()) std::printf("\ntuned GEMMs:\n");
+    for (const std::string& line : tuned) std::printf("  %s\n", line.c_str());
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cellm/executor.h"
 #include "cellm/model_weights.h"
@@ -47,6 +48,7 @@ struct EngineLimits {
   int32_t num_threads = 0;   // CPU kernel threads; 0 = all
   bool cuda_graphs = true;   // CUDA: replay decode steps from captured graphs
   bool time_steps = false;   // CUDA: measure host and device time per batch
+  bool tune_gemm = true;     // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
 };
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
@@ -60,6 +62,10 @@ struct StepTimeReport {
   double wall_ms = 0, device_ms = 0;  // summed over the steps
 };
 std::optional<StepTimeReport> step_time_report(const Executor& executor);
+
+// The GEMM shapes tuned so far in this process and the kernel each chose, one line
+// each (describe_tuned_gemms); empty without CUDA.
+std::vector<std::string> tuned_gemm_report();
 
 // DecodeFirstScheduler sized for one forward per batch: a budget of step_width
 // tokens, up to min(max_sessions, step_width / 2) decodes, and prefill chunks of
