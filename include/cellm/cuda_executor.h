@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cellm/executor.h"
 #include "cellm/model_weights.h"
@@ -48,6 +49,14 @@ struct CudaExecutorOptions {
   // first request, so no decode step pays for a capture (as serving engines do at
   // startup); else each bucket is warmed and captured by its first two steps.
   bool capture_graphs_at_start = true;
+  // With graphs: time the GEMM kernels that could serve each decode bucket's products
+  // (cuBLASLt's candidate algorithms and the GEMV) while the bucket warms, and run the
+  // fastest; other shapes (prefill) take cuBLASLt's heuristic choice. Costs roughly a
+  // tenth of a second per bucket for an 8B model, once per process: the choices are kept
+  // process-wide, so later executors adopt them (and give the same bits). Another process
+  // may choose differently, within the same accuracy (f32 accumulation). Off: the
+  // heuristic's choice everywhere.
+  bool tune_gemm = true;
   CudaPrecision precision = CudaPrecision::kBF16;
   int device = 0;           // CUDA device ordinal
   bool time_steps = false;  // measure each batch's host and device time (step_times())
@@ -64,6 +73,10 @@ class ExecutorImpl;
 
 // True when this process can use a CUDA device.
 bool cuda_device_available();
+
+// One line per GEMM shape tuned so far in this process (tune_gemm), for logs:
+// "<gemm|swiglu+down> <types> m=M n=N k=K[ +bias]: <kernel> X us (heuristic Y us)".
+std::vector<std::string> describe_tuned_gemms();
 
 class CudaExecutor final : public Executor {
  public:

@@ -14,6 +14,7 @@
 #include "cellm/step_plan.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_forward.h"
+#include "cuda/gemm_tuning.h"
 #include "cuda/kernels/launch.cuh"
 
 namespace cellm {
@@ -318,6 +319,17 @@ bool cuda_device_available() {
   return cuda::gpu_available();
 }
 
+std::vector<std::string> describe_tuned_gemms() {
+  std::vector<cuda::TunedGemm> tuned = cuda::tuned_gemms();
+  // By batch size, so a bucket's shapes read together.
+  std::stable_sort(
+      tuned.begin(), tuned.end(),
+      [](const cuda::TunedGemm& a, const cuda::TunedGemm& b) { return a.key.m < b.key.m; });
+  std::vector<std::string> lines;
+  for (const cuda::TunedGemm& t : tuned) lines.push_back(cuda::describe(t));
+  return lines;
+}
+
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     std::shared_ptr<const ModelWeights> weights, const CudaExecutorOptions& options) {
   CELLM_RETURN_IF_ERROR(cuda::validate(weights.get(), options));
@@ -344,7 +356,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
         std::to_string(free_bytes >> 20) + " MiB are free"));
   }
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ForwardEngine> engine,
-                         cuda::ForwardEngine::create(*weights, dims, o.precision));
+                         cuda::ForwardEngine::create(*weights, dims, o.precision, o.tune_gemm));
   if (o.time_steps) CELLM_RETURN_IF_ERROR(engine->set_timing(true));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(
       std::make_unique<cuda::ExecutorImpl>(std::move(weights), o, std::move(engine))));

@@ -95,17 +95,23 @@ size_t table_bytes(const ForwardDims& dims) {
 template <typename T>
 class CudaForward final : public ForwardEngine {
  public:
-  CudaForward(const ModelConfig& config, const ForwardDims& dims)
+  CudaForward(const ModelConfig& config, const ForwardDims& dims, bool tune_gemm)
       : config_(config),
         dims_(dims),
+        tune_gemm_(tune_gemm),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
   Status init(const ModelWeights& weights) {
     CELLM_ASSIGN_OR_RETURN(model_, DeviceModel<T>::upload(weights));
-    // cuBLASLt for every product: on the H200 it beats the GEMV at every decode
-    // shape but the 4096 -> 4096 one (bench/gemv_bench, docs/PERFORMANCE.md).
-    CELLM_ASSIGN_OR_RETURN(gemm_, Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly));
+    // With tune_gemm, each decode bucket's products take the fastest of cuBLASLt's
+    // candidates and the GEMV, timed while the bucket warms (run_decode_graph); other
+    // shapes take the tuned choice of the same key if there is one, else cuBLASLt's
+    // heuristic (on the H200 it beats the GEMV at every 8b decode shape but o:
+    // bench/gemv_bench, docs/PERFORMANCE.md).
+    CELLM_ASSIGN_OR_RETURN(
+        gemm_,
+        Gemm::create(size_t{32} << 20, tune_gemm_ ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
     CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
     CELLM_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(meta_.bytes + dims_.max_rows * 4));
     CELLM_ASSIGN_OR_RETURN(meta_dev_, DeviceBuffer::allocate(meta_.bytes));
@@ -153,7 +159,12 @@ class CudaForward final : public ForwardEngine {
     if (it == graphs_.end()) {
       if (!warmed_.count(bucket)) {
         warmed_.insert(bucket);
-        return run_eager(bucket, bucket, logit_rows);
+        // The warm-up builds the bucket's GEMM plans; the decode shapes, and only they,
+        // are tuned (timed) as they are built.
+        gemm_->set_tuning(true);
+        const Status warmed = run_eager(bucket, bucket, logit_rows);
+        gemm_->set_tuning(false);
+        return warmed;
       }
       CELLM_RETURN_IF_ERROR(capture(bucket));
       it = graphs_.find(bucket);
@@ -425,6 +436,7 @@ class CudaForward final : public ForwardEngine {
 
   ModelConfig config_;
   ForwardDims dims_;
+  bool tune_gemm_ = true;  // GemmPath::kTuned, else kCublasLtOnly
   MetaLayout meta_;
   BufferLayout buf_;
   std::unique_ptr<DeviceModel<T>> model_;
@@ -448,8 +460,9 @@ class CudaForward final : public ForwardEngine {
 };
 
 template <typename T>
-Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const ForwardDims& dims) {
-  auto engine = std::make_unique<CudaForward<T>>(weights.config(), dims);
+Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const ForwardDims& dims,
+                                            bool tune_gemm) {
+  auto engine = std::make_unique<CudaForward<T>>(weights.config(), dims, tune_gemm);
   CELLM_RETURN_IF_ERROR(engine->init(weights));
   return std::unique_ptr<ForwardEngine>(std::move(engine));
 }
@@ -458,9 +471,10 @@ Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const F
 
 Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create(const ModelWeights& weights,
                                                              const ForwardDims& dims,
-                                                             CudaPrecision precision) {
-  if (precision == CudaPrecision::kF32) return make<float>(weights, dims);
-  return make<__nv_bfloat16>(weights, dims);
+                                                             CudaPrecision precision,
+                                                             bool tune_gemm) {
+  if (precision == CudaPrecision::kF32) return make<float>(weights, dims, tune_gemm);
+  return make<__nv_bfloat16>(weights, dims, tune_gemm);
 }
 
 size_t ForwardEngine::device_bytes(const ModelConfig& config, const ForwardDims& dims,

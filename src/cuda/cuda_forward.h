@@ -54,10 +54,12 @@ class ForwardEngine {
  public:
   virtual ~ForwardEngine() = default;
 
-  // Uploads the weights in `precision` and allocates every buffer.
+  // Uploads the weights in `precision` and allocates every buffer. With `tune_gemm` the
+  // products run under GemmPath::kTuned, each decode bucket's timed as it warms; else
+  // under kCublasLtOnly.
   static Result<std::unique_ptr<ForwardEngine>> create(const ModelWeights& weights,
                                                        const ForwardDims& dims,
-                                                       CudaPrecision precision);
+                                                       CudaPrecision precision, bool tune_gemm);
   // Device bytes create() would allocate (weights, KV pool, buffers).
   static size_t device_bytes(const ModelConfig& config, const ForwardDims& dims,
                              CudaPrecision precision);
@@ -74,8 +76,10 @@ class ForwardEngine {
   // REQUIRES: 0 < n <= max_rows, 0 <= n_sel <= n, every logit row < n_sel.
   virtual Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows = {}) = 0;
   // Runs a decode step of `bucket` rows, all selected, from the bucket's CUDA
-  // graph: the first call of a bucket runs eagerly (warming cuBLASLt), the
-  // second captures, later ones replay. Waits for the tokens. `logit_rows` as
+  // graph: the first call of a bucket runs eagerly (warming cuBLASLt; with
+  // tune_gemm also timing the GEMM candidates of the bucket's shapes, which
+  // synchronises the stream a few hundred times), the second captures, later
+  // ones replay. Waits for the tokens. `logit_rows` as
   // for run_eager; their copies follow the replay, outside the graph.
   // REQUIRES: every logit row < bucket.
   virtual Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows = {}) = 0;

@@ -1,5 +1,9 @@
 #include "cuda/gemm.h"
 
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -32,15 +36,16 @@ const char* type_name(int t) {
 
 }  // namespace
 
-// Descriptors of one call shape and the algorithm cuBLASLt's heuristic chose for it.
+// Descriptors of one call shape and the kernel chosen for it.
 struct Gemm::Plan {
+  GemmKey key;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr;  // wc [k, n], ld k
   cublasLtMatrixLayout_t b = nullptr;  // xc [k, m], ld k
   cublasLtMatrixLayout_t d = nullptr;  // yc [n, m], ld n (also C, with beta = 0)
   cublasLtMatmulPreference_t preference = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool bias_in_epilogue = false;
+  GemmChoice choice;
+  PlanSource source = PlanSource::kHeuristic;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -56,10 +61,16 @@ struct Gemm::Plan {
 
 namespace {
 
-std::string describe(int a_type, int out_type, int64_t m, int64_t n, int64_t k, bool bias) {
-  return std::string("gemm ") + type_name(a_type) + "->" + type_name(out_type) +
+std::string describe(int a_type, int out_type, int64_t m, int64_t n, int64_t k, bool bias,
+                     const char* op = "gemm") {
+  return std::string(op) + " " + type_name(a_type) + "->" + type_name(out_type) +
          " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
          (bias ? " +bias" : "");
+}
+
+std::string describe(const GemmKey& key) {
+  return describe(key.a_type, key.out_type, key.m, key.n, key.k, key.has_bias,
+                  key.op == GemmOp::kSwiGLUDown ? "swiglu+down" : "gemm");
 }
 
 template <typename V>
@@ -74,12 +85,55 @@ cublasStatus_t set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenc
   return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
 }
 
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using UniquePreference =
+    std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
+
+// A heuristic preference for `key`: the workspace, the alignments the key guarantees (the
+// default assumes 256 bytes everywhere) and, unless it is CUBLASLT_REDUCTION_SCHEME_MASK
+// (all), the split-K reduction schemes allowed.
+Result<UniquePreference> make_preference(const GemmKey& key, uint64_t workspace_bytes,
+                                         uint32_t reduction_mask) {
+  cublasLtMatmulPreference_t raw = nullptr;
+  CELLM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw),
+                               "cublasLtMatmulPreferenceCreate");
+  UniquePreference pref(raw);
+  CELLM_CUBLAS_RETURN_IF_ERROR(
+      set_pref(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes),
+      "cublasLt MAX_WORKSPACE_BYTES");
+  CELLM_CUBLAS_RETURN_IF_ERROR(
+      set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w),
+      "cublasLt MIN_ALIGNMENT_A");
+  CELLM_CUBLAS_RETURN_IF_ERROR(
+      set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x),
+      "cublasLt MIN_ALIGNMENT_B");
+  CELLM_CUBLAS_RETURN_IF_ERROR(
+      set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y),
+      "cublasLt MIN_ALIGNMENT_C");
+  CELLM_CUBLAS_RETURN_IF_ERROR(
+      set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y),
+      "cublasLt MIN_ALIGNMENT_D");
+  if (reduction_mask != CUBLASLT_REDUCTION_SCHEME_MASK) {
+    CELLM_CUBLAS_RETURN_IF_ERROR(
+        set_pref(raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_mask),
+        "cublasLt REDUCTION_SCHEME_MASK");
+  }
+  return pref;
+}
+
+bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+
 }  // namespace
 
 Gemm::Gemm(GemmPath path) : path_(path) {}
 
 Result<Gemm> Gemm::create(size_t workspace_bytes, GemmPath path) {
   Gemm gemm(path);
+  CELLM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&gemm.device_), "cudaGetDevice");
   CELLM_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm.handle_), "cublasLtCreate");
   CELLM_ASSIGN_OR_RETURN(gemm.workspace_, DeviceBuffer::allocate(workspace_bytes));
   return gemm;
@@ -87,8 +141,11 @@ Result<Gemm> Gemm::create(size_t workspace_bytes, GemmPath path) {
 
 Gemm::Gemm(Gemm&& other) noexcept
     : path_(other.path_),
+      device_(other.device_),
+      tuning_(other.tuning_),
       handle_(std::exchange(other.handle_, nullptr)),
       workspace_(std::move(other.workspace_)),
+      timer_(std::move(other.timer_)),
       plans_(std::move(other.plans_)) {}
 
 Gemm& Gemm::operator=(Gemm&& other) noexcept {
@@ -96,8 +153,11 @@ Gemm& Gemm::operator=(Gemm&& other) noexcept {
     plans_.clear();
     if (handle_ != nullptr) cublasLtDestroy(handle_);
     path_ = other.path_;
+    device_ = other.device_;
+    tuning_ = other.tuning_;
     handle_ = std::exchange(other.handle_, nullptr);
     workspace_ = std::move(other.workspace_);
+    timer_ = std::move(other.timer_);
     plans_ = std::move(other.plans_);
   }
   return *this;
@@ -108,13 +168,25 @@ Gemm::~Gemm() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
-Result<Gemm::Plan*> Gemm::plan_for(const PlanKey& key, const void* bias) {
+void Gemm::set_tuning(bool on) {
+  tuning_ = on;
+  if (!on) timer_.reset();
+}
+
+std::vector<Gemm::PlanInfo> Gemm::describe_plans() const {
+  std::vector<PlanInfo> infos;
+  infos.reserve(plans_.size());
+  for (const auto& [key, plan] : plans_) infos.push_back(PlanInfo{key, plan->choice, plan->source});
+  return infos;
+}
+
+Result<Gemm::Plan*> Gemm::plan_for(const GemmKey& key, const void* bias) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
 
-  const std::string what = describe(key.a_type, key.out_type, key.m, key.n, key.k, key.has_bias);
   const auto a_type = static_cast<cudaDataType_t>(key.a_type);
   const auto out_type = static_cast<cudaDataType_t>(key.out_type);
   auto plan = std::make_unique<Plan>();
+  plan->key = key;
   // f32 accumulation and f32 alpha/beta for every combination; CUBLAS_COMPUTE_32F (not
   // _FAST_TF32) keeps f32 inputs true f32.
   CELLM_CUBLAS_RETURN_IF_ERROR(
@@ -137,26 +209,16 @@ Result<Gemm::Plan*> Gemm::plan_for(const PlanKey& key, const void* bias) {
       cublasLtMatrixLayoutCreate(&plan->d, out_type, static_cast<uint64_t>(key.n),
                                  static_cast<uint64_t>(key.m), key.n),
       "cublasLtMatrixLayoutCreate(y)");
+  CELLM_ASSIGN_OR_RETURN(UniquePreference preference,
+                         make_preference(key, workspace_.bytes(), CUBLASLT_REDUCTION_SCHEME_MASK));
+  plan->preference = preference.release();
 
-  CELLM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&plan->preference),
-                               "cublasLtMatmulPreferenceCreate");
-  const uint64_t workspace_bytes = workspace_.bytes();
-  CELLM_CUBLAS_RETURN_IF_ERROR(
-      set_pref(plan->preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes),
-      "cublasLt MAX_WORKSPACE_BYTES");
-  // The alignments this key guarantees (the default assumes 256 bytes everywhere).
-  CELLM_CUBLAS_RETURN_IF_ERROR(
-      set_pref(plan->preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w),
-      "cublasLt MIN_ALIGNMENT_A");
-  CELLM_CUBLAS_RETURN_IF_ERROR(
-      set_pref(plan->preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x),
-      "cublasLt MIN_ALIGNMENT_B");
-  CELLM_CUBLAS_RETURN_IF_ERROR(
-      set_pref(plan->preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y),
-      "cublasLt MIN_ALIGNMENT_C");
-  CELLM_CUBLAS_RETURN_IF_ERROR(
-      set_pref(plan->preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y),
-      "cublasLt MIN_ALIGNMENT_D");
+  if (path_ == GemmPath::kTuned) {
+    if (std::optional<GemmChoice> stored = find_tuned_choice(device_, workspace_.bytes(), key)) {
+      CELLM_RETURN_IF_ERROR(adopt(*plan, *stored, bias, PlanSource::kAdopted));
+      return plans_.emplace(key, std::move(plan)).first->second.get();
+    }
+  }
 
   const auto find_algo = [&](cublasLtMatmulAlgo_t* algo) {
     cublasLtMatmulHeuristicResult_t result{};
@@ -173,6 +235,7 @@ Result<Gemm::Plan*> Gemm::plan_for(const PlanKey& key, const void* bias) {
 
   // The BIAS epilogue adds a bias of D's type; a bf16 bias on an f32 output is added by
   // launch_add_bias instead, as is any bias the epilogue has no algorithm for.
+  GemmChoice& choice = plan->choice;
   if (key.has_bias && key.a_type == key.out_type) {
     CELLM_CUBLAS_RETURN_IF_ERROR(
         set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS),
@@ -180,8 +243,8 @@ Result<Gemm::Plan*> Gemm::plan_for(const PlanKey& key, const void* bias) {
     // The heuristic reads the bias pointer for its alignment (the key holds it).
     CELLM_CUBLAS_RETURN_IF_ERROR(set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias),
                                  "cublasLt BIAS_POINTER");
-    plan->bias_in_epilogue = find_algo(&plan->algo);
-    if (!plan->bias_in_epilogue) {
+    choice.bias_in_epilogue = find_algo(&choice.algo);
+    if (!choice.bias_in_epilogue) {
       CELLM_CUBLAS_RETURN_IF_ERROR(
           set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT),
           "cublasLt EPILOGUE");
@@ -190,10 +253,183 @@ Result<Gemm::Plan*> Gemm::plan_for(const PlanKey& key, const void* bias) {
                                    "cublasLt BIAS_POINTER");
     }
   }
-  if (!plan->bias_in_epilogue && !find_algo(&plan->algo)) {
-    return Internal("cuBLASLt offers no algorithm for " + what);
+  if (!choice.bias_in_epilogue && !find_algo(&choice.algo)) {
+    return Internal("cuBLASLt offers no algorithm for " + describe(key));
   }
+  choice.kernel = GemmKernel::kCublasLt;
+  choice.name = describe_algo(choice.algo, "h0");
   return plans_.emplace(key, std::move(plan)).first->second.get();
+}
+
+Status Gemm::adopt(Plan& plan, const GemmChoice& choice, const void* bias, PlanSource source) {
+  const cublasLtEpilogue_t epilogue =
+      choice.bias_in_epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  CELLM_CUBLAS_RETURN_IF_ERROR(set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue),
+                               "cublasLt EPILOGUE");
+  const void* bias_pointer = choice.bias_in_epilogue ? bias : nullptr;
+  CELLM_CUBLAS_RETURN_IF_ERROR(set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_pointer),
+                               "cublasLt BIAS_POINTER");
+  plan.choice = choice;
+  plan.source = source;
+  return Status::Ok();
+}
+
+Result<bool> Gemm::wants_timing(const Plan& plan, cudaStream_t stream) const {
+  if (path_ != GemmPath::kTuned || !tuning_ || plan.source != PlanSource::kHeuristic) {
+    return false;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CELLM_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  return capture == cudaStreamCaptureStatusNone;
+}
+
+Result<std::vector<GemmChoice>> Gemm::cublaslt_candidates(const Plan& plan) {
+  constexpr int kPerQuery = 8;
+  // A bf16 output would carry the partial sums of these schemes rounded to bf16.
+  const bool narrow_output = static_cast<cudaDataType_t>(plan.key.out_type) != CUDA_R_32F;
+  std::vector<GemmChoice> candidates;
+  cublasLtMatmulHeuristicResult_t results[kPerQuery];
+  const auto query = [&](cublasLtMatmulPreference_t preference, const char* origin) {
+    int count = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.d, plan.d,
+                                       preference, kPerQuery, results,
+                                       &count) != CUBLAS_STATUS_SUCCESS) {
+      return;
+    }
+    for (int i = 0; i < count; ++i) {
+      const cublasLtMatmulHeuristicResult_t& r = results[i];
+      if (r.state != CUBLAS_STATUS_SUCCESS) continue;
+      const AlgoSplit split = algo_split(r.algo);
+      if (narrow_output && split.splits > 1 &&
+          (split.reduction == CUBLASLT_REDUCTION_SCHEME_INPLACE ||
+           split.reduction == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) {
+        continue;
+      }
+      if (std::any_of(candidates.begin(), candidates.end(),
+                      [&](const GemmChoice& c) { return same_algo(c.algo, r.algo); })) {
+        continue;
+      }
+      GemmChoice c;
+      c.kernel = GemmKernel::kCublasLt;
+      c.algo = r.algo;
+      c.bias_in_epilogue = plan.choice.bias_in_epilogue;
+      c.name = describe_algo(r.algo, origin + std::to_string(i));
+      candidates.push_back(std::move(c));
+    }
+  };
+  query(plan.preference, "h");
+  // NONE | INPLACE: no separate reduction kernel.
+  CELLM_ASSIGN_OR_RETURN(
+      UniquePreference no_reduce_kernel,
+      make_preference(plan.key, workspace_.bytes(),
+                      CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_INPLACE));
+  query(no_reduce_kernel.get(), "r");
+  return candidates;
+}
+
+Status Gemm::tune(Plan& plan, bool gemv_candidate, const void* bias, const Enqueue& enqueue,
+                  cudaStream_t stream) {
+  if (std::optional<GemmChoice> stored = find_tuned_choice(device_, workspace_.bytes(), plan.key)) {
+    return adopt(plan, *stored, bias, PlanSource::kAdopted);
+  }
+  CELLM_ASSIGN_OR_RETURN(std::vector<GemmChoice> candidates, cublaslt_candidates(plan));
+  if (gemv_candidate) {
+    GemmChoice gemv;
+    gemv.kernel = GemmKernel::kGemv;
+    gemv.name = "gemv";
+    candidates.push_back(std::move(gemv));
+  }
+  if (timer_ == nullptr) {
+    CELLM_ASSIGN_OR_RETURN(GemmTimer timer, GemmTimer::create(device_));
+    timer_ = std::make_unique<GemmTimer>(std::move(timer));
+  }
+  // A candidate whose first runs are this much slower than the best so far stops there.
+  constexpr float kGiveUpFactor = 1.25f;
+  float best_us = std::numeric_limits<float>::infinity();
+  std::optional<size_t> best;
+  Status last_failure;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Result<float> us =
+        timer_->time([&] { return enqueue(candidates[i]); }, stream, kGiveUpFactor * best_us);
+    if (!us.ok()) {
+      last_failure = us.status();
+      continue;
+    }
+    candidates[i].us = *us;
+    if (*us < best_us) {
+      best_us = *us;
+      best = i;
+    }
+  }
+  if (!best) {
+    return Internal("no candidate kernel ran for " + describe(plan.key) +
+                    (last_failure.ok() ? "" : ": " + last_failure.to_string()));
+  }
+  GemmChoice choice = candidates[*best];
+  for (const GemmChoice& c : candidates) {
+    if (c.kernel == GemmKernel::kCublasLt && same_algo(c.algo, plan.choice.algo)) {
+      choice.heuristic_us = c.us;
+    }
+  }
+  const GemmChoice stored = remember_tuned_choice(device_, workspace_.bytes(), plan.key, choice);
+  return adopt(plan, stored, bias, PlanSource::kTimed);
+}
+
+template <typename T, typename TOut>
+Status Gemm::enqueue_product(const Plan& plan, const GemmChoice& choice, const T* x, int64_t m,
+                             int64_t k, const T* w, int64_t n, const T* bias, TOut* y,
+                             cudaStream_t stream) {
+  if (choice.kernel == GemmKernel::kGemv) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream);
+      if (err != cudaSuccess) {
+        return cuda_status(err, ("launch_gemv " + describe(plan.key)).c_str());
+      }
+      return Status::Ok();
+    } else {
+      return Internal("the GEMV serves bf16 products only: " + describe(plan.key));
+    }
+  }
+  if (choice.bias_in_epilogue) {
+    const void* bias_pointer = bias;
+    CELLM_CUBLAS_RETURN_IF_ERROR(
+        set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_pointer),
+        "cublasLt BIAS_POINTER");
+  }
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  // yc = wcᵀ · xc (see gemm.h): A = w, B = x, C = D = y.
+  const cublasStatus_t st =
+      cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.d, y, plan.d,
+                     &choice.algo, workspace_.get(), workspace_.bytes(), stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    return cublas_status(st, ("cublasLtMatmul " + describe(plan.key)).c_str());
+  }
+  if (bias != nullptr && !choice.bias_in_epilogue) {
+    CELLM_CUDA_RETURN_IF_ERROR((launch_add_bias<TOut, T>(y, m, n, bias, stream)),
+                               "launch_add_bias");
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+Status Gemm::enqueue_swiglu_down(const Plan& plan, const GemmChoice& choice, const T* gate_up,
+                                 int64_t m, int64_t ff, const T* w_down, int64_t n, T* act, T* y,
+                                 cudaStream_t stream) {
+  if (choice.kernel == GemmKernel::kGemv) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const cudaError_t err =
+          launch_gemv<T>(gate_up, m, ff, GemvInput::kSwiGLU, w_down, n, nullptr, y, stream);
+      if (err != cudaSuccess) {
+        return cuda_status(err, ("launch_gemv swiglu " + describe(plan.key)).c_str());
+      }
+      return Status::Ok();
+    } else {
+      return Internal("the GEMV serves bf16 products only: " + describe(plan.key));
+    }
+  }
+  CELLM_CUDA_RETURN_IF_ERROR(launch_swiglu<T>(gate_up, m, ff, act, stream), "launch_swiglu");
+  return enqueue_product<T, T>(plan, choice, act, m, ff, w_down, n, nullptr, y, stream);
 }
 
 template <typename T, typename TOut>
@@ -213,19 +449,22 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
     return InvalidArgument("Gemm::run: null operand");
   }
   if (handle_ == nullptr) return InvalidState("Gemm::run on a moved-from Gemm");
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (path_ == GemmPath::kAuto && gemv_supports(m, k, x, w)) {
+  bool gemv_serves = false;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) gemv_serves = gemv_supports(m, k, x, w);
+  if (path_ == GemmPath::kAuto && gemv_serves) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream);
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_gemv " +
                                  describe(kCudaType<T>, kCudaType<TOut>, m, n, k, bias != nullptr))
                                     .c_str());
       }
-      return Status::Ok();
     }
+    return Status::Ok();
   }
 
-  const PlanKey key{.a_type = kCudaType<T>,
+  const GemmKey key{.op = GemmOp::kProduct,
+                    .a_type = kCudaType<T>,
                     .out_type = kCudaType<TOut>,
                     .m = m,
                     .n = n,
@@ -234,30 +473,17 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
                     .align_x = alignment_of(x),
                     .align_w = alignment_of(w),
                     .align_y = alignment_of(y),
-                    .align_bias = alignment_of(bias)};
+                    .align_bias = alignment_of(bias),
+                    .align_gate_up = 0};
   CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(key, bias));
-  if (plan->bias_in_epilogue) {
-    const void* bias_pointer = bias;
-    CELLM_CUBLAS_RETURN_IF_ERROR(
-        set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_pointer),
-        "cublasLt BIAS_POINTER");
+  CELLM_ASSIGN_OR_RETURN(const bool time_now, wants_timing(*plan, stream));
+  if (time_now) {
+    const Enqueue enqueue = [&](const GemmChoice& choice) {
+      return enqueue_product<T, TOut>(*plan, choice, x, m, k, w, n, bias, y, stream);
+    };
+    CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, bias, enqueue, stream));
   }
-  const float alpha = 1.0f;
-  const float beta = 0.0f;
-  // yc = wcᵀ · xc (see gemm.h): A = w, B = x, C = D = y.
-  const cublasStatus_t st =
-      cublasLtMatmul(handle_, plan->desc, &alpha, w, plan->a, x, plan->b, &beta, y, plan->d, y,
-                     plan->d, &plan->algo, workspace_.get(), workspace_.bytes(), stream);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    return cublas_status(
-        st,
-        ("cublasLtMatmul " + describe(key.a_type, key.out_type, m, n, k, key.has_bias)).c_str());
-  }
-  if (bias != nullptr && !plan->bias_in_epilogue) {
-    CELLM_CUDA_RETURN_IF_ERROR((launch_add_bias<TOut, T>(y, m, n, bias, stream)),
-                               "launch_add_bias");
-  }
-  return Status::Ok();
+  return enqueue_product<T, TOut>(*plan, plan->choice, x, m, k, w, n, bias, y, stream);
 }
 
 template <typename T>
@@ -273,8 +499,35 @@ Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w
     return InvalidArgument("Gemm::run_swiglu_down: null operand");
   }
   if (handle_ == nullptr) return InvalidState("Gemm::run_swiglu_down on a moved-from Gemm");
+  bool gemv_serves = false;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (path_ == GemmPath::kAuto && gemv_supports(m, ff, gate_up, w_down)) {
+    gemv_serves = gemv_supports(m, ff, gate_up, w_down);
+  }
+  if (path_ == GemmPath::kTuned) {
+    const GemmKey key{.op = GemmOp::kSwiGLUDown,
+                      .a_type = kCudaType<T>,
+                      .out_type = kCudaType<T>,
+                      .m = m,
+                      .n = n,
+                      .k = ff,
+                      .has_bias = false,
+                      .align_x = alignment_of(act),
+                      .align_w = alignment_of(w_down),
+                      .align_y = alignment_of(y),
+                      .align_bias = 0,
+                      .align_gate_up = alignment_of(gate_up)};
+    CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(key, nullptr));
+    CELLM_ASSIGN_OR_RETURN(const bool time_now, wants_timing(*plan, stream));
+    if (time_now) {
+      const Enqueue enqueue = [&](const GemmChoice& choice) {
+        return enqueue_swiglu_down<T>(*plan, choice, gate_up, m, ff, w_down, n, act, y, stream);
+      };
+      CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, nullptr, enqueue, stream));
+    }
+    return enqueue_swiglu_down<T>(*plan, plan->choice, gate_up, m, ff, w_down, n, act, y, stream);
+  }
+  if (path_ == GemmPath::kAuto && gemv_serves) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const cudaError_t err =
           launch_gemv<T>(gate_up, m, ff, GemvInput::kSwiGLU, w_down, n, nullptr, y, stream);
       if (err != cudaSuccess) {
@@ -282,8 +535,8 @@ Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w
             err, ("launch_gemv swiglu " + describe(kCudaType<T>, kCudaType<T>, m, n, ff, false))
                      .c_str());
       }
-      return Status::Ok();
     }
+    return Status::Ok();
   }
   CELLM_CUDA_RETURN_IF_ERROR(launch_swiglu<T>(gate_up, m, ff, act, stream), "launch_swiglu");
   return run<T, T>(act, m, ff, w_down, n, nullptr, y, stream);

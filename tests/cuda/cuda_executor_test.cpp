@@ -343,6 +343,37 @@ TEST_F(CudaExecutorTest, RefusesLimitsThePoolCannotHold) {
   EXPECT_EQ(CudaExecutor::create(w_, o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The decode GEMMs are tuned (tune_gemm, on by default) into a process-wide table, so a
+// second executor runs the kernels the first chose: the same logprobs, bit for bit.
+TEST_F(CudaExecutorTest, TwoBf16ExecutorsInOneProcessGiveTheSameLogprobsBitForBit) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const auto prompts = prompts_of(f_);
+  std::vector<SamplingParams> params(prompts.size());
+  for (SamplingParams& p : params) p.num_logprobs = 4;
+  std::vector<std::vector<Output>> got[2];
+  for (auto& outputs : got) {
+    auto e = make(w_, 8, 128, 16, CudaPrecision::kBF16);
+    ASSERT_TRUE(e->options().tune_gemm);
+    ASSERT_TRUE(e->initialize()) << e->last_error();
+    outputs = testing::drive_outputs(*e, prompts, 6, 12, params);
+  }
+  EXPECT_FALSE(describe_tuned_gemms().empty());
+  ASSERT_EQ(got[0].size(), got[1].size());
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    ASSERT_EQ(got[0][i].size(), got[1][i].size());
+    for (size_t step = 0; step < got[0][i].size(); ++step) {
+      const Output& a = got[0][i][step];
+      const Output& b = got[1][i][step];
+      const std::string where = "prompt " + std::to_string(i) + " step " + std::to_string(step);
+      ASSERT_EQ(a.tokens, b.tokens) << where;
+      ASSERT_EQ(a.logprobs.size(), 1u) << where;
+      ASSERT_EQ(b.logprobs.size(), 1u) << where;
+      EXPECT_EQ(a.logprobs[0].logprob, b.logprobs[0].logprob) << where;
+      EXPECT_EQ(a.logprobs[0].top, b.logprobs[0].top) << where;
+    }
+  }
+}
+
 TEST_F(CudaExecutorTest, TheDeviceStaysHealthyAfterTheExecutorIsDestroyed) {
   CELLM_SKIP_WITHOUT_GPU();
   {

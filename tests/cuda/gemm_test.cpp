@@ -2,7 +2,9 @@
 // most kGemvMaxRows rows) against a double-precision host product of the same inputs
 // (bf16-rounded where T is bf16), every element, on both paths; which calls take the GEMV;
 // plan caching of the cuBLASLt path; run_swiglu_down for every batch size; capture of
-// warmed shapes in a CUDA graph.
+// warmed shapes in a CUDA graph; the tuned path (GemmPath::kTuned): its choices against
+// the reference, a second Gemm adopting the first's choices (same bits), no timing inside
+// capture.
 //
 // Tolerance, per element: |got - want| <= rel * |want| + 1e-6 * sum_c |x[i,c] w[j,c]|
 // (+ 4e-3 |bias[j]| for bf16 outputs).
@@ -20,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -47,6 +50,31 @@ using testing::random_values;
 using testing::type_name;
 
 using Bf16 = __nv_bfloat16;
+
+// got [m, n] against the reference `want` (+ bias [n], when not empty) under the tolerance
+// stated atop this file.
+template <typename TOut>
+void expect_product(const std::vector<float>& got, const HostProduct& want,
+                    const std::vector<float>& bias, int64_t m, int64_t n, const std::string& what) {
+  constexpr bool kBf16Out = std::is_same_v<TOut, Bf16>;
+  constexpr double kRel = kBf16Out ? 1e-2 : 1e-5;
+  ASSERT_EQ(static_cast<int64_t>(got.size()), m * n) << what;
+  size_t bad = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t e = static_cast<size_t>(i * n + j);
+      const double b = bias.empty() ? 0.0 : double{bias[static_cast<size_t>(j)]};
+      const double expected = want.value[e] + b;
+      const double tol =
+          kRel * std::fabs(expected) + 1e-6 * want.scale[e] + (kBf16Out ? 4e-3 * std::fabs(b) : 0);
+      if (!(std::fabs(double{got[e]} - expected) <= tol) && ++bad <= 5) {
+        ADD_FAILURE() << what << " [" << i << ", " << j << "]: got " << got[e] << " want "
+                      << expected << " (tol " << tol << ")";
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements off";
+}
 
 // One product's inputs (random, non-zero, rounded to T) on host and device, and its
 // double-precision reference.
@@ -83,26 +111,8 @@ struct ProductCase {
   // y against the reference under the tolerance stated atop this file.
   template <typename TOut>
   void expect_output(const DeviceArray<TOut>& y, bool with_bias) const {
-    constexpr bool kBf16Out = std::is_same_v<TOut, Bf16>;
-    constexpr double kRel = kBf16Out ? 1e-2 : 1e-5;
-    const std::vector<float> got = download_floats(y);
-    ASSERT_EQ(static_cast<int64_t>(got.size()), m * n);
-    size_t bad = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        const size_t e = static_cast<size_t>(i * n + j);
-        const double b = with_bias ? double{bias[static_cast<size_t>(j)]} : 0.0;
-        const double expected = want.value[e] + b;
-        const double tol = kRel * std::fabs(expected) + 1e-6 * want.scale[e] +
-                           (kBf16Out ? 4e-3 * std::fabs(b) : 0);
-        if (!(std::fabs(double{got[e]} - expected) <= tol) && ++bad <= 5) {
-          ADD_FAILURE() << type_name<TOut>() << " out " << name(with_bias) << " [" << i << ", " << j
-                        << "]: got " << got[e] << " want " << expected << " (tol " << tol << ")";
-        }
-      }
-    }
-    EXPECT_EQ(bad, 0u) << type_name<TOut>() << " out " << name(with_bias) << ": " << bad << " of "
-                       << got.size() << " elements off";
+    expect_product<TOut>(download_floats(y), want, with_bias ? bias : std::vector<float>{}, m, n,
+                         std::string(type_name<TOut>()) + " out " + name(with_bias));
   }
 };
 
@@ -401,6 +411,186 @@ TEST(GemmTest, RunSwigluDownEqualsSwigluThenRunForEveryBatchSize) {
   EXPECT_EQ(
       (gemm.run_swiglu_down<Bf16>(nullptr, 1, 0, nullptr, 64, nullptr, nullptr, nullptr).code()),
       StatusCode::kInvalidArgument);
+}
+
+// The tuned path. The process-wide choice table outlives each test, so tests that need a
+// key timed (not adopted) use shapes no other test uses.
+
+Gemm make_tuned_gemm(bool tuning = true) {
+  Gemm gemm = make_gemm(GemmPath::kTuned);
+  gemm.set_tuning(tuning);
+  return gemm;
+}
+
+TEST(GemmTunedTest, TunedProductsMatchADoubleReferenceAtEveryBatchSize) {
+  CELLM_SKIP_WITHOUT_GPU();
+  Gemm gemm = make_tuned_gemm();
+  std::mt19937 rng(31);
+  for (const Dims dims : kDims) {
+    for (const int64_t m : {1, 8, 16, 64}) {
+      const ProductCase<Bf16> c(rng, m, dims.k, dims.n);
+      for (const bool with_bias : {false, true}) {
+        DeviceArray<Bf16> y16(static_cast<size_t>(m * dims.n));
+        poison(y16);
+        const Status s16 = c.run(gemm, with_bias, y16, nullptr);
+        ASSERT_TRUE(s16.ok()) << s16.to_string();
+        c.expect_output(y16, with_bias);
+
+        DeviceArray<float> y32(static_cast<size_t>(m * dims.n));
+        poison(y32);
+        const Status s32 = c.run(gemm, with_bias, y32, nullptr);
+        ASSERT_TRUE(s32.ok()) << s32.to_string();
+        c.expect_output(y32, with_bias);
+      }
+    }
+    for (const int64_t m : {1, 16}) {
+      const ProductCase<float> c(rng, m, dims.k, dims.n);
+      DeviceArray<float> y(static_cast<size_t>(m * dims.n));
+      poison(y);
+      const Status s = c.run(gemm, true, y, nullptr);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      c.expect_output(y, true);
+    }
+  }
+  // Tuning was on and no stream captured: every key was timed here or adopted.
+  for (const Gemm::PlanInfo& plan : gemm.describe_plans()) {
+    EXPECT_NE(plan.source, Gemm::PlanSource::kHeuristic) << plan.choice.name;
+    EXPECT_GT(plan.choice.us, 0.0f) << plan.choice.name;
+  }
+}
+
+// run_swiglu_down under kTuned against launch_swiglu's activation and a double product.
+template <typename T>
+void expect_tuned_swiglu_down(Gemm& gemm, std::mt19937& rng, int64_t m, int64_t ff, int64_t n) {
+  const std::string what = std::string(type_name<T>()) + " swiglu+down m=" + std::to_string(m) +
+                           " ff=" + std::to_string(ff) + " n=" + std::to_string(n);
+  const auto gate_up = device_array<T>(random_values<T>(rng, m * 2 * ff, 4.0f));
+  const std::vector<float> w = random_values<T>(rng, n * ff);
+  const auto dev_w = device_array<T>(w);
+  DeviceArray<T> act(static_cast<size_t>(m * ff)), y(static_cast<size_t>(m * n));
+  poison(act);
+  poison(y);
+  const Status s =
+      gemm.run_swiglu_down<T>(gate_up.get(), m, ff, dev_w.get(), n, act.get(), y.get(), nullptr);
+  ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+  DeviceArray<T> want_act(static_cast<size_t>(m * ff));
+  CELLM_ASSERT_CUDA(launch_swiglu<T>(gate_up.get(), m, ff, want_act.get(), nullptr));
+  const HostProduct want = host_product(download_floats(want_act), w, m, ff, n);
+  expect_product<T>(download_floats(y), want, {}, m, n, what);
+}
+
+TEST(GemmTunedTest, TunedSwigluDownMatchesTheActivationThenADoubleReference) {
+  CELLM_SKIP_WITHOUT_GPU();
+  Gemm gemm = make_tuned_gemm();
+  std::mt19937 rng(32);
+  for (const int64_t m : {1, 5, 8, 9, 64}) {
+    expect_tuned_swiglu_down<Bf16>(gemm, rng, m, 264, 72);
+    expect_tuned_swiglu_down<float>(gemm, rng, m, 264, 72);
+  }
+  for (const Gemm::PlanInfo& plan : gemm.describe_plans()) {
+    EXPECT_EQ(plan.key.op, GemmOp::kSwiGLUDown);
+    EXPECT_NE(plan.source, Gemm::PlanSource::kHeuristic) << plan.choice.name;
+    if (plan.choice.kernel == GemmKernel::kGemv) {
+      EXPECT_LE(plan.key.m, kGemvMaxRows);
+      EXPECT_EQ(plan.key.a_type, static_cast<int>(CUDA_R_16BF));
+    }
+  }
+}
+
+TEST(GemmTunedTest, ASecondGemmAdoptsTheFirstsChoicesAndGivesTheSameBits) {
+  CELLM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(33);
+  // The first times; the second, tuning too, adopts; the third, tuning off (as for a
+  // prefill shape), takes the table's choice as well.
+  Gemm gemms[] = {make_tuned_gemm(), make_tuned_gemm(), make_tuned_gemm(false)};
+  constexpr int64_t kK = 520, kN = 136, kFf = 520;
+  for (const int64_t m : {1, 8, 16}) {
+    const ProductCase<Bf16> c(rng, m, kK, kN);
+    const auto gate_up = device_array<Bf16>(random_values<Bf16>(rng, m * 2 * kFf, 4.0f));
+    const auto w_down = device_array<Bf16>(random_values<Bf16>(rng, kN * kFf));
+    std::vector<Bf16> first_y, first_down;
+    for (Gemm& gemm : gemms) {
+      SCOPED_TRACE("Gemm " + std::to_string(&gemm - gemms) + " m=" + std::to_string(m));
+      DeviceArray<Bf16> y(static_cast<size_t>(m * kN)), down(static_cast<size_t>(m * kN));
+      DeviceArray<Bf16> act(static_cast<size_t>(m * kFf));
+      poison(y);
+      poison(down);
+      const Status product = c.run(gemm, true, y, nullptr);
+      ASSERT_TRUE(product.ok()) << product.to_string();
+      c.expect_output(y, true);
+      const Status swiglu_down = gemm.run_swiglu_down<Bf16>(gate_up.get(), m, kFf, w_down.get(), kN,
+                                                            act.get(), down.get(), nullptr);
+      ASSERT_TRUE(swiglu_down.ok()) << swiglu_down.to_string();
+      if (&gemm == gemms) {
+        first_y = y.download();
+        first_down = down.download();
+      } else {
+        testing::expect_bitwise_equal(y.download(), first_y, "the product");
+        testing::expect_bitwise_equal(down.download(), first_down, "swiglu+down");
+      }
+    }
+  }
+  const std::vector<Gemm::PlanInfo> first = gemms[0].describe_plans();
+  EXPECT_EQ(first.size(), 6u);
+  for (const Gemm& other : {std::cref(gemms[1]), std::cref(gemms[2])}) {
+    const std::vector<Gemm::PlanInfo> plans = other.describe_plans();
+    ASSERT_EQ(plans.size(), first.size());
+    for (size_t i = 0; i < plans.size(); ++i) {
+      EXPECT_TRUE(plans[i].key == first[i].key);
+      EXPECT_EQ(first[i].source, Gemm::PlanSource::kTimed) << first[i].choice.name;
+      EXPECT_EQ(plans[i].source, Gemm::PlanSource::kAdopted) << plans[i].choice.name;
+      EXPECT_EQ(plans[i].choice.name, first[i].choice.name);
+    }
+  }
+}
+
+TEST(GemmTunedTest, ANewShapeDuringCaptureTakesTheHeuristicAndIsTimedOutsideIt) {
+  CELLM_SKIP_WITHOUT_GPU();
+  auto stream = Stream::create();
+  ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+  Gemm gemm = make_tuned_gemm();
+  std::mt19937 rng(34);
+  const ProductCase<Bf16> c(rng, 1, 328, 72);  // the GEMV serves it too
+  DeviceArray<Bf16> y(72);
+  // Records the product into a graph, replays it twice and checks y.
+  const auto capture_and_replay = [&] {
+    poison(y);
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+    CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
+    const Status recorded = c.run(gemm, true, y, stream->get());
+    cudaGraph_t graph = nullptr;
+    CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
+    ASSERT_TRUE(recorded.ok()) << recorded.to_string();
+    cudaGraphExec_t exec_handle = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec_handle, graph, 0);
+    cudaGraphDestroy(graph);
+    CELLM_ASSERT_CUDA(instantiated);
+    const GraphExec exec(exec_handle);
+    for (int replay = 0; replay < 2; ++replay) {
+      CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
+      CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
+      c.expect_output(y, true);
+    }
+  };
+
+  capture_and_replay();
+  ASSERT_EQ(gemm.describe_plans().size(), 1u);
+  EXPECT_EQ(gemm.describe_plans()[0].source, Gemm::PlanSource::kHeuristic);
+  EXPECT_EQ(gemm.describe_plans()[0].choice.kernel, GemmKernel::kCublasLt);
+
+  // Outside capture, with tuning on, the key is timed.
+  poison(y);
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+  const Status eager = c.run(gemm, true, y, stream->get());
+  ASSERT_TRUE(eager.ok()) << eager.to_string();
+  CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
+  c.expect_output(y, true);
+  ASSERT_EQ(gemm.describe_plans().size(), 1u);
+  EXPECT_EQ(gemm.describe_plans()[0].source, Gemm::PlanSource::kTimed);
+
+  // And the tuned choice records and replays too.
+  capture_and_replay();
+  EXPECT_EQ(gemm.describe_plans()[0].source, Gemm::PlanSource::kTimed);
 }
 
 }  // namespace

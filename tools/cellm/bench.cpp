@@ -31,13 +31,16 @@ const std::vector<FlagSpec> kFlags = {
     {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
     {"no-pdl", "",
      "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
+    {"no-gemm-tuning", "",
+     "CUDA: use cuBLASLt's heuristic for every GEMM instead of timing the decode GEMMs' kernels"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
     {"peak-bandwidth", "GB/s",
      "memory bandwidth; adds TG_BW%: the TG phase's fraction of the bandwidth floor"},
     {"step-times", "",
-     "CUDA: add the mean wall and device time of a decode step (host share = the difference)"},
+     "CUDA: add the mean wall and device time of a decode step (host share = the difference), "
+     "and list the kernel each tuned GEMM shape chose"},
     {"json", "", "print one JSON object per row instead of the table"},
 };
 
@@ -215,6 +218,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.cuda_graphs = !args->has("no-cuda-graphs");
   limits.time_steps = args->has("step-times");
   limits.programmatic_launch = !args->has("no-pdl");
+  limits.tune_gemm = !args->has("no-gemm-tuning");
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();
@@ -246,6 +250,11 @@ int run_bench(int argc, const char* const* argv) {
         }
       }
     }
+  }
+  if (limits.time_steps && !json) {
+    const std::vector<std::string> tuned = tuned_gemm_report();
+    if (!tuned.empty()) std::printf("\ntuned GEMMs:\n");
+    for (const std::string& line : tuned) std::printf("  %s\n", line.c_str());
   }
   return 0;
 }

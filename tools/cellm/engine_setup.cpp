@@ -133,6 +133,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.cuda_graph_for_decode = limits.cuda_graphs;
     o.time_steps = limits.time_steps;
     o.programmatic_launch = limits.programmatic_launch;
+    o.tune_gemm = limits.tune_gemm;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));
@@ -163,6 +164,14 @@ std::optional<StepTimeReport> step_time_report(const Executor& executor) {
   (void)executor;
 #endif
   return std::nullopt;
+}
+
+std::vector<std::string> tuned_gemm_report() {
+#ifdef CELLM_HAVE_CUDA
+  return describe_tuned_gemms();
+#else
+  return {};
+#endif
 }
 
 Result<std::unique_ptr<Scheduler>> make_scheduler(const EngineLimits& limits) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cellm/executor.h"
 #include "cellm/model_weights.h"
@@ -50,6 +51,7 @@ struct EngineLimits {
   // CUDA: programmatic dependent launch of cellm's kernels (process-wide; see
   // CudaExecutorOptions::programmatic_launch).
   bool programmatic_launch = true;
+  bool tune_gemm = true;     // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
 };
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
@@ -63,6 +65,10 @@ struct StepTimeReport {
   double wall_ms = 0, device_ms = 0;  // summed over the steps
 };
 std::optional<StepTimeReport> step_time_report(const Executor& executor);
+
+// The GEMM shapes tuned so far in this process and the kernel each chose, one line
+// each (describe_tuned_gemms); empty without CUDA.
+std::vector<std::string> tuned_gemm_report();
 
 // DecodeFirstScheduler sized for one forward per batch: a budget of step_width
 // tokens, up to min(max_sessions, step_width / 2) decodes, and prefill chunks of
