@@ -51,7 +51,7 @@ struct EngineLimits {
   // CUDA: programmatic dependent launch of cellm's kernels (process-wide; see
   // CudaExecutorOptions::programmatic_launch).
   bool programmatic_launch = true;
-  bool tune_gemm = true;     // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
+  bool tune_gemm = true;  // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
 };
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
