@@ -61,6 +61,11 @@ struct Gemm::Plan {
 
 namespace {
 
+// The GEMV kernel a GEMV choice names.
+GemvKernel gemv_kernel_of(GemmKernel kernel) {
+  return kernel == GemmKernel::kGemvRows ? GemvKernel::kRows : GemvKernel::kTensorCores;
+}
+
 std::string describe(int a_type, int out_type, int64_t m, int64_t n, int64_t k, bool bias,
                      const char* op = "gemm") {
   return std::string(op) + " " + type_name(a_type) + "->" + type_name(out_type) +
@@ -337,6 +342,9 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, const void* bias, const Enque
     GemmChoice gemv;
     gemv.kernel = GemmKernel::kGemv;
     gemv.name = "gemv";
+    candidates.push_back(gemv);
+    gemv.kernel = GemmKernel::kGemvRows;
+    gemv.name = "gemv rows";
     candidates.push_back(std::move(gemv));
   }
   if (timer_ == nullptr) {
@@ -379,9 +387,10 @@ template <typename T, typename TOut>
 Status Gemm::enqueue_product(const Plan& plan, const GemmChoice& choice, const T* x, int64_t m,
                              int64_t k, const T* w, int64_t n, const T* bias, TOut* y,
                              cudaStream_t stream) {
-  if (choice.kernel == GemmKernel::kGemv) {
+  if (choice.kernel == GemmKernel::kGemv || choice.kernel == GemmKernel::kGemvRows) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream);
+      const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream,
+                                                gemv_kernel_of(choice.kernel));
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_gemv " + describe(plan.key)).c_str());
       }
@@ -416,10 +425,10 @@ template <typename T>
 Status Gemm::enqueue_swiglu_down(const Plan& plan, const GemmChoice& choice, const T* gate_up,
                                  int64_t m, int64_t ff, const T* w_down, int64_t n, T* act, T* y,
                                  cudaStream_t stream) {
-  if (choice.kernel == GemmKernel::kGemv) {
+  if (choice.kernel == GemmKernel::kGemv || choice.kernel == GemmKernel::kGemvRows) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const cudaError_t err =
-          launch_gemv<T>(gate_up, m, ff, GemvInput::kSwiGLU, w_down, n, nullptr, y, stream);
+      const cudaError_t err = launch_gemv<T>(gate_up, m, ff, GemvInput::kSwiGLU, w_down, n, nullptr,
+                                             y, stream, gemv_kernel_of(choice.kernel));
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_gemv swiglu " + describe(plan.key)).c_str());
       }

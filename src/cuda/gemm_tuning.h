@@ -66,7 +66,8 @@ struct GemmKey {
 enum class GemmKernel {
   kCublasLt,  // cublasLtMatmul with `algo` (+ launch_add_bias when the bias is not in its
               // epilogue; + launch_swiglu before it for kSwiGLUDown)
-  kGemv,      // launch_gemv (kSwiGLU input for kSwiGLUDown)
+  kGemv,      // launch_gemv with GemvKernel::kTensorCores (kSwiGLU input for kSwiGLUDown)
+  kGemvRows,  // launch_gemv with GemvKernel::kRows (likewise)
 };
 
 // The kernel a key runs and, when it was tuned, what the timing found.
@@ -74,7 +75,7 @@ struct GemmChoice {
   GemmKernel kernel = GemmKernel::kCublasLt;
   cublasLtMatmulAlgo_t algo{};    // kCublasLt
   bool bias_in_epilogue = false;  // kCublasLt: CUBLASLT_EPILOGUE_BIAS adds the bias
-  std::string name;               // e.g. "gemv", "cublasLt h0: id 66 tile 20 stages 10"
+  std::string name;               // "gemv", "gemv rows", "cublasLt h0: id 66 tile 20 stages 10"
   float us = 0;                   // mean device time of the choice (0: not timed)
   float heuristic_us = 0;         // of the heuristic's first choice (0: not timed or failed)
 };
