@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
   const size_t ws_bytes =
       attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim, kMaxContext);
   float* workspace = device_alloc<float>(ws_bytes / sizeof(float));
+  // The split counters start at zero; every launch leaves them so.
+  check(cudaMemset(workspace, 0, ws_bytes), "clear workspace");
 
   cudaStream_t stream = nullptr;
   check(cudaStreamCreate(&stream), "stream");
