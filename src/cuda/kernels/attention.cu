@@ -8,6 +8,7 @@
 #include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_mma.h"
 #include "cuda/kernels/attention_span.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
@@ -114,6 +115,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   constexpr int U = kKeysPerSlot;
   extern __shared__ float smem[];
 
+  // Every buffer comes from earlier kernels of the stream (programmatic launch).
+  detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
   const RowSpan span = row_span(p.positions[r], p.window, g.n_splits);
@@ -263,6 +266,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       }
     }
   }
+  detail::allow_dependent_grids();
 
   // Shared memory: acc [n_slots][HT][head_dim], then max and sum [n_slots][HT].
   float* s_acc = smem;
@@ -344,8 +348,8 @@ cudaError_t launch_split(const AttentionParams<T>& p, const Geometry& g, cudaStr
       sizeof(float) * static_cast<size_t>(std::max(merge_floats, fold_floats));
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(g.n_splits),
                   static_cast<unsigned>(p.n_kv_heads * g.head_tiles));
-  attention_split_kernel<T, VEC, HT><<<grid, kThreads, smem_bytes, stream>>>(p, g);
-  return cudaGetLastError();
+  return detail::launch_kernel(attention_split_kernel<T, VEC, HT>, grid, dim3(kThreads), smem_bytes,
+                               stream, p, g);
 }
 
 template <typename T, int VEC>

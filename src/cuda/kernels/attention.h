@@ -43,10 +43,12 @@
 // shapes run on CUDA cores (attention.cu). Both write the same partials, in the same
 // workspace layout, and end with the same fold.
 //
-// The launcher enqueues one kernel on `stream`; it never allocates or synchronizes
-// and may be captured in a CUDA graph (a replay reads the current contents of every
-// buffer). Returns cudaErrorInvalidValue for a malformed call, else the launch's
-// error. Thread-safety: reentrant; concurrent launches need distinct workspaces.
+// The launcher enqueues one kernel on `stream` with programmatic dependent launch
+// (kernels/launch.cuh: it waits for the stream's earlier work before touching any
+// buffer); it never allocates or synchronizes and may be captured in a CUDA graph (a
+// replay reads the current contents of every buffer). Returns cudaErrorInvalidValue
+// for a malformed call, else the launch's error. Thread-safety: reentrant; concurrent
+// launches need distinct workspaces.
 #pragma once
 
 #include <cuda_runtime.h>

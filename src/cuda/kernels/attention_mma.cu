@@ -6,6 +6,7 @@
 
 #include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_span.cuh"
+#include "cuda/kernels/launch.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "attention_mma.cu needs sm_80 or newer (bf16 mma.sync, cp.async, ldmatrix)"
@@ -151,6 +152,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   static_assert(fold_fits<HD>());
   extern __shared__ __align__(16) unsigned char smem[];
 
+  // Every buffer comes from earlier kernels of the stream (programmatic launch).
+  wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
   const RowSpan span = row_span(p.positions[r], p.window, n_splits);
@@ -333,6 +336,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     }
     __syncwarp();  // the stage is read before the next iteration refills it
   }
+  allow_dependent_grids();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
 
@@ -398,8 +402,7 @@ cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits
   }
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
                   static_cast<unsigned>(p.n_kv_heads));
-  attention_mma_kernel<HD><<<grid, kThreads, bytes, stream>>>(p, n_splits);
-  return cudaGetLastError();
+  return launch_kernel(attention_mma_kernel<HD>, grid, dim3(kThreads), bytes, stream, p, n_splits);
 }
 
 }  // namespace

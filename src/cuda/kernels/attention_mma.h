@@ -11,8 +11,8 @@
 
 namespace cellm::cuda::detail {
 
-// Enqueues the split kernel of `p` with n_splits = attention_num_splits(p's shape):
-// it writes `out` for rows of one chunk and the
+// Enqueues the split kernel of `p` with n_splits = attention_num_splits(p's shape),
+// with programmatic dependent launch: it writes `out` for rows of one chunk and the
 // workspace partials of the others, which the last block of each (row, kv head) folds
 // into `out`, exactly as the CUDA-core split kernel does.
 // REQUIRES: p passed launch_attention's checks and attention_uses_tensor_cores(p).
