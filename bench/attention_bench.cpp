@@ -1,6 +1,6 @@
 // attention_bench: microseconds per cuda::launch_attention, timed with CUDA events.
 //
-//   attention_bench [--iters N]
+//   attention_bench [--iters N] [--no-pdl]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
 // rows 1, 16, 64 and 256, every row at context 192 or 1024 (max_context 2048 sizes
@@ -8,7 +8,8 @@
 // tensor-core kernel and the CUDA-core kernel (AttentionPath::kCudaCores), prints
 // the time of one launch replayed from a CUDA graph (the GPU's time, as a captured
 // decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
-// head_dim x 2 bytes / time.
+// head_dim x 2 bytes / time. The 20 launches of a graph follow one another with
+// programmatic dependent launch unless --no-pdl.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "cuda/kernels/attention.h"
+#include "cuda/kernels/launch.cuh"
 
 namespace {
 
@@ -55,8 +57,12 @@ T* device_alloc(size_t count) {
 
 int main(int argc, char** argv) {
   int iters = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--iters") == 0) iters = std::max(1, std::atoi(argv[i + 1]));
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--no-pdl") == 0) {
+      cellm::cuda::set_programmatic_launch(false);
+    }
   }
   constexpr int64_t kv_dim = kKvHeads * kHeadDim;
   constexpr int64_t q_dim = kHeads * kHeadDim;
@@ -101,6 +107,8 @@ int main(int argc, char** argv) {
   const size_t ws_bytes =
       attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim, kMaxContext);
   float* workspace = device_alloc<float>(ws_bytes / sizeof(float));
+  // The split counters start at zero; every launch leaves them so.
+  check(cudaMemset(workspace, 0, ws_bytes), "clear workspace");
 
   cudaStream_t stream = nullptr;
   check(cudaStreamCreate(&stream), "stream");
@@ -108,7 +116,8 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
 
-  std::printf("Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay\n");
+  std::printf("Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s\n",
+              cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL");
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
   for (const int32_t context : {192, 1024}) {
     const std::vector<int32_t> pos(kMaxRows, context - 1);

@@ -48,7 +48,7 @@ struct MetaLayout {
 // Bytes of every activation buffer for `rows` rows, in the order they are carved.
 struct BufferLayout {
   size_t residual, h, qkv, attn, delta, gate_up, act, sel, sel_norm, logits, out_tokens;
-  size_t attn_ws, sample_ws, bytes;
+  size_t attn_ws, attn_ws_bytes, sample_ws, bytes;
   template <typename T>
   static BufferLayout of(const ModelConfig& c, const ForwardDims& dims) {
     BufferLayout b{};
@@ -73,8 +73,9 @@ struct BufferLayout {
     b.sel_norm = carve(rows * d * sizeof(T));
     b.logits = carve(rows * static_cast<size_t>(c.vocab_size()) * sizeof(float));
     b.out_tokens = carve(rows * sizeof(int32_t));
-    b.attn_ws = carve(attention_workspace_bytes(dims.max_rows, c.num_heads(), c.num_kv_heads(),
-                                                c.head_dim(), dims.max_session_tokens));
+    b.attn_ws_bytes = attention_workspace_bytes(dims.max_rows, c.num_heads(), c.num_kv_heads(),
+                                                c.head_dim(), dims.max_session_tokens);
+    b.attn_ws = carve(b.attn_ws_bytes);
     b.sample_ws = carve(sample_workspace_bytes(dims.max_rows, c.vocab_size()));
     b.bytes = at;
     return b;
@@ -116,6 +117,11 @@ class CudaForward final : public ForwardEngine {
     CELLM_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(meta_.bytes + dims_.max_rows * 4));
     CELLM_ASSIGN_OR_RETURN(meta_dev_, DeviceBuffer::allocate(meta_.bytes));
     CELLM_ASSIGN_OR_RETURN(buffers_, DeviceBuffer::allocate(buf_.bytes));
+    // Attention's split counters start at zero (every launch leaves them so); on
+    // stream_, ordered before every step.
+    CELLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffers_.as<unsigned char>() + buf_.attn_ws, 0,
+                                               buf_.attn_ws_bytes, stream_.get()),
+                               "clearing the attention workspace");
     CELLM_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(kv_pool_bytes<T>(config_, dims_)));
     CELLM_ASSIGN_OR_RETURN(table_, DeviceBuffer::allocate(table_bytes(dims_)));
     const std::vector<float> inv_freq = cpu::rope_inv_freq_for(config_);
@@ -412,7 +418,8 @@ class CudaForward final : public ForwardEngine {
       CELLM_CUDA_RETURN_IF_ERROR(
           launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s), "post rmsnorm");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
-      CELLM_RETURN_IF_ERROR(gemm_->run_swiglu_down<T>(gate_up, n, ff, w.down_proj, d, act, delta, s));
+      CELLM_RETURN_IF_ERROR(
+          gemm_->run_swiglu_down<T>(gate_up, n, ff, w.down_proj, d, act, delta, s));
     }
     if (n_sel == 0) return Status::Ok();
     // residual += the last MLP output (h is scratch here), then the final norm

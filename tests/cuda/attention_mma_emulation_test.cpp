@@ -3,10 +3,11 @@
 // written from the PTX ISA (mma.m16n8k16 bf16 fragments, ldmatrix with and without
 // .trans, cp.async groups with zero fill, shuffles), then compared with a double
 // reference on the test scenarios' shapes and values. It checks the fragment layouts,
-// the tile and pipeline bookkeeping, the masking (NaN cells are never read) and the
-// rounding of P (hi + lo bf16 terms) against the GPU test's tolerance, on machines
-// without a GPU. When
-// the kernel's index math changes, change it here too.
+// the tile and pipeline bookkeeping, the masking (NaN cells are never read), the
+// rounding of P (hi + lo bf16 terms) and the fold of the chunks by the last block to
+// arrive (attention_fold.cuh; blocks arrive in a shuffled order) against the GPU
+// test's tolerance, on machines without a GPU. When the kernel's index math changes,
+// change it here too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -161,6 +162,7 @@ struct Problem {
 
 struct Result {
   std::vector<float> out, ws_acc, ws_max, ws_sum;
+  std::vector<int32_t> counters;  // [kAttentionWorkspaceCounters]
 };
 
 struct Span {
@@ -416,9 +418,40 @@ void emulate_block(const Problem& p, int64_t r, int32_t split, int kv_head, int3
   }
 }
 
-// The launcher: split blocks, then the combine kernel's arithmetic.
+// The fold by the last block of (row r, kv head) to arrive: the kv head's query heads,
+// each merged from the row's `active` partials (max over chunks, weights exp2(max -
+// mx), sums and outputs as fma chains in chunk order, times 1 / sum).
 template <int HD>
-std::vector<float> emulate(const Problem& p) {
+void emulate_fold(const Problem& p, int64_t r, int kv_head, int32_t active, int32_t n_splits,
+                  Result& res) {
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  for (int h = 0; h < group; ++h) {
+    const int64_t head = int64_t{kv_head} * group + h;
+    const size_t part0 = static_cast<size_t>((r * p.n_heads + head) * n_splits);
+    float mx = -kInf;
+    for (int32_t s = 0; s < active; ++s) mx = std::max(mx, res.ws_max.at(part0 + s));
+    std::vector<float> w(static_cast<size_t>(active));
+    float sum = 0.f;
+    for (int32_t s = 0; s < active; ++s) {
+      w[static_cast<size_t>(s)] = std::exp2(res.ws_max[part0 + s] - mx);
+      sum = std::fma(w[static_cast<size_t>(s)], res.ws_sum.at(part0 + s), sum);
+    }
+    const float inv = 1.f / sum;
+    for (int d = 0; d < HD; ++d) {
+      float a = 0.f;
+      for (int32_t s = 0; s < active; ++s) {
+        a = std::fma(w[static_cast<size_t>(s)], res.ws_acc.at((part0 + s) * HD + d), a);
+      }
+      res.out[static_cast<size_t>((r * p.n_heads + head) * HD + d)] = from_bf16(to_bf16(a * inv));
+    }
+  }
+}
+
+// The launch: the split blocks in a shuffled order (any order is a schedule the GPU
+// may run), each block of a row of several chunks counting itself in on its (row, kv
+// head) counter; the one that brings it to the row's chunk count folds and zeroes it.
+template <int HD>
+std::vector<float> emulate(const Problem& p, uint32_t seed) {
   const int32_t n_splits = attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context);
   Result res;
   res.out.assign(static_cast<size_t>(p.n_rows * p.n_heads * HD), kNaN);
@@ -426,33 +459,31 @@ std::vector<float> emulate(const Problem& p) {
   res.ws_acc.assign(parts * HD, kNaN);
   res.ws_max.assign(parts, kNaN);
   res.ws_sum.assign(parts, kNaN);
+  res.counters.assign(static_cast<size_t>(kAttentionWorkspaceCounters), 0);
+  struct Block {
+    int64_t r;
+    int32_t split;
+    int kv;
+  };
+  std::vector<Block> blocks;
   for (int64_t r = 0; r < p.n_rows; ++r) {
     for (int32_t split = 0; split < n_splits; ++split) {
-      for (int kv = 0; kv < p.n_kv_heads; ++kv) emulate_block<HD>(p, r, split, kv, n_splits, res);
+      for (int kv = 0; kv < p.n_kv_heads; ++kv) blocks.push_back({r, split, kv});
     }
   }
-  if (n_splits == 1) return res.out;
-  for (int64_t r = 0; r < p.n_rows; ++r) {
-    const Span span = row_span(p.positions[static_cast<size_t>(r)], p.window, n_splits);
-    if (span.active == 1) continue;
-    for (int64_t head = 0; head < p.n_heads; ++head) {
-      const size_t part0 = static_cast<size_t>((r * p.n_heads + head) * n_splits);
-      float mx = -kInf;
-      for (int32_t s = 0; s < span.active; ++s) mx = std::max(mx, res.ws_max[part0 + s]);
-      float sum = 0.f;
-      for (int32_t s = 0; s < span.active; ++s) {
-        sum = std::fma(std::exp2(res.ws_max[part0 + s] - mx), res.ws_sum[part0 + s], sum);
-      }
-      for (int d = 0; d < HD; ++d) {
-        float a = 0.f;
-        for (int32_t s = 0; s < span.active; ++s) {
-          a = std::fma(std::exp2(res.ws_max[part0 + s] - mx), res.ws_acc[(part0 + s) * HD + d], a);
-        }
-        res.out[static_cast<size_t>((r * p.n_heads + head) * HD + d)] =
-            from_bf16(to_bf16(a * (1.f / sum)));
-      }
-    }
+  std::mt19937 rng(seed);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  for (const Block& b : blocks) {
+    emulate_block<HD>(p, b.r, b.split, b.kv, n_splits, res);
+    const Span span = row_span(p.positions[static_cast<size_t>(b.r)], p.window, n_splits);
+    if (b.split >= span.active || span.active == 1) continue;
+    int32_t& counter = res.counters.at(static_cast<size_t>(b.r * p.n_kv_heads + b.kv));
+    if (++counter < span.active) continue;
+    EXPECT_EQ(counter, span.active);
+    counter = 0;
+    emulate_fold<HD>(p, b.r, b.kv, span.active, n_splits, res);
   }
+  for (int32_t c : res.counters) EXPECT_EQ(c, 0);
   return res.out;
 }
 
@@ -552,8 +583,8 @@ Problem make_problem(int64_t head_dim, int64_t group, int32_t window, int32_t ma
   return p;
 }
 
-void expect_emulation_matches(const Problem& p, const std::string& what) {
-  const std::vector<float> got = p.head_dim == 64 ? emulate<64>(p) : emulate<128>(p);
+void expect_emulation_matches(const Problem& p, const std::string& what, uint32_t seed) {
+  const std::vector<float> got = p.head_dim == 64 ? emulate<64>(p, seed) : emulate<128>(p, seed);
   const std::vector<float> want = reference(p);
   size_t bad = 0;
   float worst = 0.f;
@@ -585,9 +616,11 @@ TEST(AttentionMmaEmulationTest, DecodeRowsMatchTheDefinition) {
             const Problem p =
                 make_problem(head_dim, group, window, max_context, lengths, false, seed++);
             expect_emulation_matches(
-                p, "head_dim=" + std::to_string(head_dim) + " group=" + std::to_string(group) +
-                       " context=" + std::to_string(context) + " window=" + std::to_string(window) +
-                       " max_context=" + std::to_string(max_context));
+                p,
+                "head_dim=" + std::to_string(head_dim) + " group=" + std::to_string(group) +
+                    " context=" + std::to_string(context) + " window=" + std::to_string(window) +
+                    " max_context=" + std::to_string(max_context),
+                seed);
             if (::testing::Test::HasFailure()) return;
           }
         }
@@ -603,7 +636,8 @@ TEST(AttentionMmaEmulationTest, PrefillRowsMatchTheDefinition) {
       for (const int32_t window : {0, 20}) {
         const Problem p = make_problem(head_dim, group, window, 256, {40, 70}, true, seed++);
         expect_emulation_matches(
-            p, "prefill head_dim=" + std::to_string(head_dim) + " group=" + std::to_string(group));
+            p, "prefill head_dim=" + std::to_string(head_dim) + " group=" + std::to_string(group),
+            seed);
         if (::testing::Test::HasFailure()) return;
       }
     }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -15,6 +16,7 @@
 #include "cpu/kernels/attention.h"
 #include "cpu/kernels/thread_pool.h"
 #include "cuda/kernels/kv_write.h"
+#include "cuda/kernels/launch.cuh"
 #include "device_array.h"
 #include "gpu_test.h"
 
@@ -173,7 +175,42 @@ float default_scale(int64_t head_dim) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
 }
 
-// Device copies of a scenario, with the output and workspace poisoned with NaN.
+// The workspace's int32 split counters, at its start (attention.h).
+constexpr size_t kCounterBytes = sizeof(int32_t) * kAttentionWorkspaceCounters;
+
+void check_cuda(cudaError_t err) {
+  CELLM_CHECK_MSG(err == cudaSuccess, std::string("CUDA: ") + cudaGetErrorString(err));
+}
+
+// The partials (everything past the counters) = NaN, so a read of a partial that no
+// block wrote shows up in the output. The counters are left as they are.
+void poison_partials(DeviceArray<float>& ws) {
+  if (ws.size() == 0) return;
+  CELLM_CHECK(ws.size() * sizeof(float) > kCounterBytes);
+  check_cuda(cudaMemset(reinterpret_cast<unsigned char*>(ws.get()) + kCounterBytes, 0xff,
+                        ws.size() * sizeof(float) - kCounterBytes));
+}
+
+// A workspace as the contract wants it before its first launch: counters zero (and
+// the partials NaN).
+void prepare_workspace(DeviceArray<float>& ws) {
+  if (ws.size() == 0) return;
+  check_cuda(cudaMemset(ws.get(), 0, kCounterBytes));
+  poison_partials(ws);
+}
+
+// Every completed launch leaves the counters zero.
+void expect_counters_zero(const DeviceArray<float>& ws) {
+  if (ws.size() == 0) return;
+  std::vector<int32_t> counters(static_cast<size_t>(kAttentionWorkspaceCounters));
+  check_cuda(cudaMemcpy(counters.data(), ws.get(), kCounterBytes, cudaMemcpyDeviceToHost));
+  size_t nonzero = 0;
+  for (int32_t c : counters) nonzero += c != 0 ? 1 : 0;
+  EXPECT_EQ(nonzero, 0u) << "split counters left nonzero";
+}
+
+// Device copies of a scenario, with the output and the workspace's partials poisoned
+// with NaN (and its counters zero).
 template <typename T>
 struct DeviceScenario {
   explicit DeviceScenario(const Scenario& s)
@@ -188,7 +225,7 @@ struct DeviceScenario {
                                             s.geo.head_dim, s.geo.max_context) /
                   sizeof(float)) {
     out.fill_bytes(0xff);
-    workspace.fill_bytes(0xff);
+    prepare_workspace(workspace);
   }
 
   AttentionParams<T> params(const Scenario& s) const {
@@ -228,6 +265,7 @@ void expect_gpu_matches_cpu(const Scenario& s) {
   CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>, kRelTol<T>,
                    "attention out");
+  expect_counters_zero(d.workspace);
 }
 
 std::string describe(const Geometry& g, int32_t context, int64_t n_rows) {
@@ -331,12 +369,73 @@ TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
   }
 }
 
+// Chunks the kernels cut the context of a row at `pos` into (attention_span.cuh).
+int32_t active_chunks(int32_t pos, int32_t window, int32_t n_splits) {
+  const int64_t hi = int64_t{pos} + 1;
+  const int64_t len = hi - (window > 0 ? std::max<int64_t>(0, hi - window) : 0);
+  const int64_t chunk = ((len + n_splits - 1) / n_splits + 15) / 16 * 16;
+  return static_cast<int32_t>((len + chunk - 1) / chunk);
+}
+
+TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // Eight decode rows at a budget of 4096 (32 or 16 splits), of 1 chunk to one per
+  // split: each row's last block folds its own count of partials while other rows
+  // write directly. Three launches back to back on one stream and workspace (with and
+  // without programmatic launch), for the tensor-core kernel (bf16 at head_dim 64 and
+  // 128, groups up to 16) and the CUDA-core one (f32, forced bf16, head_dim 20; group
+  // 12: two head tiles per kv head).
+  using T = TypeParam;
+  const std::vector<int32_t> lengths = {1, 16, 17, 33, 100, 600, 2049, 4096};
+  uint32_t seed = 350;
+  struct RestorePdl {
+    ~RestorePdl() { set_programmatic_launch(true); }
+  } restore;
+  for (const bool pdl : {true, false}) {
+    set_programmatic_launch(pdl);
+    for (const auto& [group, head_dim] :
+         std::vector<std::pair<int64_t, int64_t>>{{4, 128}, {16, 128}, {12, 64}, {3, 20}}) {
+      for (const AttentionPath path : {AttentionPath::kAuto, AttentionPath::kCudaCores}) {
+        if (std::is_same_v<T, float> && path == AttentionPath::kCudaCores) continue;  // the same
+        const Geometry geo{2 * group, 2, head_dim, 0, 4096};
+        const int64_t n_rows = static_cast<int64_t>(lengths.size());
+        SCOPED_TRACE(describe(geo, 4096, n_rows) + (pdl ? " pdl" : " no pdl") +
+                     (path == AttentionPath::kAuto ? " auto" : " cuda cores"));
+        const int32_t n_splits = attention_num_splits(n_rows, geo.n_heads, geo.n_kv_heads, 4096);
+        std::vector<SequenceSpec> specs;
+        std::vector<std::pair<int32_t, int32_t>> rows;
+        std::vector<int32_t> active;
+        for (const int32_t length : lengths) {
+          rows.emplace_back(static_cast<int32_t>(specs.size()), length - 1);
+          specs.push_back({length});
+          active.push_back(active_chunks(length - 1, geo.window, n_splits));
+        }
+        EXPECT_EQ(active.front(), 1);
+        EXPECT_EQ(active.back(), n_splits);
+        EXPECT_GE(std::set<int32_t>(active.begin(), active.end()).size(), 6u);
+        const Scenario s = make_scenario<T>(geo, specs, rows, seed++);
+        DeviceScenario<T> d(s);
+        AttentionParams<T> p = d.params(s);
+        p.path = path;
+        for (int i = 0; i < 3; ++i) CELLM_ASSERT_CUDA(launch_attention<T>(p, nullptr));
+        CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+        expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>,
+                         kRelTol<T>, "attention out");
+        expect_counters_zero(d.workspace);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
 TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
   CELLM_SKIP_WITHOUT_GPU();
-  // One graph: kv_write (with the table) then attention, as the executor's layer 0.
-  // Each replay is a new step of four decode rows: new sequences, cells, table and
-  // positions uploaded into the same buffers; the rows' own K/V and table entries
-  // are written by the captured kv_write.
+  // One graph: kv_write (with the table) then attention twice on one workspace, as the
+  // executor's layers 0 and 1. Each replay is a new step of four decode rows: new
+  // sequences, cells, table and positions uploaded into the same buffers; the rows' own
+  // K/V and table entries are written by the captured kv_write. The workspace's
+  // counters are zeroed once, before the first replay: a launch that left one nonzero
+  // would break the next launch's fold (the second layer, or the next replay).
   const Geometry geo{8, 2, 64, 0, 1024};
   constexpr int64_t kRows = 4;
   constexpr int64_t kCapacityCells = 4 * 1024 + 16;
@@ -347,11 +446,12 @@ TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
   const int64_t table_stride = geo.max_context + 3;
   DeviceArray<int32_t> table(static_cast<size_t>(kRows * table_stride));
   DeviceArray<int32_t> cells(kRows), row_seq(kRows), positions(kRows);
-  DeviceArray<T> out(static_cast<size_t>(kRows * geo.q_dim()));
+  DeviceArray<T> out(static_cast<size_t>(kRows * geo.q_dim())), out2(out.size());
   DeviceArray<float> workspace(
       attention_workspace_bytes(kRows, geo.n_heads, geo.n_kv_heads, geo.head_dim, geo.max_context) /
       sizeof(float));
   ASSERT_GT(workspace.size(), 0u) << "the graph test should cover the split path";
+  prepare_workspace(workspace);
 
   AttentionParams<T> p;
   p.qkv = qkv.get();
@@ -384,6 +484,9 @@ TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
   // bf16 at head_dim 64, group 4: the graph holds the tensor-core kernel.
   EXPECT_EQ(attention_uses_tensor_cores(p), (std::is_same_v<T, __nv_bfloat16>));
   CELLM_ASSERT_CUDA(launch_attention<T>(p, stream->get()));
+  AttentionParams<T> p2 = p;
+  p2.out = out2.get();
+  CELLM_ASSERT_CUDA(launch_attention<T>(p2, stream->get()));
   CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
   cudaGraphExec_t raw_exec = nullptr;
   const cudaError_t inst = cudaGraphInstantiate(&raw_exec, graph, 0);
@@ -392,14 +495,16 @@ TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
   GraphExec exec(raw_exec);
 
   std::mt19937 rng(400);
-  for (int step = 0; step < 4; ++step) {
+  for (int step = 0; step < 8; ++step) {
     SCOPED_TRACE("replay " + std::to_string(step));
-    // Lengths vary per step (1 on the first); sequence 2 clones a prefix of sequence 1.
-    // Every length stays <= max_context, so the table stride is the captured one.
+    // Lengths vary per step (1 on the first; every row of one chunk on step 3, so no
+    // fold runs at all); sequence 2 clones a prefix of sequence 1. Every length stays
+    // <= max_context, so the table stride is the captured one.
     std::vector<SequenceSpec> specs;
     for (int64_t r = 0; r < kRows; ++r) {
-      const int32_t length =
-          step == 0 && r == 0 ? 1 : 1 + static_cast<int32_t>(rng() % (geo.max_context - 2));
+      const int32_t length = step == 0 && r == 0 ? 1
+                             : step == 3         ? 1 + static_cast<int32_t>(rng() % 14)
+                                         : 1 + static_cast<int32_t>(rng() % (geo.max_context - 2));
       specs.push_back({length});
     }
     specs[2] = {specs[2].length + 2, 1, std::min(specs[1].length - 1, specs[2].length + 1)};
@@ -439,13 +544,20 @@ TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
     row_seq.upload(s.row_seq);
     positions.upload(s.positions);
     out.fill_bytes(0xff);
-    workspace.fill_bytes(0xff);
+    out2.fill_bytes(0xff);
+    poison_partials(workspace);
+    // The fills run on the legacy stream, which the replay's stream does not wait for.
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
 
     CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
     CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
     EXPECT_EQ(table.download(), s.table);
-    expect_all_close(testing::to_floats(out.download()), cpu_attention(s), kAbsTol<T>, kRelTol<T>,
-                     "graph replay out");
+    const std::vector<float> got = testing::to_floats(out.download());
+    expect_all_close(got, cpu_attention(s), kAbsTol<T>, kRelTol<T>, "graph replay out");
+    // The fold reads every chunk's partial in chunk order, whichever block is last:
+    // the second launch gives the same bits.
+    EXPECT_EQ(testing::to_floats(out2.download()), got);
+    expect_counters_zero(workspace);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
@@ -613,8 +725,10 @@ TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
   EXPECT_EQ(attention_num_splits(64, 32, 8, 8192), 1);
   // Group 12 takes two tiles of 8 heads per kv head: twice the blocks per split.
   EXPECT_EQ(attention_num_splits(16, 24, 2, 8192), 8);
+  // The workspace: int32 counters, then f32 acc, max and sum of every (row, head, split).
   EXPECT_EQ(attention_workspace_bytes(4096, 32, 8, 128, 32), 0u);
-  EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 8192), sizeof(float) * 64 * 32 * (128 + 2));
+  EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 8192),
+            sizeof(int32_t) * kAttentionWorkspaceCounters + sizeof(float) * 64 * 32 * (128 + 2));
   for (const int64_t rows : {1, 2, 7, 37, 256, 1000}) {
     for (const int32_t budget : {1, 100, 256, 257, 2049, 8192, 131072}) {
       const int32_t splits = attention_num_splits(rows, 8, 2, budget);
@@ -625,7 +739,10 @@ TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
       for (int64_t fewer = 1; fewer <= rows; fewer += 1 + fewer / 3) {
         const int32_t s = attention_num_splits(fewer, 8, 2, budget);
         if (s > 1) {
-          EXPECT_GE(bytes, sizeof(float) * static_cast<size_t>(fewer * 8 * s * 66));
+          EXPECT_GE(bytes, sizeof(int32_t) * kAttentionWorkspaceCounters +
+                               sizeof(float) * static_cast<size_t>(fewer * 8 * s * 66));
+          // Every (row, kv head, head tile) of a launch that splits has a counter.
+          EXPECT_LE(fewer * 2, kAttentionWorkspaceCounters);
         }
       }
     }

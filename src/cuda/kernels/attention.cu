@@ -5,15 +5,20 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_mma.h"
 #include "cuda/kernels/attention_span.cuh"
+#include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
 namespace {
 
+using detail::from_float;
+using detail::kAttentionMaxSplits;
 using detail::kLog2e;
 using detail::row_span;
 using detail::RowSpan;
+using detail::SplitWorkspace;
 
 constexpr int kThreads = 128;       // threads of every attention block
 constexpr int kMinBlocksPerSm = 4;  // 16 warps per SM (128 registers): measured faster than 3
@@ -24,7 +29,9 @@ constexpr int kMaxElemsPerLane = 8;      // head_dim elements a lane holds per h
 constexpr int kKeysPerSlot = 4;          // keys a slot loads before it folds any of them
 constexpr int32_t kMinSplitTokens = 32;  // the budget gives at most one split per this many
 constexpr int64_t kTargetBlocks = 512;   // blocks the split count aims for (~4 per SM)
-constexpr int32_t kMaxSplits = 64;
+// A launch splits only while it has fewer than kTargetBlocks blocks per split, so its
+// (row, kv head, head tile) fold groups fit the workspace's counters.
+static_assert(kTargetBlocks <= kAttentionWorkspaceCounters);
 
 // How a launch cuts the work; computed once on the host.
 struct Geometry {
@@ -40,15 +47,6 @@ __device__ __forceinline__ float to_float(float x) {
 }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) {
   return __bfloat162float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return __float2bfloat16(x);  // round to nearest even
-  }
 }
 
 // VEC elements of T as loaded from memory, still packed: a 16-byte vector when
@@ -107,8 +105,9 @@ __device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
 // with one rescale per batch of keys. The table entries of the next batch are
 // loaded while the current one is folded. The slots' states are merged in shared
 // memory; the result goes to `out` (when the row has one chunk) or to the
-// workspace. Lane li of a group holds vectors li, li + lanes_per_key, ... of each
-// head row.
+// workspace, and the last of the row's blocks to finish folds the workspace into
+// `out`. Lane li of a group holds vectors li, li + lanes_per_key, ... of each head
+// row.
 template <typename T, int VEC, int HT>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     attention_split_kernel(const AttentionParams<T> p, const Geometry g) {
@@ -116,6 +115,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   constexpr int U = kKeysPerSlot;
   extern __shared__ float smem[];
 
+  // Every buffer comes from earlier kernels of the stream (programmatic launch).
+  detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
   const RowSpan span = row_span(p.positions[r], p.window, g.n_splits);
@@ -265,6 +266,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       }
     }
   }
+  detail::allow_dependent_grids();
 
   // Shared memory: acc [n_slots][HT][head_dim], then max and sum [n_slots][HT].
   float* s_acc = smem;
@@ -288,9 +290,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   __syncthreads();
 
   // Slot 0 always saw position `begin`, so each head's merged max is finite.
-  float* ws_acc = p.workspace;
-  float* ws_max = ws_acc + p.n_rows * p.n_heads * g.n_splits * hd;
-  float* ws_sum = ws_max + p.n_rows * p.n_heads * g.n_splits;
+  const SplitWorkspace ws(p.workspace, p.n_rows, p.n_heads, hd, g.n_splits);
   for (int64_t o = threadIdx.x; o < nh * hd; o += kThreads) {
     const int h = static_cast<int>(o / hd);
     const int64_t d = o % hd;
@@ -303,48 +303,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       sum = fmaf(w, s_sum[s * HT + h], sum);
       a = fmaf(w, s_acc[(s * HT + h) * hd + d], a);
     }
-    const int64_t head = h0 + h;
     if (span.active == 1) {
-      p.out[(r * p.n_heads + head) * hd + d] = from_float<T>(a / sum);
+      p.out[(r * p.n_heads + h0 + h) * hd + d] = from_float<T>(a / sum);
     } else {
-      const int64_t part = (r * p.n_heads + head) * g.n_splits + split;
-      ws_acc[part * hd + d] = a;
-      if (d == 0) {
-        ws_max[part] = mx;
-        ws_sum[part] = sum;
-      }
+      ws.store(r, h0 + h, split, d, a, mx, sum);
     }
   }
-}
-
-// One block per (row, head): merges the partials of the row's active chunks (the
-// ones the split kernel filled); a row with one chunk was written directly.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    attention_combine_kernel(const AttentionParams<T> p, const Geometry g) {
-  const int64_t r = blockIdx.x;
-  const int64_t head = blockIdx.y;
-  const int64_t hd = p.head_dim;
-  const RowSpan span = row_span(p.positions[r], p.window, g.n_splits);
   if (span.active == 1) return;
-  const float* ws_acc = p.workspace;
-  const float* ws_max = ws_acc + p.n_rows * p.n_heads * g.n_splits * hd;
-  const float* ws_sum = ws_max + p.n_rows * p.n_heads * g.n_splits;
-  const int64_t part0 = (r * p.n_heads + head) * g.n_splits;
-  float mx = -INFINITY;
-  for (int32_t s = 0; s < span.active; ++s) mx = fmaxf(mx, ws_max[part0 + s]);
-  float sum = 0.f;
-  for (int32_t s = 0; s < span.active; ++s) {
-    sum = fmaf(exp2f(ws_max[part0 + s] - mx), ws_sum[part0 + s], sum);
-  }
-  const float inv = 1.f / sum;
-  for (int64_t d = threadIdx.x; d < hd; d += kThreads) {
-    float a = 0.f;
-    for (int32_t s = 0; s < span.active; ++s) {
-      a = fmaf(exp2f(ws_max[part0 + s] - mx), ws_acc[(part0 + s) * hd + d], a);
-    }
-    p.out[(r * p.n_heads + head) * hd + d] = from_float<T>(a * inv);
-  }
+  // The merge region is free once every thread passed the fold's barrier.
+  detail::fold_if_last<T, kThreads>(ws,
+                                    ws.counters + r * (p.n_kv_heads * g.head_tiles) + blockIdx.z,
+                                    span.active, r, h0, nh, smem, p.out);
 }
 
 int32_t next_pow2(int64_t x) {
@@ -370,13 +339,17 @@ bool aligned16(const void* ptr) {
 template <typename T, int VEC, int HT>
 cudaError_t launch_split(const AttentionParams<T>& p, const Geometry& g, cudaStream_t stream) {
   const int n_slots = kThreads / g.lanes_per_key;
-  // n_slots * head_dim <= kThreads * kMaxElemsPerLane, so this stays under 48 KB.
+  // The slots' states, then (reusing them) the fold's scratch. n_slots * head_dim <=
+  // kThreads * kMaxElemsPerLane and the scratch is at most 8 * 129 floats, so this
+  // stays under 48 KB.
+  const int64_t merge_floats = int64_t{n_slots} * HT * (p.head_dim + 2);
+  const int64_t fold_floats = g.n_splits > 1 ? detail::fold_scratch_floats(HT, g.n_splits) : 0;
   const size_t smem_bytes =
-      sizeof(float) * static_cast<size_t>(n_slots) * HT * static_cast<size_t>(p.head_dim + 2);
+      sizeof(float) * static_cast<size_t>(std::max(merge_floats, fold_floats));
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(g.n_splits),
                   static_cast<unsigned>(p.n_kv_heads * g.head_tiles));
-  attention_split_kernel<T, VEC, HT><<<grid, kThreads, smem_bytes, stream>>>(p, g);
-  return cudaGetLastError();
+  return detail::launch_kernel(attention_split_kernel<T, VEC, HT>, grid, dim3(kThreads), smem_bytes,
+                               stream, p, g);
 }
 
 template <typename T, int VEC>
@@ -420,7 +393,7 @@ int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads
   const int64_t blocks_per_split = n_rows * n_kv_heads * head_tiles_of(n_heads / n_kv_heads);
   const int64_t by_blocks = (kTargetBlocks + blocks_per_split - 1) / blocks_per_split;
   const int64_t by_context = (int64_t{max_context} + kMinSplitTokens - 1) / kMinSplitTokens;
-  return static_cast<int32_t>(std::min({by_blocks, by_context, int64_t{kMaxSplits}}));
+  return static_cast<int32_t>(std::min({by_blocks, by_context, int64_t{kAttentionMaxSplits}}));
 }
 
 size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
@@ -433,7 +406,9 @@ size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv
     const int32_t splits = attention_num_splits(rows, n_heads, n_kv_heads, max_context);
     if (splits > 1) parts = std::max(parts, rows * splits);
   }
-  return sizeof(float) * static_cast<size_t>(parts * n_heads * (head_dim + 2));
+  if (parts == 0) return 0;
+  return sizeof(int32_t) * static_cast<size_t>(kAttentionWorkspaceCounters) +
+         sizeof(float) * static_cast<size_t>(parts * n_heads * (head_dim + 2));
 }
 
 template <typename T>
@@ -469,19 +444,17 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
   const int heads = heads_per_block(g.group);
   g.head_tiles = head_tiles_of(g.group);
   if (p.n_kv_heads * g.head_tiles > 65535) return cudaErrorInvalidValue;
+  // Every fold group of a split launch has a counter (kTargetBlocks guarantees it).
+  if (g.n_splits > 1 && p.n_rows * p.n_kv_heads * g.head_tiles > kAttentionWorkspaceCounters) {
+    return cudaErrorInvalidValue;
+  }
 
-  cudaError_t err = cudaSuccess;
   if (attention_uses_tensor_cores(p)) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      err = detail::launch_attention_split_mma(p, g.n_splits, stream);
+      return detail::launch_attention_split_mma(p, g.n_splits, stream);
     }
-  } else {
-    err = launch_cuda_cores(p, &g, heads, stream);
   }
-  if (err != cudaSuccess || g.n_splits == 1) return err;
-  const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(p.n_heads));
-  attention_combine_kernel<T><<<grid, kThreads, 0, stream>>>(p, g);
-  return cudaGetLastError();
+  return launch_cuda_cores(p, &g, heads, stream);
 }
 
 template cudaError_t launch_attention<float>(const AttentionParams<float>&, cudaStream_t);

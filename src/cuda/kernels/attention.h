@@ -17,8 +17,11 @@
 //            table[s * table_stride + p] = the cell of position p of sequence s.
 //   row_seq, positions  int32 [n_rows].
 //   out      [n_rows, n_heads * head_dim] of T; must not overlap the inputs.
-//   workspace  f32, attention_workspace_bytes() bytes (may be 0 bytes, then nullptr is
-//            fine): partial results of the context splits, overwritten by every launch.
+//   workspace  attention_workspace_bytes() bytes (may be 0 bytes, then nullptr is fine):
+//            the splits' arrival counters and partial results (layout below). Zero every
+//            byte once, when it is allocated (cudaMemset); every completed launch leaves
+//            the counters zero again, so the next launch or graph replay needs no reset.
+//            After a launch that failed to run to completion, zero it again.
 //
 // Flash-decoding split: attention_num_splits() blocks along each row's context,
 // a function of the launch's shape only (rows, heads, the session budget
@@ -28,20 +31,24 @@
 // multiple of 16), so a short row at a large budget still spreads over many
 // blocks, and one block per (row, chunk, kv head, tile of up to 8 query heads of
 // that kv head) folds its chunk with an online softmax. A row with one chunk is
-// written directly; otherwise a combine kernel merges the chunks' partial (max,
-// sum, acc).
+// written directly. Otherwise each block writes its chunk's partial (max, sum, acc)
+// to the workspace and counts itself in on its (row, kv head, head tile) counter;
+// the block that arrives last merges the row's partials of its heads into `out` and
+// zeroes the counter (attention_fold.cuh): one kernel, no combine launch.
 //
 // Two split kernels. bf16 with head_dim 64 or 128, at most 16 query heads per kv
 // head and 16-byte aligned rows (attention_uses_tensor_cores) run on tensor cores:
 // one block per (row, chunk, kv head) holds all the kv head's query heads as the
 // 16 rows of an mma.m16n8k16 and folds 16 keys per step (attention_mma.cu). Other
 // shapes run on CUDA cores (attention.cu). Both write the same partials, in the same
-// workspace layout, for the same combine kernel.
+// workspace layout, and end with the same fold.
 //
-// The launcher enqueues its kernels on `stream`; it never allocates or synchronizes
-// and may be captured in a CUDA graph (a replay reads the current contents of every
-// buffer). Returns cudaErrorInvalidValue for a malformed call, else the launch's
-// error. Thread-safety: reentrant; concurrent launches need distinct workspaces.
+// The launcher enqueues one kernel on `stream` with programmatic dependent launch
+// (kernels/launch.cuh: it waits for the stream's earlier work before touching any
+// buffer); it never allocates or synchronizes and may be captured in a CUDA graph (a
+// replay reads the current contents of every buffer). Returns cudaErrorInvalidValue
+// for a malformed call, else the launch's error. Thread-safety: reentrant; concurrent
+// launches need distinct workspaces.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,6 +59,10 @@
 namespace cellm::cuda {
 
 inline constexpr int64_t kMaxAttentionHeadDimCuda = 256;
+
+// int32 arrival counters at the start of the workspace: one per (row, kv head, head
+// tile) of a launch that splits, which has fewer blocks per split than this.
+inline constexpr int64_t kAttentionWorkspaceCounters = 512;
 
 // Which split kernel a launch may use. kCudaCores is for tests and benchmarks that
 // compare the two paths; production leaves kAuto.
@@ -75,8 +86,8 @@ struct AttentionParams {
   int32_t window = 0;                  // sliding window in tokens; 0 = full history
   float scale = 0.f;                   // score scale, usually 1/sqrt(head_dim)
   int32_t max_context = 0;             // > every positions[r]: the session budget; sizes the split
-  float* workspace = nullptr;  // attention_workspace_bytes(>= n_rows, n_heads, n_kv_heads, ...)
-  T* out = nullptr;            // [n_rows, n_heads * head_dim]
+  float* workspace = nullptr;          // attention_workspace_bytes(>= n_rows, ...), zeroed once
+  T* out = nullptr;                    // [n_rows, n_heads * head_dim]
   AttentionPath path = AttentionPath::kAuto;
 };
 
@@ -85,10 +96,12 @@ struct AttentionParams {
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
                              int32_t max_context);
 
-// Bytes of f32 workspace enough for every launch of up to `max_rows` rows with these
+// Bytes of workspace enough for every launch of up to `max_rows` rows with these
 // heads and budget; 0 when none of them splits. Layout of a launch of n rows with S
-// splits: acc [n, n_heads, S, head_dim], then max and sum, each [n, n_heads, S] (max
-// in log2 units).
+// splits: int32 counters [kAttentionWorkspaceCounters] (fixed, whatever n and S), then
+// f32 acc [n, n_heads, S, head_dim], then f32 max and sum, each [n, n_heads, S] (max
+// in log2 units). Counter (r, kv head k, head tile t) is at r * n_kv_heads * T + k * T
+// + t, T the split kernel's blocks per kv head (1 on tensor cores).
 size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
                                  int64_t head_dim, int32_t max_context);
 

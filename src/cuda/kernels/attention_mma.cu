@@ -4,7 +4,9 @@
 
 #include <cmath>
 
+#include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_span.cuh"
+#include "cuda/kernels/launch.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "attention_mma.cu needs sm_80 or newer (bf16 mma.sync, cp.async, ldmatrix)"
@@ -27,8 +29,8 @@ namespace {
 // nothing: cp.async with source size 0 writes zeros (never a NaN of a stale or
 // spare cell), and their scores are masked to -inf (weight exactly 0). Each warp
 // keeps an online softmax (log2 domain) per head row; the warps' (max, sum, acc)
-// meet in shared memory at the end and go to `out` or the workspace as in the
-// CUDA-core kernel.
+// meet in shared memory at the end and go to `out` or the workspace, and the row's
+// last block folds the workspace into `out`, as in the CUDA-core kernel.
 //
 // Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
 // the same as gemv.cu). Lane = 4 g + q. A (16 x 16, row): {a0, a1, a2, a3} = A[g][2q,
@@ -49,7 +51,7 @@ namespace {
 // bf16 of padding put the 8 rows an ldmatrix phase reads in distinct banks (a row
 // is 68 or 36 words: 8 rows start at banks 0, 4, ..., 28) and keep rows 16-byte
 // aligned for cp.async. head_dim 128: 68 KB per block (opt-in above 48 KB), 3 blocks
-// per SM (12 warps, 128 KB of K/V in flight); the merge reuses it.
+// per SM (12 warps, 128 KB of K/V in flight); the merge, then the fold, reuse it.
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMinBlocksPerSm = 3;  // 168 registers; the smem of head_dim 128 allows 3
@@ -74,6 +76,10 @@ template <int HD>
 constexpr size_t smem_bytes() {
   const size_t pipeline = stage_bytes<HD>() * kStages * kWarps;
   return pipeline > merge_bytes<HD>() ? pipeline : merge_bytes<HD>();
+}
+template <int HD>
+constexpr bool fold_fits() {  // the fold's scratch of the largest group and split count
+  return smem_bytes<HD>() >= sizeof(float) * fold_scratch_floats(kMaxGroup, kAttentionMaxSplits);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -143,8 +149,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   constexpr int kRowsPerPass = 32 / kChunksPerRow;   // rows a warp's 32 copies cover
   constexpr int kPasses = kTileKeys / kRowsPerPass;  // copies per lane per tile, K and V each
   static_assert(HD == 64 || HD == 128);
+  static_assert(fold_fits<HD>());
   extern __shared__ __align__(16) unsigned char smem[];
 
+  // Every buffer comes from earlier kernels of the stream (programmatic launch).
+  wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
   const RowSpan span = row_span(p.positions[r], p.window, n_splits);
@@ -327,6 +336,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     }
     __syncwarp();  // the stage is read before the next iteration refills it
   }
+  allow_dependent_grids();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
 
@@ -352,9 +362,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   __syncthreads();
 
   // Warp 0 always saw position `begin`, so each head's merged max is finite.
-  float* ws_acc = p.workspace;
-  float* ws_max = ws_acc + p.n_rows * p.n_heads * n_splits * HD;
-  float* ws_sum = ws_max + p.n_rows * p.n_heads * n_splits;
+  const SplitWorkspace ws(p.workspace, p.n_rows, p.n_heads, HD, n_splits);
   for (int o_idx = static_cast<int>(threadIdx.x); o_idx < group * HD; o_idx += kThreads) {
     const int h = o_idx / HD;
     const int d = o_idx % HD;
@@ -369,18 +377,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       sum = fmaf(wt, s_sum[w * kMaxGroup + h], sum);
       a = fmaf(wt, s_acc[(w * kMaxGroup + h) * HD + d], a);
     }
-    const int64_t head = h0 + h;
     if (span.active == 1) {
-      p.out[(r * p.n_heads + head) * HD + d] = __float2bfloat16(a / sum);
+      p.out[(r * p.n_heads + h0 + h) * HD + d] = from_float<bf16>(a / sum);
     } else {
-      const int64_t part = (r * p.n_heads + head) * n_splits + split;
-      ws_acc[part * HD + d] = a;
-      if (d == 0) {
-        ws_max[part] = mx;
-        ws_sum[part] = sum;
-      }
+      ws.store(r, h0 + h, split, d, a, mx, sum);
     }
   }
+  if (span.active == 1) return;
+  // The merge region is free once every thread passed the fold's barrier.
+  fold_if_last<bf16, kThreads>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
+                               group, reinterpret_cast<float*>(smem), p.out);
 }
 
 template <int HD>
@@ -396,8 +402,7 @@ cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits
   }
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
                   static_cast<unsigned>(p.n_kv_heads));
-  attention_mma_kernel<HD><<<grid, kThreads, bytes, stream>>>(p, n_splits);
-  return cudaGetLastError();
+  return launch_kernel(attention_mma_kernel<HD>, grid, dim3(kThreads), bytes, stream, p, n_splits);
 }
 
 }  // namespace

@@ -11,9 +11,10 @@
 
 namespace cellm::cuda::detail {
 
-// Enqueues the split kernel of `p` with n_splits = attention_num_splits(p's shape):
-// it writes `out` for rows of one chunk and the workspace partials of the others,
-// exactly as the CUDA-core split kernel does; the caller launches the combine.
+// Enqueues the split kernel of `p` with n_splits = attention_num_splits(p's shape),
+// with programmatic dependent launch: it writes `out` for rows of one chunk and the
+// workspace partials of the others, which the last block of each (row, kv head) folds
+// into `out`, exactly as the CUDA-core split kernel does.
 // REQUIRES: p passed launch_attention's checks and attention_uses_tensor_cores(p).
 cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                                        cudaStream_t stream);

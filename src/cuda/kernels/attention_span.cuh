@@ -1,6 +1,7 @@
 // How the attention kernels cut a row's context into chunks (included by the
 // attention*.cu files only): the split kernels (CUDA-core and tensor-core) and the
-// combine kernel must agree on which partials exist, so they share this one cut.
+// fold that merges their partials must agree on which partials exist, so they share
+// this one cut.
 #pragma once
 
 #include <cuda_runtime.h>
