@@ -425,10 +425,12 @@ template <typename T>
 Status Gemm::enqueue_swiglu_down(const Plan& plan, const GemmChoice& choice, const T* gate_up,
                                  int64_t m, int64_t ff, const T* w_down, int64_t n, T* act, T* y,
                                  cudaStream_t stream) {
-  if (choice.kernel == GemmKernel::kGemv || choice.kernel == GemmKernel::kGemvRows) {
+  // kGemv fuses the activation into the tensor-core GEMV; kGemvRows runs launch_swiglu
+  // then the kRows GEMV (whose warps would each recompute the activation of every column).
+  if (choice.kernel == GemmKernel::kGemv) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const cudaError_t err = launch_gemv<T>(gate_up, m, ff, GemvInput::kSwiGLU, w_down, n, nullptr,
-                                             y, stream, gemv_kernel_of(choice.kernel));
+                                             y, stream, GemvKernel::kTensorCores);
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_gemv swiglu " + describe(plan.key)).c_str());
       }

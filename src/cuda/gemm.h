@@ -42,12 +42,12 @@
 // operands and stream (GemmTimer, gemm_tuning.h) and keeps the fastest: the first 8
 // algorithms of cuBLASLt's heuristic, up to 8 more from a second query restricted to
 // algorithms without a separate reduction kernel (CUBLASLT_REDUCTION_SCHEME_NONE |
-// INPLACE), deduplicated, and the GEMV for the bf16 calls it serves. run_swiglu_down's
-// candidates are whole units: the fused GEMV, or launch_swiglu followed by each cuBLASLt
-// algorithm. For bf16 outputs, split-K algorithms that reduce in the output type
-// (INPLACE, OUTPUT_TYPE) are left out: they round partial sums to bf16, outside the
-// accumulation contract above, which every candidate meets. A candidate that fails
-// (cublasLtMatmul refuses it) is skipped; when none runs, the call returns an Internal
+// INPLACE), deduplicated, and the GEMV's two kernels (GemvKernel) for the bf16 calls they
+// serve. run_swiglu_down's candidates are whole units: the fused tensor-core GEMV, or
+// launch_swiglu followed by the kRows GEMV or by each cuBLASLt algorithm. For bf16 outputs, split-K
+// algorithms that reduce in the output type (INPLACE, OUTPUT_TYPE) are left out: they round partial
+// sums to bf16, outside the accumulation contract above, which every candidate meets. A candidate
+// that fails (cublasLtMatmul refuses it) is skipped; when none runs, the call returns an Internal
 // Status naming the shape. Timing runs each candidate about ten times, writing y (and act)
 // each time, which are outputs anyway; the call then runs the chosen kernel, so y holds
 // its result. Choices go into a process-wide table (gemm_tuning.h) that every later Gemm
@@ -118,11 +118,11 @@ class Gemm {
   // written, and y equals launch_swiglu followed by launch_gemv (kPlain) bit for bit.
   // Every other call (more rows, f32, odd alignment, kCublasLtOnly) is launch_swiglu into
   // act followed by run<T, T>(act, ...). Under kTuned the call is a key of its own, whose
-  // choice is the fused GEMV (act untouched) or launch_swiglu into act followed by a
-  // cuBLASLt product, timed as a whole. So a forward calls this in place of the two for
-  // every batch size and gives it the activation buffer it already has.
-  // m = 0 enqueues nothing. REQUIRES: m >= 0, ff > 0, n > 0; device pointers; act and y
-  // overlap neither each other nor the inputs. Errors as run's.
+  // choice is the fused GEMV (act untouched) or launch_swiglu into act followed by the
+  // kRows GEMV or a cuBLASLt product, timed as a whole. So a forward calls this in place of the two
+  // for every batch size and gives it the activation buffer it already has. m = 0 enqueues nothing.
+  // REQUIRES: m >= 0, ff > 0, n > 0; device pointers; act and y overlap neither each other nor the
+  // inputs. Errors as run's.
   template <typename T>
   Status run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w_down, int64_t n,
                          T* act, T* y, cudaStream_t stream);

@@ -67,7 +67,7 @@ enum class GemmKernel {
   kCublasLt,  // cublasLtMatmul with `algo` (+ launch_add_bias when the bias is not in its
               // epilogue; + launch_swiglu before it for kSwiGLUDown)
   kGemv,      // launch_gemv with GemvKernel::kTensorCores (kSwiGLU input for kSwiGLUDown)
-  kGemvRows,  // launch_gemv with GemvKernel::kRows (likewise)
+  kGemvRows,  // launch_gemv with GemvKernel::kRows (kSwiGLUDown: launch_swiglu, then kPlain)
 };
 
 // The kernel a key runs and, when it was tuned, what the timing found.

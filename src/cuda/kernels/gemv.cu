@@ -250,15 +250,19 @@ cudaError_t launch(const GemvParams<TOut>& p, cudaStream_t stream) {
                                p);
 }
 
-// The kRows kernel. Warp w of the grid owns weight rows [kGemvRowsPerWarp w, +kRowsPerWarp)
+// The kRows kernel. Warp w of the grid owns weight rows [kGemvRowsPerWarp w, +kGemvRowsPerWarp)
 // whole: lane l reads columns [256 c + 8 l, +8) of each of them for chunk c = 0, 1, ... (one
-// 512-byte contiguous load per row per chunk), kRowsUnroll chunks in flight, multiplies
-// them with the same columns of every x row in f32 FMAs, and the warp sums its lanes at
-// the end (xor-shuffle tree). The order of the sum depends on k only. For kSwiGLU, x' is
-// computed per element from gate and up as launch_swiglu does (rounded to bf16).
-constexpr int kRowsWarps = 8;   // 256-thread blocks
-constexpr int kRowsUnroll = 2;  // chunks of each row in flight per warp
+// 512-byte contiguous load per row per chunk), U chunks in flight, multiplies them with the
+// same columns of every x row in f32 FMAs, and the warp sums its lanes at the end
+// (xor-shuffle tree). The order of the sum depends on k only (U only groups the loads). For
+// kSwiGLU, x' is computed per element from gate and up as launch_swiglu does (rounded to
+// bf16).
+constexpr int kRowsWarps = 8;  // 256-thread blocks
 constexpr int kChunkCols = 256;
+// U is 2 when the grid has enough warps to cover HBM's latency (gate_up, the LM head), 4
+// for the small products (the 8B o and qkv give 8-12 warps per SM), whose warps must each
+// keep more bytes in flight.
+constexpr int64_t kRowsManyWarps = 4096;
 
 __device__ __forceinline__ void bf16x8_to_floats(const uint4& v, float (&out)[8]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -270,7 +274,8 @@ __device__ __forceinline__ void bf16x8_to_floats(const uint4& v, float (&out)[8]
 }
 
 // M: the x rows the accumulators are sized for (>= p.m), so m = 1 keeps 4 of them.
-template <GemvInput kInput, int M, typename TOut>
+// U: chunks of each row in flight.
+template <GemvInput kInput, int M, int U, typename TOut>
 __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<TOut> p) {
   constexpr int R = kGemvRowsPerWarp;
   const int lane = static_cast<int>(threadIdx.x & 31u);
@@ -284,10 +289,10 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
 #pragma unroll
   for (int r = 0; r < R; ++r) w_row[r] = p.w + min(row0 + r, p.n - 1) * k + 8 * lane;
 
-  uint4 wv[kRowsUnroll][R];
+  uint4 wv[U][R];
   const auto load_chunks = [&](int c0) {
 #pragma unroll
-    for (int u = 0; u < kRowsUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int col = (c0 + u) * kChunkCols;
       const bool in_k = col + 8 * lane < k;
 #pragma unroll
@@ -305,9 +310,9 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   }
-  for (int c0 = 0; c0 < chunks; c0 += kRowsUnroll) {
+  for (int c0 = 0; c0 < chunks; c0 += U) {
 #pragma unroll
-    for (int u = 0; u < kRowsUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int col = (c0 + u) * kChunkCols + 8 * lane;
       if (col >= k) continue;
       float wf[R][8];
@@ -335,7 +340,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
         }
       }
     }
-    if (c0 + kRowsUnroll < chunks) load_chunks(c0 + kRowsUnroll);
+    if (c0 + U < chunks) load_chunks(c0 + U);
   }
   detail::allow_dependent_grids();
 
@@ -360,9 +365,10 @@ cudaError_t launch_rows(const GemvParams<TOut>& p, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = int64_t{kRowsWarps} * kGemvRowsPerWarp;
   const int64_t blocks = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  return detail::launch_kernel(gemv_rows_kernel<kInput, M, TOut>,
-                               dim3(static_cast<unsigned>(blocks)), dim3(kRowsWarps * 32), 0,
-                               stream, p);
+  const auto kernel = blocks * kRowsWarps >= kRowsManyWarps ? gemv_rows_kernel<kInput, M, 2, TOut>
+                                                            : gemv_rows_kernel<kInput, M, 4, TOut>;
+  return detail::launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kRowsWarps * 32),
+                               0, stream, p);
 }
 
 template <GemvInput kInput, typename TOut>
