@@ -1,6 +1,6 @@
 // attention_bench: microseconds per cuda::launch_attention, timed with CUDA events.
 //
-//   attention_bench [--iters N] [--no-pdl]
+//   attention_bench [--iters N] [--no-pdl] [--target-blocks B]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
 // rows 1, 16, 64 and 256, every row at context 192 or 1024 (max_context 2048 sizes
@@ -9,7 +9,8 @@
 // the time of one launch replayed from a CUDA graph (the GPU's time, as a captured
 // decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
 // head_dim x 2 bytes / time. The 20 launches of a graph follow one another with
-// programmatic dependent launch unless --no-pdl.
+// programmatic dependent launch unless --no-pdl. --target-blocks sets the blocks the
+// split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -57,9 +58,13 @@ T* device_alloc(size_t count) {
 
 int main(int argc, char** argv) {
   int iters = 20;
+  int64_t target_blocks = cellm::cuda::kAttentionTargetBlocks;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--target-blocks") == 0 && i + 1 < argc) {
+      target_blocks =
+          std::clamp<int64_t>(std::atoll(argv[++i]), 1, cellm::cuda::kAttentionWorkspaceCounters);
     } else if (std::strcmp(argv[i], "--no-pdl") == 0) {
       cellm::cuda::set_programmatic_launch(false);
     }
@@ -105,7 +110,7 @@ int main(int argc, char** argv) {
   int32_t* positions = device_alloc<int32_t>(kMaxRows);
   Bf16* out = device_alloc<Bf16>(static_cast<size_t>(kMaxRows * q_dim));
   const size_t ws_bytes =
-      attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim, kMaxContext);
+      attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim, kMaxContext, target_blocks);
   float* workspace = device_alloc<float>(ws_bytes / sizeof(float));
   // The split counters start at zero; every launch leaves them so.
   check(cudaMemset(workspace, 0, ws_bytes), "clear workspace");
@@ -116,8 +121,11 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
 
-  std::printf("Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s\n",
-              cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL");
+  std::printf(
+      "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
+      "blocks %ld\n",
+      cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
+      static_cast<long>(target_blocks));
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
   for (const int32_t context : {192, 1024}) {
     const std::vector<int32_t> pos(kMaxRows, context - 1);
@@ -145,6 +153,7 @@ int main(int argc, char** argv) {
         p.workspace = workspace;
         p.out = out;
         p.path = path == 0 ? AttentionPath::kAuto : AttentionPath::kCudaCores;
+        p.target_blocks = target_blocks;
         check(launch_attention(p, stream), "warm-up launch");
         cudaGraph_t graph = nullptr;
         check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
@@ -164,9 +173,10 @@ int main(int argc, char** argv) {
         cudaGraphDestroy(graph);
       }
       const double kv_bytes = static_cast<double>(rows) * context * 2 * kv_dim * sizeof(Bf16);
-      std::printf("%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows),
-                  context, cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, kMaxContext),
-                  us[0], kv_bytes / (us[0] * 1e3), us[1], kv_bytes / (us[1] * 1e3), us[1] / us[0]);
+      std::printf(
+          "%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows), context,
+          cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, kMaxContext, target_blocks),
+          us[0], kv_bytes / (us[0] * 1e3), us[1], kv_bytes / (us[1] * 1e3), us[1] / us[0]);
     }
   }
   check(cudaStreamSynchronize(stream), "final sync");

@@ -428,6 +428,42 @@ TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
   }
 }
 
+TYPED_TEST(AttentionTest, ALargerTargetSplitsManyRowsAndStillMatches) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // 64 decode rows of 8 kv heads are 512 blocks: no split at the default target, 8
+  // splits at a target of 4096 (the workspace sized for it), rows of 1 to 8 chunks.
+  using T = TypeParam;
+  const Geometry geo{32, 8, 128, 0, 1024};
+  constexpr int64_t kTarget = 4096;
+  ASSERT_EQ(attention_num_splits(64, geo.n_heads, geo.n_kv_heads, geo.max_context), 1);
+  const int32_t n_splits =
+      attention_num_splits(64, geo.n_heads, geo.n_kv_heads, geo.max_context, kTarget);
+  ASSERT_EQ(n_splits, 8);
+  std::vector<SequenceSpec> specs;
+  std::vector<std::pair<int32_t, int32_t>> rows;
+  for (int32_t i = 0; i < 64; ++i) {
+    const int32_t length = 1 + (i * 37) % 1000;
+    rows.emplace_back(static_cast<int32_t>(specs.size()), length - 1);
+    specs.push_back({length});
+  }
+  const Scenario s = make_scenario<T>(geo, specs, rows, 371);
+  DeviceScenario<T> d(s);
+  d.workspace =
+      DeviceArray<float>(attention_workspace_bytes(64, geo.n_heads, geo.n_kv_heads, geo.head_dim,
+                                                   geo.max_context, kTarget) /
+                         sizeof(float));
+  prepare_workspace(d.workspace);
+  AttentionParams<T> p = d.params(s);
+  p.target_blocks = kTarget;
+  for (int i = 0; i < 2; ++i) CELLM_ASSERT_CUDA(launch_attention<T>(p, nullptr));
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+  expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>, kRelTol<T>,
+                   "attention out");
+  expect_counters_zero(d.workspace);
+  p.target_blocks = kAttentionWorkspaceCounters + 1;
+  EXPECT_EQ(launch_attention<T>(p, nullptr), cudaErrorInvalidValue);
+}
+
 TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
   CELLM_SKIP_WITHOUT_GPU();
   // One graph: kv_write (with the table) then attention twice on one workspace, as the

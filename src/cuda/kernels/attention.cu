@@ -28,10 +28,9 @@ constexpr int kMaxHeadsPerBlock = 8;     // query heads of one kv head folded by
 constexpr int kMaxElemsPerLane = 8;      // head_dim elements a lane holds per head
 constexpr int kKeysPerSlot = 4;          // keys a slot loads before it folds any of them
 constexpr int32_t kMinSplitTokens = 32;  // the budget gives at most one split per this many
-constexpr int64_t kTargetBlocks = 512;   // blocks the split count aims for (~4 per SM)
-// A launch splits only while it has fewer than kTargetBlocks blocks per split, so its
+// A launch splits only while it has fewer than its target blocks per split, so its
 // (row, kv head, head tile) fold groups fit the workspace's counters.
-static_assert(kTargetBlocks <= kAttentionWorkspaceCounters);
+static_assert(kAttentionTargetBlocks <= kAttentionWorkspaceCounters);
 
 // How a launch cuts the work; computed once on the host.
 struct Geometry {
@@ -386,24 +385,27 @@ cudaError_t launch_cuda_cores(const AttentionParams<T>& p, Geometry* g, int head
 }  // namespace
 
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
-                             int32_t max_context) {
-  if (n_rows <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_context <= kMinSplitTokens) {
+                             int32_t max_context, int64_t target_blocks) {
+  if (n_rows <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_context <= kMinSplitTokens ||
+      target_blocks <= 0) {
     return 1;
   }
+  target_blocks = std::min(target_blocks, kAttentionWorkspaceCounters);
   const int64_t blocks_per_split = n_rows * n_kv_heads * head_tiles_of(n_heads / n_kv_heads);
-  const int64_t by_blocks = (kTargetBlocks + blocks_per_split - 1) / blocks_per_split;
+  const int64_t by_blocks = (target_blocks + blocks_per_split - 1) / blocks_per_split;
   const int64_t by_context = (int64_t{max_context} + kMinSplitTokens - 1) / kMinSplitTokens;
   return static_cast<int32_t>(std::min({by_blocks, by_context, int64_t{kAttentionMaxSplits}}));
 }
 
 size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
-                                 int64_t head_dim, int32_t max_context) {
+                                 int64_t head_dim, int32_t max_context, int64_t target_blocks) {
   if (max_rows <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
   // rows x splits is not monotonic in rows (fewer rows get more splits): take the
   // largest over every launch size the buffer must serve.
   int64_t parts = 0;
   for (int64_t rows = 1; rows <= max_rows; ++rows) {
-    const int32_t splits = attention_num_splits(rows, n_heads, n_kv_heads, max_context);
+    const int32_t splits =
+        attention_num_splits(rows, n_heads, n_kv_heads, max_context, target_blocks);
     if (splits > 1) parts = std::max(parts, rows * splits);
   }
   if (parts == 0) return 0;
@@ -437,14 +439,19 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
       p.row_seq == nullptr || p.positions == nullptr || p.out == nullptr) {
     return cudaErrorInvalidValue;
   }
+  if (p.target_blocks < 0 || p.target_blocks > kAttentionWorkspaceCounters) {
+    return cudaErrorInvalidValue;
+  }
   Geometry g;
-  g.n_splits = attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context);
+  g.n_splits =
+      attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context,
+                           p.target_blocks == 0 ? kAttentionTargetBlocks : p.target_blocks);
   if (g.n_splits > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
   g.group = static_cast<int32_t>(p.n_heads / p.n_kv_heads);
   const int heads = heads_per_block(g.group);
   g.head_tiles = head_tiles_of(g.group);
   if (p.n_kv_heads * g.head_tiles > 65535) return cudaErrorInvalidValue;
-  // Every fold group of a split launch has a counter (kTargetBlocks guarantees it).
+  // Every fold group of a split launch has a counter (the target's bound guarantees it).
   if (g.n_splits > 1 && p.n_rows * p.n_kv_heads * g.head_tiles > kAttentionWorkspaceCounters) {
     return cudaErrorInvalidValue;
   }

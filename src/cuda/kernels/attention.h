@@ -60,9 +60,13 @@ namespace cellm::cuda {
 
 inline constexpr int64_t kMaxAttentionHeadDimCuda = 256;
 
+// Blocks a launch's split count aims for by default (AttentionParams::target_blocks).
+inline constexpr int64_t kAttentionTargetBlocks = 512;
+
 // int32 arrival counters at the start of the workspace: one per (row, kv head, head
-// tile) of a launch that splits, which has fewer blocks per split than this.
-inline constexpr int64_t kAttentionWorkspaceCounters = 512;
+// tile) of a launch that splits, which has fewer blocks per split than its target
+// blocks; so the target is at most this.
+inline constexpr int64_t kAttentionWorkspaceCounters = 4096;
 
 // Which split kernel a launch may use. kCudaCores is for tests and benchmarks that
 // compare the two paths; production leaves kAuto.
@@ -89,12 +93,16 @@ struct AttentionParams {
   float* workspace = nullptr;          // attention_workspace_bytes(>= n_rows, ...), zeroed once
   T* out = nullptr;                    // [n_rows, n_heads * head_dim]
   AttentionPath path = AttentionPath::kAuto;
+  // Blocks the split count aims for, in [1, kAttentionWorkspaceCounters]; 0 =
+  // kAttentionTargetBlocks. The workspace must be sized with the same value.
+  int64_t target_blocks = 0;
 };
 
-// Blocks along each row's context (>= 1): enough for ~512 blocks in all, at
-// most one per 32 positions of the budget, at most 64. A function of the shape only.
+// Blocks along each row's context (>= 1): enough for ~target_blocks blocks in all
+// (splitting only while a split has fewer blocks than that), at most one per 32
+// positions of the budget, at most 64. A function of the shape only.
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
-                             int32_t max_context);
+                             int32_t max_context, int64_t target_blocks = kAttentionTargetBlocks);
 
 // Bytes of workspace enough for every launch of up to `max_rows` rows with these
 // heads and budget; 0 when none of them splits. Layout of a launch of n rows with S
@@ -103,7 +111,8 @@ int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads
 // in log2 units). Counter (r, kv head k, head tile t) is at r * n_kv_heads * T + k * T
 // + t, T the split kernel's blocks per kv head (1 on tensor cores).
 size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
-                                 int64_t head_dim, int32_t max_context);
+                                 int64_t head_dim, int32_t max_context,
+                                 int64_t target_blocks = kAttentionTargetBlocks);
 
 // Whether launch_attention(p) runs the tensor-core split kernel: T is bf16, path is
 // kAuto, head_dim is 64 or 128, n_heads / n_kv_heads <= 16, and qkv, k_pool, v_pool,
