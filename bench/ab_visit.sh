@@ -4,8 +4,8 @@
 # $OUT (gpu_tests.log, bench.txt, micro.txt): the device tool brings back a handful.
 #   bash bench/ab_visit.sh [--no-tests] [--no-micro] "NAME:BENCH ARGS" ...   (carry .deps)
 # e.g. "8b:--preset 8b -npl 1,16,64,256" "8b_nopdl:--preset 8b -npl 1,16 --no-pdl".
-# Every row runs with -npp 128 -ntg 128 --peak-bandwidth 4250 --step-times unless its
-# arguments say otherwise (later flags win).
+# Every row runs with --peak-bandwidth 4250 --step-times, and -npp 128 -ntg 128 unless
+# its arguments give -npp.
 set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
@@ -29,8 +29,10 @@ for row in "$@"; do
   name=${row%%:*}
   # shellcheck disable=SC2206
   args=(${row#*:})
+  shape=(-npp 128 -ntg 128)
+  case " ${args[*]} " in *" -npp "*) shape=() ;; esac
   echo "== $name: ${args[*]}" | tee -a "$OUT/bench.txt"
-  timeout 200 $B/cellm bench --executor cuda -npp 128 -ntg 128 --peak-bandwidth 4250 --step-times \
+  timeout 200 $B/cellm bench --executor cuda "${shape[@]}" --peak-bandwidth 4250 --step-times \
     "${args[@]}" 2>&1 | tee -a "$OUT/bench.txt" | grep -E "^\| +[0-9]"
 done
 if [ $micro = 1 ]; then

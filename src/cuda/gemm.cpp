@@ -357,8 +357,8 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, const void* bias, const Enque
   std::optional<size_t> best;
   Status last_failure;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    Result<float> us =
-        timer_->time([&] { return enqueue(candidates[i]); }, stream, kGiveUpFactor * best_us);
+    Result<float> us = timer_->time([&](cudaStream_t on) { return enqueue(candidates[i], on); },
+                                    stream, kGiveUpFactor * best_us);
     if (!us.ok()) {
       last_failure = us.status();
       continue;
@@ -489,8 +489,8 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
   CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(key, bias));
   CELLM_ASSIGN_OR_RETURN(const bool time_now, wants_timing(*plan, stream));
   if (time_now) {
-    const Enqueue enqueue = [&](const GemmChoice& choice) {
-      return enqueue_product<T, TOut>(*plan, choice, x, m, k, w, n, bias, y, stream);
+    const Enqueue enqueue = [&](const GemmChoice& choice, cudaStream_t on) {
+      return enqueue_product<T, TOut>(*plan, choice, x, m, k, w, n, bias, y, on);
     };
     CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, bias, enqueue, stream));
   }
@@ -530,8 +530,8 @@ Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w
     CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(key, nullptr));
     CELLM_ASSIGN_OR_RETURN(const bool time_now, wants_timing(*plan, stream));
     if (time_now) {
-      const Enqueue enqueue = [&](const GemmChoice& choice) {
-        return enqueue_swiglu_down<T>(*plan, choice, gate_up, m, ff, w_down, n, act, y, stream);
+      const Enqueue enqueue = [&](const GemmChoice& choice, cudaStream_t on) {
+        return enqueue_swiglu_down<T>(*plan, choice, gate_up, m, ff, w_down, n, act, y, on);
       };
       CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, nullptr, enqueue, stream));
     }

@@ -152,7 +152,7 @@ class Gemm {
 
  private:
   struct Plan;
-  using Enqueue = std::function<Status(const GemmChoice&)>;
+  using Enqueue = std::function<Status(const GemmChoice&, cudaStream_t)>;
 
   explicit Gemm(GemmPath path);
   // The cached plan of `key`, built on first use (bias: the call's bias pointer, which the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "cuda/cuda_check.h"
+#include "cuda/kernels/l2_flush.h"
 
 namespace cellm::cuda {
 namespace {
@@ -122,19 +124,21 @@ std::string describe(const TunedGemm& tuned) {
 
 Result<GemmTimer> GemmTimer::create(int device) {
   GemmTimer timer;
-  for (int r = 0; r < kTimedRuns; ++r) {
-    CELLM_ASSIGN_OR_RETURN(Event start, Event::create());
-    CELLM_ASSIGN_OR_RETURN(Event end, Event::create());
-    timer.starts_.push_back(std::move(start));
-    timer.ends_.push_back(std::move(end));
-  }
+  CELLM_ASSIGN_OR_RETURN(timer.stream_, Stream::create());
+  CELLM_ASSIGN_OR_RETURN(timer.start_, Event::create());
+  CELLM_ASSIGN_OR_RETURN(timer.end_, Event::create());
   int l2_bytes = 0;
   CELLM_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device),
                              "reading the L2 size");
   if (l2_bytes > 0) {
-    Result<DeviceBuffer> flush = DeviceBuffer::allocate(2 * static_cast<size_t>(l2_bytes));
+    // Twice the L2, and a scratch word for the flush kernel's sink after it.
+    const size_t flush_bytes = 2 * static_cast<size_t>(l2_bytes) / 16 * 16;
+    Result<DeviceBuffer> flush = DeviceBuffer::allocate(flush_bytes + 16);
     if (flush.ok()) {
       timer.flush_ = std::move(*flush);
+      timer.flush_bytes_ = flush_bytes;
+      CELLM_CUDA_RETURN_IF_ERROR(cudaMemset(timer.flush_.get(), 0, timer.flush_.bytes()),
+                                 "clearing the L2 flush buffer");
     } else {
       cudaGetLastError();  // the failed allocation must not surface at a later launch
     }
@@ -142,51 +146,83 @@ Result<GemmTimer> GemmTimer::create(int device) {
   return timer;
 }
 
-Result<float> GemmTimer::time(const std::function<Status()>& enqueue, cudaStream_t stream,
-                              float give_up_above_us) {
+Status GemmTimer::enqueue_flush() {
+  const cudaStream_t stream = stream_.get();
+  if (flush_bytes_ == 0) return Status::Ok();
+  auto* sink = reinterpret_cast<uint32_t*>(flush_.as<unsigned char>() + flush_bytes_);
+  CELLM_CUDA_RETURN_IF_ERROR(launch_l2_flush(flush_.get(), flush_bytes_, sink, stream),
+                             "flushing the L2");
+  return Status::Ok();
+}
+
+Result<GraphExec> GemmTimer::capture(const Enqueue& enqueue) {
+  const cudaStream_t stream = stream_.get();
+  CELLM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                             "capturing GEMM candidates");
+  Status status;
+  for (int c = 0; c < kCallsPerGraph && status.ok(); ++c) {
+    status = enqueue_flush();
+    if (status.ok() && enqueue) status = enqueue(stream);
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!status.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return status;
+  }
+  CELLM_CUDA_RETURN_IF_ERROR(end, "capturing GEMM candidates");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CELLM_CUDA_RETURN_IF_ERROR(inst, "instantiating GEMM candidates");
+  return GraphExec(exec);
+}
+
+Result<float> GemmTimer::replay_us(const GraphExec& exec) {
+  const cudaStream_t stream = stream_.get();
+  CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_.get(), stream), "timing a GEMM");
+  CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec.get(), stream), "replaying GEMM candidates");
+  CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(end_.get(), stream), "timing a GEMM");
+  CELLM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(end_.get()), "running a GEMM candidate");
+  float ms = 0;
+  CELLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_.get(), end_.get()),
+                             "reading a GEMM's time");
+  return 1000.0f * ms;
+}
+
+Result<float> GemmTimer::time(const Enqueue& enqueue, cudaStream_t caller, float give_up_above_us) {
   const auto failed = [](Status s) {
     cudaGetLastError();  // a launch error of the candidate is its own, not a later kernel's
     return s;
   };
+  CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(caller), "waiting for a GEMM's operands");
+  const cudaStream_t stream = stream_.get();
   for (int warm = 0; warm < 2; ++warm) {
-    if (Status s = enqueue(); !s.ok()) return failed(std::move(s));
+    if (Status s = enqueue(stream); !s.ok()) return failed(std::move(s));
   }
   CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "running a GEMM candidate");
-
-  std::vector<float> runs_us;
-  const auto timed_runs = [&](int count) -> Status {
-    for (int r = 0; r < count; ++r) {
-      if (flush_.get() != nullptr) {
-        CELLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flush_.get(), r, flush_.bytes(), stream),
-                                   "flushing the L2");
-      }
-      const auto i = static_cast<size_t>(r);
-      CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(starts_[i].get(), stream), "timing a GEMM");
-      if (Status s = enqueue(); !s.ok()) return failed(std::move(s));
-      CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(ends_[i].get(), stream), "timing a GEMM");
+  if (!flush_only_us_) {
+    // The flushes alone, once per timer: what every candidate's graph pays besides it.
+    CELLM_ASSIGN_OR_RETURN(GraphExec flushes, capture(nullptr));
+    float best = std::numeric_limits<float>::infinity();
+    for (int r = 0; r < kReplays + 1; ++r) {  // the first replay uploads the graph
+      CELLM_ASSIGN_OR_RETURN(const float us, replay_us(flushes));
+      if (r > 0) best = std::min(best, us);
     }
-    CELLM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ends_[static_cast<size_t>(count - 1)].get()),
-                               "running a GEMM candidate");
-    for (int r = 0; r < count; ++r) {
-      float ms = 0;
-      const auto i = static_cast<size_t>(r);
-      CELLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, starts_[i].get(), ends_[i].get()),
-                                 "reading a GEMM's time");
-      runs_us.push_back(1000.0f * ms);
-    }
-    return Status::Ok();
-  };
-
-  CELLM_RETURN_IF_ERROR(timed_runs(kEarlyRuns));
-  const float early_us =
-      std::accumulate(runs_us.begin(), runs_us.end(), 0.0f) / static_cast<float>(runs_us.size());
-  if (early_us > give_up_above_us) return early_us;
-  CELLM_RETURN_IF_ERROR(timed_runs(kTimedRuns - kEarlyRuns));
-  std::sort(runs_us.begin(), runs_us.end());
-  const size_t kept = runs_us.size() - runs_us.size() / 4;
-  return std::accumulate(runs_us.begin(), runs_us.begin() + static_cast<std::ptrdiff_t>(kept),
-                         0.0f) /
-         static_cast<float>(kept);
+    flush_only_us_ = best;
+  }
+  Result<GraphExec> exec = capture(enqueue);
+  if (!exec.ok()) return failed(exec.status());
+  float best = std::numeric_limits<float>::infinity();
+  for (int r = 0; r < kReplays + 1; ++r) {
+    CELLM_ASSIGN_OR_RETURN(const float us, replay_us(*exec));
+    if (r == 0) continue;
+    best = std::min(best, us);
+    const float per_call = std::max(0.0f, best - *flush_only_us_) / kCallsPerGraph;
+    if (per_call > give_up_above_us) return per_call;
+  }
+  return std::max(0.0f, best - *flush_only_us_) / kCallsPerGraph;
 }
 
 }  // namespace cellm::cuda

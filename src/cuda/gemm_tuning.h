@@ -4,15 +4,19 @@
 //
 // Timing (GemmTimer::time). A candidate is an enqueue of the whole unit being chosen
 // (a cuBLASLt product and its bias kernel, or the GEMV; for the MLP's down projection
-// also the activation kernel). It runs twice untimed (lazy module loading), then alone
-// between a pair of events, kTimedRuns times, each run after an L2 flush (a memset of
-// twice the L2 size on the same stream): in a forward each GEMM reads weights that a
-// layer's worth of other weights has pushed out of L2, while a loop over one GEMM would
-// find most of a 32 MiB weight (the 8B o_proj) in the 50 MB L2 and flatter whichever
-// kernel reuses it best. The score is the mean of the runs without the slowest quarter
-// (preemption, clock changes). A candidate whose first kEarlyRuns already average past
-// the caller's bound (a margin over the best so far) stops there. Timing synchronises
-// the stream, so it never happens inside CUDA graph capture (Gemm checks).
+// also the activation kernel). It runs twice untimed (lazy module loading), then
+// kCallsPerGraph times in a captured CUDA graph, each call after an L2 flush
+// (kernels/l2_flush.h: a read of twice the L2), as a decode step runs it: in a forward
+// each GEMM reads weights that a layer's worth of other weights has pushed out of L2,
+// while a loop over one GEMM would find most of a 32 MiB weight (the 8B o_proj) in the
+// 50 MB L2 and flatter whichever kernel reuses it best; and the graph gives the
+// candidate the launch it has in a step (kernels launched with programmatic dependent
+// launch overlap the flush's tail as they overlap a small kernel's). The score is the
+// best of kReplays replays, less the best replay of a graph of the flushes alone,
+// divided by kCallsPerGraph. A candidate whose first replay already scores past the
+// caller's bound (a margin over the best so far) stops there. Timing synchronises the
+// stream and captures on it, so it never happens inside CUDA graph capture (Gemm
+// checks).
 //
 // Choices (find_tuned_choice / remember_tuned_choice / tuned_gemms): one process-wide
 // table, keyed by (device ordinal, workspace bytes, GemmKey), guarded by a mutex. The
@@ -110,21 +114,32 @@ std::string describe(const TunedGemm& tuned);
 // (2 x L2 bytes; none when that allocation fails: timing then runs without flushing).
 class GemmTimer {
  public:
-  static constexpr int kTimedRuns = 8;
-  static constexpr int kEarlyRuns = 3;
+  static constexpr int kCallsPerGraph = 10;
+  static constexpr int kReplays = 3;
 
   static Result<GemmTimer> create(int device);
 
-  // The score in microseconds of `enqueue` on `stream`; the error of the first failed
-  // enqueue or stream operation otherwise (a failed enqueue leaves no CUDA error pending).
-  // Stops after kEarlyRuns when their mean exceeds `give_up_above_us`.
-  Result<float> time(const std::function<Status()>& enqueue, cudaStream_t stream,
-                     float give_up_above_us);
+  // The score in microseconds of `enqueue(s)`, which enqueues the candidate on stream s;
+  // the error of the first failed enqueue or stream operation otherwise (a failed enqueue
+  // leaves no CUDA error pending). Waits for `caller` (whose work made the operands),
+  // then runs everything on the timer's own stream (capture needs a stream that is not
+  // the legacy default one). Stops after a replay whose score already exceeds
+  // `give_up_above_us`.
+  using Enqueue = std::function<Status(cudaStream_t)>;
+  Result<float> time(const Enqueue& enqueue, cudaStream_t caller, float give_up_above_us);
 
  private:
   GemmTimer() = default;
-  DeviceBuffer flush_;
-  std::vector<Event> starts_, ends_;  // [kTimedRuns]
+  Status enqueue_flush();
+  // A graph of kCallsPerGraph (flush, enqueue) pairs; flushes only for a null enqueue.
+  Result<GraphExec> capture(const Enqueue& enqueue);
+  Result<float> replay_us(const GraphExec& exec);
+
+  Stream stream_;
+  DeviceBuffer flush_;  // [flush_bytes_] read by the flush kernel, then its sink word
+  size_t flush_bytes_ = 0;
+  Event start_, end_;
+  std::optional<float> flush_only_us_;  // one replay of the flushes-only graph
 };
 
 }  // namespace cellm::cuda
