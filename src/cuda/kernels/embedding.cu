@@ -24,6 +24,7 @@ struct GatherParams {
 template <typename T, int N>
 __global__ void gather_kernel(GatherParams<T> p) {
   detail::wait_for_prior_grids();
+  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
   const int64_t i = blockIdx.x;
   const int32_t t = p.tokens[i];
   const bool valid = t >= 0 && t < p.vocab;
@@ -39,7 +40,6 @@ __global__ void gather_kernel(GatherParams<T> p) {
     }
     detail::store_floats<N>(dst + c, v);
   }
-  detail::allow_dependent_grids();
 }
 
 template <typename T>

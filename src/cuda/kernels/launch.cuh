@@ -12,9 +12,12 @@
 //     when the previous kernel has completed and its writes are visible; since that
 //     kernel waited for its own predecessor, the whole prefix of the stream is done.
 //   * allow_dependent_grids() only lets the next kernel be scheduled early; it never
-//     publishes data, so a kernel may call it anywhere (cellm calls it once a block's
-//     main loop has been issued, so waiting dependents do not take the SM slots of the
-//     kernel's own later blocks).
+//     publishes data, so a kernel may call it anywhere. The next kernel launches once
+//     every block of this one has called it or exited (blocks not yet running have not),
+//     so its waiting blocks never take the slots of this kernel's unlaunched blocks.
+//     The small kernels between the decode GEMMs call it right after their wait, so a
+//     GEMV behind them is resident and streaming weights while they run; the GEMV and
+//     attention kernels call it once their main loop is issued.
 //
 // Kernels that are not ours (cuBLASLt) are launched normally and wait for everything
 // before them; a kernel of ours after them still overlaps their tail with its launch.

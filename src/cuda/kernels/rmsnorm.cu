@@ -42,6 +42,7 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
     if (c < p.d) detail::load_floats<N>(p.weight + c, held[k]);
   }
   detail::wait_for_prior_grids();
+  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
 
   float sum_sq = 0.0f;
   for (int64_t c = begin; c < p.d; c += step) {
@@ -59,7 +60,6 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
   }
   const float total = detail::block_sum(sum_sq);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.d) + p.eps);
-  detail::allow_dependent_grids();
 
 #pragma unroll
   for (int k = 0; k < kHeldPacks; ++k) {
@@ -109,6 +109,7 @@ __global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
     if (c < p.head_dim) held[k] = detail::to_float(p.weight[c]);
   }
   detail::wait_for_prior_grids();
+  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
 
   const int64_t unit = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   if (unit >= p.m * p.n_heads) return;  // uniform over the warp: blockDim.x % 32 == 0
@@ -123,7 +124,6 @@ __global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
   }
   const float total = detail::warp_sum(sum_sq);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.head_dim) + p.eps);
-  detail::allow_dependent_grids();
 #pragma unroll
   for (int k = 0; k < kHeldHeadWeights; ++k) {
     const int64_t c = lane + 32 * k;

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWri
   const int half = static_cast<int>(p.head_dim / 2);
   const float freq = tid < half ? p.inv_freq[tid] : 0.0f;
   detail::wait_for_prior_grids();
+  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
 
   if (tid < half) {
     const float angle = static_cast<float>(p.positions[r]) * freq;  // one f32 product, as rope.cu
@@ -51,7 +52,6 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWri
     p.table[int64_t{p.row_seq[r]} * p.table_stride + p.positions[r]] = cell;
   }
   __syncthreads();
-  detail::allow_dependent_grids();
 
   const int packs_per_half = half / N;
   const int units = static_cast<int>(p.n_heads + p.n_kv_heads) * packs_per_half;

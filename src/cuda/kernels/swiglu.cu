@@ -20,6 +20,7 @@ struct SwigluParams {
 template <typename T, int N>
 __global__ void swiglu_kernel(SwigluParams<T> p) {
   detail::wait_for_prior_grids();
+  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
   const int64_t packs_per_row = p.ff / N;
   const int64_t total = p.m * packs_per_row;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -34,7 +35,6 @@ __global__ void swiglu_kernel(SwigluParams<T> p) {
     for (int j = 0; j < N; ++j) o[j] = detail::silu_mul(g[j], u[j]);
     detail::store_floats<N>(p.out + row * p.ff + c, o);
   }
-  detail::allow_dependent_grids();
 }
 
 }  // namespace
