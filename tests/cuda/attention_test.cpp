@@ -355,11 +355,12 @@ TYPED_TEST(AttentionTest, PrefillRowsMatchTheCpuTwin) {
 
 TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
   CELLM_SKIP_WITHOUT_GPU();
-  // max_context 4096 with one row: 64 splits; the chunk is a multiple of 16 cut from the
-  // row's length, so contexts around multiples of 16 and 64 * 16 straddle chunk edges.
+  // max_context 4096 with one row: 64 splits; the chunk is a multiple of 64 cut from the
+  // row's length, so contexts around multiples of 16 (a tile), 64 and 64 * 64 straddle
+  // tile and chunk edges.
   uint32_t seed = 300;
   for (const int32_t context :
-       {1, 15, 16, 17, 255, 256, 257, 1023, 1024, 1025, 1040, 1041, 4095, 4096}) {
+       {1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 1040, 1041, 4095, 4096}) {
     const Geometry geo{8, 2, 128, 0, 4096};
     SCOPED_TRACE(describe(geo, context, 1));
     const std::vector<SequenceSpec> specs = {{context}};
@@ -373,7 +374,7 @@ TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
 int32_t active_chunks(int32_t pos, int32_t window, int32_t n_splits) {
   const int64_t hi = int64_t{pos} + 1;
   const int64_t len = hi - (window > 0 ? std::max<int64_t>(0, hi - window) : 0);
-  const int64_t chunk = ((len + n_splits - 1) / n_splits + 15) / 16 * 16;
+  const int64_t chunk = ((len + n_splits - 1) / n_splits + 63) / 64 * 64;
   return static_cast<int32_t>((len + chunk - 1) / chunk);
 }
 
@@ -386,7 +387,7 @@ TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
   // 128, groups up to 16) and the CUDA-core one (f32, forced bf16, head_dim 20; group
   // 12: two head tiles per kv head).
   using T = TypeParam;
-  const std::vector<int32_t> lengths = {1, 16, 17, 33, 100, 600, 2049, 4096};
+  const std::vector<int32_t> lengths = {1, 16, 65, 129, 200, 600, 2049, 4096};
   uint32_t seed = 350;
   struct RestorePdl {
     ~RestorePdl() { set_programmatic_launch(true); }

@@ -28,7 +28,7 @@
 // max_context), so a captured CUDA graph stays valid while tables and positions
 // change. The cut is made on the device from the row's current length: its
 // positions [lo, q] are divided into at most that many chunks of equal length (a
-// multiple of 16), so a short row at a large budget still spreads over many
+// multiple of 64), so a short row at a large budget still spreads over many
 // blocks, and one block per (row, chunk, kv head, tile of up to 8 query heads of
 // that kv head) folds its chunk with an online softmax. A row with one chunk is
 // written directly. Otherwise each block writes its chunk's partial (max, sum, acc)

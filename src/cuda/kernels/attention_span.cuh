@@ -10,7 +10,10 @@
 
 namespace cellm::cuda::detail {
 
-inline constexpr int32_t kAttentionChunkAlign = 16;  // a row's chunk length is a multiple of this
+// A row's chunk length is a multiple of this: the tensor-core kernel's 4 warps times its
+// 16-key tiles, so each warp of a block has a tile (with 16, a short row's blocks each
+// held one tile and three of their four warps idled).
+inline constexpr int32_t kAttentionChunkAlign = 64;
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // The positions a row attends, [lo, hi), and how they are cut: `active` chunks
