@@ -3,9 +3,10 @@
 // its weights from HBM as a decode step does (each layer's weights evict the last's).
 // It only reads (no dirty lines to write back while the next call runs); it writes the
 // fold of what it read to `sink` (a scratch word) only when the fold equals one
-// constant, so the loads are not optimised away. Launched with programmatic dependent launch; a
-// block lets the next kernel start only as it ends, so a following call overlaps the flush's tail
-// as it would overlap a small kernel's in a step.
+// constant, so the loads are not optimised away. Launched with programmatic dependent
+// launch, it lets the next kernel launch right after its wait, as the small kernels
+// between a step's GEMMs do: a GEMV timed after it puts its first round of weight loads in
+// flight early, as it does in a step.
 #pragma once
 
 #include <cuda_runtime.h>
