@@ -16,9 +16,36 @@
 #include <vector>
 
 #include "cpu/kernels/convert.h"
+#include "cuda/device_memory.h"
 #include "device_array.h"
 
 namespace cellm::cuda::testing {
+
+// The CUDA graph of what `enqueue()` puts on `stream` (captured thread-locally),
+// instantiated. A failed capture or instantiation is a test failure and gives an empty
+// GraphExec; `enqueue` checks its own launches' results.
+template <typename Enqueue>
+GraphExec capture_graph(cudaStream_t stream, Enqueue&& enqueue) {
+  if (const cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      e != cudaSuccess) {
+    ADD_FAILURE() << "cudaStreamBeginCapture: " << cudaGetErrorString(e);
+    return GraphExec();
+  }
+  enqueue();
+  cudaGraph_t graph = nullptr;
+  if (const cudaError_t e = cudaStreamEndCapture(stream, &graph); e != cudaSuccess) {
+    ADD_FAILURE() << "cudaStreamEndCapture: " << cudaGetErrorString(e);
+    return GraphExec();
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (instantiated != cudaSuccess) {
+    ADD_FAILURE() << "cudaGraphInstantiate: " << cudaGetErrorString(instantiated);
+    return GraphExec();
+  }
+  return GraphExec(exec);
+}
 
 // A printable name of a device element type.
 template <typename T>

@@ -40,6 +40,7 @@
 namespace cellm::cuda {
 namespace {
 
+using testing::capture_graph;
 using testing::device_array;
 using testing::DeviceArray;
 using testing::download_floats;
@@ -287,16 +288,10 @@ TEST(GemmTest, WarmedShapesRecordIntoACudaGraphAndReplayCorrectly) {
     poison(y_head);
     poison(y_exact);
     CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-    CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
-    const Status recorded = enqueue();
-    cudaGraph_t graph = nullptr;
-    CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
+    Status recorded;
+    const GraphExec exec = capture_graph(stream->get(), [&] { recorded = enqueue(); });
     ASSERT_TRUE(recorded.ok()) << recorded.to_string();
-    cudaGraphExec_t exec_handle = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec_handle, graph, 0);
-    cudaGraphDestroy(graph);
-    CELLM_ASSERT_CUDA(instantiated);
-    const GraphExec exec(exec_handle);
+    ASSERT_NE(exec.get(), nullptr);
     EXPECT_EQ(gemm.cached_plans(), plans);
     for (int replay = 0; replay < 2; ++replay) {
       CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
@@ -556,16 +551,11 @@ TEST(GemmTunedTest, ANewShapeDuringCaptureTakesTheHeuristicAndIsTimedOutsideIt) 
   const auto capture_and_replay = [&] {
     poison(y);
     CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-    CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
-    const Status recorded = c.run(gemm, true, y, stream->get());
-    cudaGraph_t graph = nullptr;
-    CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
+    Status recorded;
+    const GraphExec exec =
+        capture_graph(stream->get(), [&] { recorded = c.run(gemm, true, y, stream->get()); });
     ASSERT_TRUE(recorded.ok()) << recorded.to_string();
-    cudaGraphExec_t exec_handle = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec_handle, graph, 0);
-    cudaGraphDestroy(graph);
-    CELLM_ASSERT_CUDA(instantiated);
-    const GraphExec exec(exec_handle);
+    ASSERT_NE(exec.get(), nullptr);
     for (int replay = 0; replay < 2; ++replay) {
       CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
       CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));

@@ -34,6 +34,7 @@
 namespace cellm::cuda {
 namespace {
 
+using testing::capture_graph;
 using testing::device_array;
 using testing::DeviceArray;
 using testing::download_floats;
@@ -247,22 +248,16 @@ TEST(GemvTest, LaunchesRecordIntoACudaGraphAndReplayToTheSameBits) {
 
   // Orders the uploads and poisoning (legacy stream) before work on the non-blocking stream.
   CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-  CELLM_ASSERT_CUDA(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal));
-  const cudaError_t plain =
-      launch_gemv<Bf16>(c.dev_x.get(), 5, c.k, GemvInput::kPlain, c.dev_w.get(), c.n,
-                        c.dev_bias.get(), y_plain.get(), stream->get());
-  const cudaError_t swiglu =
-      launch_gemv<float>(c.dev_gate_up.get(), 8, c.k, GemvInput::kSwiGLU, c.dev_w.get(), c.n,
-                         nullptr, y_swiglu.get(), stream->get());
-  cudaGraph_t graph = nullptr;
-  CELLM_ASSERT_CUDA(cudaStreamEndCapture(stream->get(), &graph));
+  cudaError_t plain = cudaSuccess, swiglu = cudaSuccess;
+  const GraphExec exec = capture_graph(stream->get(), [&] {
+    plain = launch_gemv<Bf16>(c.dev_x.get(), 5, c.k, GemvInput::kPlain, c.dev_w.get(), c.n,
+                              c.dev_bias.get(), y_plain.get(), stream->get());
+    swiglu = launch_gemv<float>(c.dev_gate_up.get(), 8, c.k, GemvInput::kSwiGLU, c.dev_w.get(), c.n,
+                                nullptr, y_swiglu.get(), stream->get());
+  });
   CELLM_ASSERT_CUDA(plain);
   CELLM_ASSERT_CUDA(swiglu);
-  cudaGraphExec_t exec_handle = nullptr;
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec_handle, graph, 0);
-  cudaGraphDestroy(graph);
-  CELLM_ASSERT_CUDA(instantiated);
-  const GraphExec exec(exec_handle);
+  ASSERT_NE(exec.get(), nullptr);
   for (int replay = 0; replay < 2; ++replay) {
     CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
     CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
