@@ -127,6 +127,10 @@ class CudaExecutor final : public Executor {
     double other_wall_ms = 0, other_device_ms = 0;
   };
   StepTimes step_times() const;
+  // Wall-clock seconds the last initialize() took: capturing the decode graphs and,
+  // with tune_gemm, timing the decode GEMMs of shapes no executor of this process has
+  // tuned yet (always measured; 0 before initialize() or without start-up capture).
+  double initialize_seconds() const;
 
  private:
   explicit CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl);

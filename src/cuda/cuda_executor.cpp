@@ -86,6 +86,7 @@ class ExecutorImpl {
   bool broken_ = false;  // a sticky CUDA error: every later batch fails
   CudaExecutor::MethodCalls calls_;
   CudaExecutor::StepTimes times_;
+  double initialize_seconds_ = 0;
   double batch_device_ms_ = 0;  // device time of the current batch's forwards
 
   // Adds the last forward's device time to the current batch's.
@@ -368,7 +369,11 @@ CudaExecutor::~CudaExecutor() = default;
 bool CudaExecutor::initialize() {
   const CudaExecutorOptions& o = impl_->options_;
   if (!o.cuda_graph_for_decode || !o.capture_graphs_at_start) return true;
-  return impl_->capture_decode_graphs();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ok = impl_->capture_decode_graphs();
+  impl_->initialize_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return ok;
 }
 
 size_t CudaExecutor::preferred_batch_tokens() const {
@@ -429,6 +434,10 @@ CudaExecutor::MethodCalls CudaExecutor::method_calls() const {
 }
 CudaExecutor::StepTimes CudaExecutor::step_times() const {
   return impl_->times_;
+}
+
+double CudaExecutor::initialize_seconds() const {
+  return impl_->initialize_seconds_;
 }
 
 }  // namespace cellm

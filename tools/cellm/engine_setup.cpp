@@ -158,7 +158,8 @@ std::optional<StepTimeReport> step_time_report(const Executor& executor) {
   if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&executor)) {
     if (!cuda->options().time_steps) return std::nullopt;
     const CudaExecutor::StepTimes t = cuda->step_times();
-    return StepTimeReport{t.decode_batches, t.decode_wall_ms, t.decode_device_ms};
+    return StepTimeReport{t.decode_batches, t.decode_wall_ms, t.decode_device_ms,
+                          cuda->initialize_seconds()};
   }
 #else
   (void)executor;

@@ -63,6 +63,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
 struct StepTimeReport {
   int64_t decode_steps = 0;
   double wall_ms = 0, device_ms = 0;  // summed over the steps
+  double startup_s = 0;               // initialize(): graph capture and GEMM tuning
 };
 std::optional<StepTimeReport> step_time_report(const Executor& executor);
 
