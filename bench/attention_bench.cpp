@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "cuda/kernels/attention.h"
-#include "cuda/kernels/launch.cuh"
+#include "cuda/launch_control.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_forward.h"
 #include "cuda/gemm_tuning.h"
-#include "cuda/kernels/launch.cuh"
+#include "cuda/launch_control.h"
 
 namespace cellm {
 namespace cuda {

@@ -16,7 +16,7 @@
 #include "cpu/kernels/attention.h"
 #include "cpu/kernels/thread_pool.h"
 #include "cuda/kernels/kv_write.h"
-#include "cuda/kernels/launch.cuh"
+#include "cuda/launch_control.h"
 #include "device_array.h"
 #include "gpu_test.h"
 

@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "cellm/cpu_executor.h"
-#include "cuda/kernels/launch.cuh"
+#include "cuda/launch_control.h"
 #include "executor_driver.h"
 #include "fixture_model.h"
 #include "gpu_test.h"

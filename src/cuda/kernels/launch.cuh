@@ -33,13 +33,9 @@
 
 #include <utility>
 
+#include "cuda/launch_control.h"
+
 namespace cellm::cuda {
-
-// Process-wide: whether launch_kernel asks for programmatic dependent launch (default
-// true; honoured only on devices of compute capability 9.0 or newer).
-void set_programmatic_launch(bool enabled);
-bool programmatic_launch_enabled();
-
 namespace detail {
 
 // True when the current device supports PDL and it is enabled (cached per device).
