@@ -106,10 +106,10 @@ class CudaForward final : public ForwardEngine {
   Status init(const ModelWeights& weights) {
     CELLM_ASSIGN_OR_RETURN(model_, DeviceModel<T>::upload(weights));
     // With tune_gemm, each decode bucket's products take the fastest of cuBLASLt's
-    // candidates and the GEMV, timed while the bucket warms (run_decode_graph); other
-    // shapes take the tuned choice of the same key if there is one, else cuBLASLt's
-    // heuristic (on the H200 it beats the GEMV at every 8b decode shape but o:
-    // bench/gemv_bench, docs/PERFORMANCE.md).
+    // candidates and the two GEMVs, timed while the bucket warms (run_decode_graph);
+    // other shapes take the tuned choice of the same key if there is one, else
+    // cuBLASLt's heuristic (on the H200 at m = 1 the kRows GEMV wins gate_up and the LM
+    // head, the tensor-core GEMV o, cuBLASLt the rest: docs/PERFORMANCE.md).
     CELLM_ASSIGN_OR_RETURN(
         gemm_,
         Gemm::create(size_t{32} << 20, tune_gemm_ ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
