@@ -5,7 +5,6 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <tuple>
 #include <utility>
 
