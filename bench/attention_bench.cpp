@@ -1,6 +1,7 @@
 // attention_bench: microseconds per cuda::launch_attention, timed with CUDA events.
 //
-//   attention_bench [--iters N] [--no-pdl] [--target-blocks B]
+//   attention_bench [--iters N] [--no-pdl] [--target-blocks B] [--block-warps W]
+//                   [--fresh-positions F]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
 // rows 1, 16, 64 and 256, every row at context 192 or 1024 (max_context 2048 sizes
@@ -10,7 +11,10 @@
 // decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
 // head_dim x 2 bytes / time. The 20 launches of a graph follow one another with
 // programmatic dependent launch unless --no-pdl. --target-blocks sets the blocks the
-// split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks).
+// split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks),
+// --block-warps the tensor-core kernel's warps per block (2, 4; default 0, the
+// launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
+// as a decode step: older K/V loads before the wait; 0 loads nothing before it).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -59,12 +63,18 @@ T* device_alloc(size_t count) {
 int main(int argc, char** argv) {
   int iters = 20;
   int64_t target_blocks = cellm::cuda::kAttentionTargetBlocks;
+  int32_t block_warps = 0;      // the launcher's choice
+  int32_t fresh_positions = 1;  // decode rows: older K/V may load before the wait
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--target-blocks") == 0 && i + 1 < argc) {
       target_blocks =
           std::clamp<int64_t>(std::atoll(argv[++i]), 1, cellm::cuda::kAttentionWorkspaceCounters);
+    } else if (std::strcmp(argv[i], "--block-warps") == 0 && i + 1 < argc) {
+      block_warps = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--fresh-positions") == 0 && i + 1 < argc) {
+      fresh_positions = std::max(0, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--no-pdl") == 0) {
       cellm::cuda::set_programmatic_launch(false);
     }
@@ -123,9 +133,9 @@ int main(int argc, char** argv) {
 
   std::printf(
       "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
-      "blocks %ld\n",
+      "blocks %ld, block warps %d (0: chosen), fresh positions %d\n",
       cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
-      static_cast<long>(target_blocks));
+      static_cast<long>(target_blocks), block_warps, fresh_positions);
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
   for (const int32_t context : {192, 1024}) {
     const std::vector<int32_t> pos(kMaxRows, context - 1);
@@ -154,6 +164,8 @@ int main(int argc, char** argv) {
         p.out = out;
         p.path = path == 0 ? AttentionPath::kAuto : AttentionPath::kCudaCores;
         p.target_blocks = target_blocks;
+        p.block_warps = block_warps;
+        p.fresh_positions = fresh_positions;
         check(launch_attention(p, stream), "warm-up launch");
         cudaGraph_t graph = nullptr;
         check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");

@@ -153,7 +153,8 @@ class CudaForward final : public ForwardEngine {
     CELLM_CHECK(n > 0 && n <= dims_.max_rows && n_sel >= 0 && n_sel <= n);
     CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, n_sel));
     CELLM_RETURN_IF_ERROR(mark(timing_start_));
-    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel));
+    // A sequence's rows of an eager step are its newest consecutive positions.
+    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n));
     CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
     CELLM_RETURN_IF_ERROR(mark(timing_end_));
     return finish_run();
@@ -305,7 +306,8 @@ class CudaForward final : public ForwardEngine {
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
         "beginning a decode graph capture");
-    const Status enqueued = enqueue_step(bucket, bucket);
+    // A decode step holds one row per sequence (padded rows attend position 0 only).
+    const Status enqueued = enqueue_step(bucket, bucket, 1);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
     CELLM_RETURN_IF_ERROR(enqueued);
@@ -319,12 +321,14 @@ class CudaForward final : public ForwardEngine {
   }
 
   // Everything of one step on the stream: metadata in, forward, sampling, tokens out.
-  Status enqueue_step(int32_t n, int32_t n_sel) {
+  // `fresh_positions`: how many of each row's newest positions the step writes
+  // (AttentionParams::fresh_positions).
+  Status enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions) {
     cudaStream_t s = stream_.get();
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(), meta_.bytes, cudaMemcpyHostToDevice, s),
         "copying the step metadata");
-    CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel));
+    CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel, fresh_positions));
     if (n_sel > 0) {
       CELLM_CUDA_RETURN_IF_ERROR(
           launch_sample(buf<float>(buf_.logits), n_sel, config_.vocab_size(),
@@ -340,7 +344,7 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  Status enqueue_forward(int32_t n, int32_t n_sel) {
+  Status enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_positions) {
     cudaStream_t s = stream_.get();
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size(), hd = c.head_dim(), ff = c.intermediate_size();
@@ -413,6 +417,7 @@ class CudaForward final : public ForwardEngine {
       ap.max_context = dims_.max_session_tokens;
       ap.workspace = buf<float>(buf_.attn_ws);
       ap.out = attn;
+      ap.fresh_positions = fresh_positions;
       CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(attn, n, q_dim, w.o_proj, d, w.o_bias, delta, s)));
       CELLM_CUDA_RETURN_IF_ERROR(

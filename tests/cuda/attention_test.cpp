@@ -463,6 +463,12 @@ TYPED_TEST(AttentionTest, ALargerTargetSplitsManyRowsAndStillMatches) {
   expect_counters_zero(d.workspace);
   p.target_blocks = kAttentionWorkspaceCounters + 1;
   EXPECT_EQ(launch_attention<T>(p, nullptr), cudaErrorInvalidValue);
+  p.target_blocks = kTarget;
+  p.block_warps = 3;
+  EXPECT_EQ(launch_attention<T>(p, nullptr), cudaErrorInvalidValue);
+  p.block_warps = 0;
+  p.fresh_positions = -1;
+  EXPECT_EQ(launch_attention<T>(p, nullptr), cudaErrorInvalidValue);
 }
 
 TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
@@ -509,6 +515,9 @@ TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
   p.max_context = geo.max_context;
   p.workspace = workspace.get();
   p.out = out.get();
+  // Decode rows: the tensor-core kernel loads each row's older K/V before its wait, the
+  // row's own (NaN until the captured kv_write) after.
+  p.fresh_positions = 1;
 
   Result<Stream> stream = Stream::create();
   ASSERT_TRUE(stream.ok()) << stream.status().to_string();
@@ -614,10 +623,15 @@ TYPED_TEST(AttentionTest, AnEmptyStepSucceedsAndAMalformedOneIsRefused) {
 // route there, and match the CPU twin within the bf16 tolerance.
 using Bf16 = __nv_bfloat16;
 
-void expect_tensor_cores_match_cpu(const Scenario& s, AttentionPath path = AttentionPath::kAuto) {
+// `block_warps` and `fresh_positions` as in AttentionParams: every K/V of a scenario is
+// written before the launch, so any count of fresh positions is true of it.
+void expect_tensor_cores_match_cpu(const Scenario& s, AttentionPath path = AttentionPath::kAuto,
+                                   int32_t block_warps = 0, int32_t fresh_positions = 0) {
   DeviceScenario<Bf16> d(s);
   AttentionParams<Bf16> p = d.params(s);
   p.path = path;
+  p.block_warps = block_warps;
+  p.fresh_positions = fresh_positions;
   ASSERT_EQ(attention_uses_tensor_cores(p), path == AttentionPath::kAuto);
   CELLM_ASSERT_CUDA(launch_attention<Bf16>(p, nullptr));
   CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -637,13 +651,18 @@ TEST(AttentionTensorCoreTest, DecodeRowsAtEveryGroupAndTileEdgeMatchTheCpuTwin) 
           for (const int64_t n_rows : {1, 37}) {
             for (const int32_t max_context : {context, 4096}) {
               const Geometry geo{2 * group, 2, head_dim, window, max_context};
-              SCOPED_TRACE(describe(geo, context, n_rows));
               std::mt19937 rng(seed);
               std::vector<SequenceSpec> specs;
               std::vector<std::pair<int32_t, int32_t>> rows;
               decode_layout(context, n_rows, rng, &specs, &rows);
-              expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++));
-              if (::testing::Test::HasFatalFailure()) return;
+              const Scenario s = make_scenario<Bf16>(geo, specs, rows, seed++);
+              // Blocks of 2 and 4 warps (chunks of 32 and 64 keys), the first tiles
+              // loaded before and after the wait.
+              for (const int32_t warps : {2, 4}) {
+                SCOPED_TRACE(describe(geo, context, n_rows) + " warps=" + std::to_string(warps));
+                expect_tensor_cores_match_cpu(s, AttentionPath::kAuto, warps, warps == 2 ? 1 : 0);
+                if (::testing::Test::HasFatalFailure()) return;
+              }
             }
           }
         }
@@ -665,8 +684,12 @@ TEST(AttentionTensorCoreTest, ManyRowsOfLlamaShapesMatchTheCpuTwin) {
       std::vector<SequenceSpec> specs;
       std::vector<std::pair<int32_t, int32_t>> rows;
       decode_layout(context, n_rows, rng, &specs, &rows);
-      expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++));
-      if (::testing::Test::HasFatalFailure()) return;
+      const Scenario s = make_scenario<Bf16>(geo, specs, rows, seed++);
+      for (const int32_t warps : {0, 2, 4}) {
+        SCOPED_TRACE("warps=" + std::to_string(warps));
+        expect_tensor_cores_match_cpu(s, AttentionPath::kAuto, warps, 1);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
     }
   }
 }
@@ -685,7 +708,9 @@ TEST(AttentionTensorCoreTest, PrefillRowsMatchTheCpuTwin) {
           std::vector<std::pair<int32_t, int32_t>> rows;
           for (int32_t i = 0; i < 20; ++i) rows.emplace_back(1, context - 20 + i);
           for (int32_t i = 0; i < 17; ++i) rows.emplace_back(0, i);
-          expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++));
+          // A prefill's rows of a sequence are its newest positions: 20 of them here.
+          expect_tensor_cores_match_cpu(make_scenario<Bf16>(geo, specs, rows, seed++),
+                                        AttentionPath::kAuto, 0, 20);
           if (::testing::Test::HasFatalFailure()) return;
         }
       }

@@ -439,7 +439,8 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
       p.row_seq == nullptr || p.positions == nullptr || p.out == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (p.target_blocks < 0 || p.target_blocks > kAttentionWorkspaceCounters) {
+  if (p.target_blocks < 0 || p.target_blocks > kAttentionWorkspaceCounters ||
+      p.fresh_positions < 0 || (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4)) {
     return cudaErrorInvalidValue;
   }
   Geometry g;

@@ -96,6 +96,18 @@ struct AttentionParams {
   // Blocks the split count aims for, in [1, kAttentionWorkspaceCounters]; 0 =
   // kAttentionTargetBlocks. The workspace must be sized with the same value.
   int64_t target_blocks = 0;
+  // How many of each row's newest positions the launch's step may have written (their
+  // K/V or table entry) in kernels ahead of this one on the stream: 1 for a decode step
+  // (one row per sequence, at its newest position), the launch's rows for a prefill.
+  // The tensor-core kernel reads the cells and K/V of older positions before it waits
+  // for those kernels (programmatic launch), so they load while the K/V write runs.
+  // 0 = unknown: nothing is read before the wait. REQUIRES: every cell a row attends at
+  // a position below positions[r] + 1 - fresh_positions, and its table entry, were
+  // written before the kernel ahead of this launch began.
+  int32_t fresh_positions = 0;
+  // Warps per block of the tensor-core kernel: 2 or 4, or 0 to choose by the launch's
+  // blocks and the device's SMs. Other values are invalid. Tests and benchmarks set it.
+  int32_t block_warps = 0;
 };
 
 // Blocks along each row's context (>= 1): enough for ~target_blocks blocks in all

@@ -15,22 +15,28 @@
 namespace cellm::cuda::detail {
 namespace {
 
-// FlashDecoding with grouped-query heads on tensor cores. One block of kWarps warps
-// per (row, chunk, kv head). The kv head's query heads (<= 16) are the M = 16 rows of
-// mma.m16n8k16 (missing heads are zero rows whose results are dropped), so one key's
-// K and V rows, read once, serve every head: per 16 keys and 128 dims a warp issues
-// 16 MMAs for the scores, 16 for P·V and ~40 instructions of softmax, against ~90
-// instructions per key of the CUDA-core kernel.
+// FlashDecoding with grouped-query heads on tensor cores. One block of W warps
+// (W = 2 or 4, below) per (row, chunk, kv head). The kv head's query heads (<= 16) are
+// the M = 16 rows of mma.m16n8k16 (missing heads are zero rows whose results are
+// dropped), so one key's K and V rows, read once, serve every head: per 16 keys and 128
+// dims a warp issues 16 MMAs for the scores, 16 for P·V and ~40 instructions of
+// softmax, against ~90 instructions per key of the CUDA-core kernel.
 //
-// Keys go in tiles of 16 positions; warp w takes tiles w, w + kWarps, ... of the
-// chunk and gathers each tile's K and V rows (cell = table[seq][pos], head_dim bf16
-// contiguous per row) into its own shared-memory stage with cp.async, two stages, so
-// tile t + kWarps loads while tile t is folded. Positions past the chunk load
-// nothing: cp.async with source size 0 writes zeros (never a NaN of a stale or
-// spare cell), and their scores are masked to -inf (weight exactly 0). Each warp
-// keeps an online softmax (log2 domain) per head row; the warps' (max, sum, acc)
-// meet in shared memory at the end and go to `out` or the workspace, and the row's
-// last block folds the workspace into `out`, as in the CUDA-core kernel.
+// Keys go in tiles of 16 positions; warp w takes tiles w, w + W, ... of the chunk and
+// gathers each tile's K and V rows (cell = table[seq][pos], head_dim bf16 contiguous
+// per row) into its own shared-memory stage with cp.async, two stages, so tile t + W
+// loads while tile t is folded. Positions past the chunk load nothing: cp.async with
+// source size 0 writes zeros (never a NaN of a stale or spare cell), and their scores
+// are masked to -inf (weight exactly 0). Each warp keeps an online softmax (log2
+// domain) per head row; the warps' (max, sum, acc) meet in shared memory at the end
+// and go to `out` or the workspace, and the row's last block folds the workspace into
+// `out`, as in the CUDA-core kernel.
+//
+// Before it waits for the kernels ahead of it (programmatic launch), a block reads
+// what the step's host upload and earlier steps wrote: the row's position and table
+// row, and, when AttentionParams::fresh_positions allows, the cells and K/V of its
+// warps' first tiles (each tile wholly older than the step's writes). Its loads are
+// then in flight while the RoPE/K/V-write kernel before it finishes.
 //
 // Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
 // the same as gemv.cu). Lane = 4 g + q. A (16 x 16, row): {a0, a1, a2, a3} = A[g][2q,
@@ -50,12 +56,13 @@ namespace {
 // Shared memory: per warp and stage, K then V, [16 keys][head_dim + 8] bf16. The 8
 // bf16 of padding put the 8 rows an ldmatrix phase reads in distinct banks (a row
 // is 68 or 36 words: 8 rows start at banks 0, 4, ..., 28) and keep rows 16-byte
-// aligned for cp.async. head_dim 128: 68 KB per block (opt-in above 48 KB), 3 blocks
-// per SM (12 warps, 128 KB of K/V in flight); the merge, then the fold, reuse it.
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kMinBlocksPerSm = 3;  // 168 registers; the smem of head_dim 128 allows 3
-constexpr int kTileKeys = 16;       // keys per warp step: P·V's k
+// aligned for cp.async. head_dim 128: 17 KB per warp, so 68 KB for a block of 4 warps
+// (opt-in above 48 KB) and 3 blocks per SM, or 34 KB for 2 warps and 6 blocks per SM:
+// 12 warps per SM either way (168 registers), but a launch of 512 (row, kv head) blocks
+// fits the H200's 132 SMs in one wave of 2-warp blocks and needs 1.3 waves of 4-warp
+// ones. The merge, then the fold, reuse the stages.
+constexpr int kWarpsPerSm = 12;  // 168 registers a thread; head_dim 128's smem allows 12 too
+constexpr int kTileKeys = 16;    // keys per warp step: P·V's k
 constexpr int kStages = 2;
 constexpr int kRowPad = 8;  // bf16 of padding per shared K/V row
 constexpr int kMaxGroup = 16;
@@ -68,18 +75,18 @@ template <int HD>
 constexpr size_t stage_bytes() {  // K and V of one tile
   return sizeof(__nv_bfloat16) * 2 * kTileKeys * row_elems<HD>();
 }
-template <int HD>
-constexpr size_t merge_bytes() {  // acc [kWarps][16][HD], max and sum [kWarps][16], f32
-  return sizeof(float) * kWarps * kMaxGroup * (HD + 2);
+template <int HD, int W>
+constexpr size_t merge_bytes() {  // acc [W][16][HD], max and sum [W][16], f32
+  return sizeof(float) * W * kMaxGroup * (HD + 2);
 }
-template <int HD>
+template <int HD, int W>
 constexpr size_t smem_bytes() {
-  const size_t pipeline = stage_bytes<HD>() * kStages * kWarps;
-  return pipeline > merge_bytes<HD>() ? pipeline : merge_bytes<HD>();
+  const size_t pipeline = stage_bytes<HD>() * kStages * W;
+  return pipeline > merge_bytes<HD, W>() ? pipeline : merge_bytes<HD, W>();
 }
-template <int HD>
+template <int HD, int W>
 constexpr bool fold_fits() {  // the fold's scratch of the largest group and split count
-  return smem_bytes<HD>() >= sizeof(float) * fold_scratch_floats(kMaxGroup, kAttentionMaxSplits);
+  return smem_bytes<HD, W>() >= sizeof(float) * fold_scratch_floats(kMaxGroup, kAttentionMaxSplits);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -138,10 +145,11 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+template <int HD, int W>
+__global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     attention_mma_kernel(const AttentionParams<__nv_bfloat16> p, const int32_t n_splits) {
   using bf16 = __nv_bfloat16;
+  constexpr int kThreads = W * 32;
   constexpr int KS = HD / 16;                        // k-steps of Q·Kᵀ
   constexpr int ND = HD / 8;                         // 8-dim column blocks of O
   constexpr int RE = row_elems<HD>();                // bf16 per shared K/V row
@@ -149,17 +157,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   constexpr int kRowsPerPass = 32 / kChunksPerRow;   // rows a warp's 32 copies cover
   constexpr int kPasses = kTileKeys / kRowsPerPass;  // copies per lane per tile, K and V each
   static_assert(HD == 64 || HD == 128);
-  static_assert(fold_fits<HD>());
+  static_assert(W == 2 || W == 4);
+  static_assert(fold_fits<HD, W>());
   extern __shared__ __align__(16) unsigned char smem[];
 
-  // Every buffer comes from earlier kernels of the stream (programmatic launch).
-  wait_for_prior_grids();
+  // Before the wait (programmatic launch) only what the step's upload and earlier
+  // steps wrote: positions, row_seq and the table's older entries, older K/V.
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
-  const RowSpan span = row_span(p.positions[r], p.window, n_splits);
+  const RowSpan span = row_span(p.positions[r], p.window, n_splits, W * kTileKeys);
   if (split >= span.active) return;  // the row is shorter than this split's chunk
   const int64_t begin = span.lo + int64_t{split} * span.chunk;
   const int64_t end = min(span.hi, begin + span.chunk);
+  // Positions below `settled` were written before this launch's predecessors ran.
+  const int64_t settled = p.fresh_positions > 0 ? span.hi - p.fresh_positions : span.lo;
 
   const int kv_head = static_cast<int>(blockIdx.z);
   const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
@@ -169,22 +180,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int g = lane / 4;
   const int q = lane % 4;
 
-  // Q as A fragments for the whole block: rows g and g + 8 are heads h0 + g, h0 + g + 8
-  // (zero past the group). Unscaled bf16 as stored; scores are scaled in f32.
-  uint32_t qa[KS][4];
-  {
-    const bf16* q_row = p.qkv + r * p.row_stride + p.q_offset + h0 * HD;
-    const bool lo_ok = g < group, hi_ok = g + 8 < group;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      const bf16* lo = q_row + int64_t{g} * HD + kk * 16 + 2 * q;
-      const bf16* hi = lo + 8 * HD;
-      qa[kk][0] = lo_ok ? *reinterpret_cast<const uint32_t*>(lo) : 0u;
-      qa[kk][1] = hi_ok ? *reinterpret_cast<const uint32_t*>(hi) : 0u;
-      qa[kk][2] = lo_ok ? *reinterpret_cast<const uint32_t*>(lo + 8) : 0u;
-      qa[kk][3] = hi_ok ? *reinterpret_cast<const uint32_t*>(hi + 8) : 0u;
-    }
-  }
   const float q_scale = p.scale * kLog2e;  // scores in log2 units
 
   // Per head row g (index 0) and g + 8 (index 1): running max (log2 units), this
@@ -241,15 +236,43 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int64_t n_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
   // t is the same for the whole warp: the loop and its shuffles stay converged.
   int64_t t = warp;
-  if (t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
-  cp_async_commit();
-  int32_t next_cells = t + kWarps < n_tiles ? cell_of(begin + (t + kWarps) * kTileKeys) : -1;
-  for (int s = 0; t < n_tiles; t += kWarps, s ^= 1) {
+  // Whether every position of tile u lies below `settled`: its cells and K/V may be
+  // read before the wait.
+  auto settled_tile = [&](int64_t u) { return min(end, begin + (u + 1) * kTileKeys) <= settled; };
+  const bool first_early = t < n_tiles && settled_tile(t);
+  if (first_early) load_tile(cell_of(begin + t * kTileKeys), 0);
+  const bool next_early = t + W < n_tiles && settled_tile(t + W);
+  int32_t next_cells = next_early ? cell_of(begin + (t + W) * kTileKeys) : -1;
+
+  // Q, this step's K/V and table entries, and the workspace come from the kernels
+  // ahead of this one.
+  wait_for_prior_grids();
+  if (!first_early && t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
+  cp_async_commit();  // tile t's group, loaded before or after the wait
+  if (!next_early && t + W < n_tiles) next_cells = cell_of(begin + (t + W) * kTileKeys);
+
+  // Q as A fragments for the whole block: rows g and g + 8 are heads h0 + g, h0 + g + 8
+  // (zero past the group). Unscaled bf16 as stored; scores are scaled in f32.
+  uint32_t qa[KS][4];
+  {
+    const bf16* q_row = p.qkv + r * p.row_stride + p.q_offset + h0 * HD;
+    const bool lo_ok = g < group, hi_ok = g + 8 < group;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const bf16* lo = q_row + int64_t{g} * HD + kk * 16 + 2 * q;
+      const bf16* hi = lo + 8 * HD;
+      qa[kk][0] = lo_ok ? *reinterpret_cast<const uint32_t*>(lo) : 0u;
+      qa[kk][1] = hi_ok ? *reinterpret_cast<const uint32_t*>(hi) : 0u;
+      qa[kk][2] = lo_ok ? *reinterpret_cast<const uint32_t*>(lo + 8) : 0u;
+      qa[kk][3] = hi_ok ? *reinterpret_cast<const uint32_t*>(hi + 8) : 0u;
+    }
+  }
+  for (int s = 0; t < n_tiles; t += W, s ^= 1) {
     // Start the warp's next tile, and the table read of the one after, before
     // waiting for this one. An empty group keeps the wait count uniform.
-    if (t + kWarps < n_tiles) load_tile(next_cells, s ^ 1);
+    if (t + W < n_tiles) load_tile(next_cells, s ^ 1);
     cp_async_commit();
-    if (t + 2 * kWarps < n_tiles) next_cells = cell_of(begin + (t + 2 * kWarps) * kTileKeys);
+    if (t + 2 * W < n_tiles) next_cells = cell_of(begin + (t + 2 * W) * kTileKeys);
     cp_async_wait<1>();
     __syncwarp();  // every lane's copies of this tile are visible to the warp
 
@@ -340,11 +363,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
 
-  // Shared memory: acc [kWarps][16][HD], then max and sum [kWarps][16]. A warp that
+  // Shared memory: acc [W][16][HD], then max and sum [W][16]. A warp that
   // got no tile holds max -inf, sum 0, acc 0.
   float* s_acc = reinterpret_cast<float*>(smem);
-  float* s_max = s_acc + kWarps * kMaxGroup * HD;
-  float* s_sum = s_max + kWarps * kMaxGroup;
+  float* s_max = s_acc + W * kMaxGroup * HD;
+  float* s_sum = s_max + W * kMaxGroup;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = warp * kMaxGroup + g + 8 * i;
@@ -368,10 +391,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     const int d = o_idx % HD;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_max[w * kMaxGroup + h]);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_max[w * kMaxGroup + h]);
     float sum = 0.f, a = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float mw = s_max[w * kMaxGroup + h];
       const float wt = mw == -INFINITY ? 0.f : exp2f(mw - mx);
       sum = fmaf(wt, s_sum[w * kMaxGroup + h], sum);
@@ -385,36 +408,61 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
   if (span.active == 1) return;
   // The merge region is free once every thread passed the fold's barrier.
-  fold_if_last<bf16, kThreads>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
-                               group, reinterpret_cast<float*>(smem), p.out);
+  fold_if_last<bf16, W * 32>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
+                             group, reinterpret_cast<float*>(smem), p.out);
 }
 
-template <int HD>
+template <int HD, int W>
 cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                        cudaStream_t stream) {
-  constexpr size_t bytes = smem_bytes<HD>();
+  constexpr size_t bytes = smem_bytes<HD, W>();
   // Above 48 KB a kernel must opt in; not a stream operation, so capture-safe.
   if constexpr (bytes > 48 * 1024) {
     const cudaError_t err =
-        cudaFuncSetAttribute(attention_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes));
+        cudaFuncSetAttribute(attention_mma_kernel<HD, W>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
                   static_cast<unsigned>(p.n_kv_heads));
-  return launch_kernel(attention_mma_kernel<HD>, grid, dim3(kThreads), bytes, stream, p, n_splits);
+  return launch_kernel(attention_mma_kernel<HD, W>, grid, dim3(W * 32), bytes, stream, p, n_splits);
+}
+
+template <int HD>
+cudaError_t launch_mma_warps(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits, int warps,
+                             cudaStream_t stream) {
+  return warps == 2 ? launch_mma<HD, 2>(p, n_splits, stream)
+                    : launch_mma<HD, 4>(p, n_splits, stream);
 }
 
 }  // namespace
 
+int attention_mma_block_warps(int64_t blocks, int sm_count) {
+  // 4-warp blocks while the launch fits one wave of them, else 2-warp blocks: the
+  // same warps per SM, in units half as large, so the last wave is not one third full.
+  return blocks <= int64_t{kWarpsPerSm / 4} * sm_count ? 4 : 2;
+}
+
 cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                                        cudaStream_t stream) {
   if (p.n_kv_heads > 65535 || p.n_heads / p.n_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
+  if (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4) return cudaErrorInvalidValue;
+  int warps = p.block_warps;
+  if (warps == 0) {
+    int device = 0, sm_count = 0;
+    if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (const cudaError_t err =
+            cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+        err != cudaSuccess) {
+      return err;
+    }
+    warps = attention_mma_block_warps(p.n_rows * n_splits * p.n_kv_heads, sm_count);
+  }
   switch (p.head_dim) {
     case 64:
-      return launch_mma<64>(p, n_splits, stream);
+      return launch_mma_warps<64>(p, n_splits, warps, stream);
     case 128:
-      return launch_mma<128>(p, n_splits, stream);
+      return launch_mma_warps<128>(p, n_splits, warps, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -10,14 +10,15 @@
 
 namespace cellm::cuda::detail {
 
-// A row's chunk length is a multiple of this: the tensor-core kernel's 4 warps times its
-// 16-key tiles, so each warp of a block has a tile (with 16, a short row's blocks each
-// held one tile and three of their four warps idled).
+// A row's chunk length is a multiple of this by default: 4 warps times 16-key tiles,
+// so each warp of a block has a tile (with 16, a short row's blocks each held one
+// tile and three of their four warps idled). The tensor-core kernel passes its own
+// warps times 16.
 inline constexpr int32_t kAttentionChunkAlign = 64;
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // The positions a row attends, [lo, hi), and how they are cut: `active` chunks
-// of `chunk` positions (a multiple of kAttentionChunkAlign; the last may be
+// of `chunk` positions (a multiple of `align`; the last may be
 // shorter), so that the row's length, not the session budget, sets the work of
 // each block. Computed on the device from the row's position: a graph captured
 // once cuts every replay's rows by their current lengths.
@@ -26,14 +27,14 @@ struct RowSpan {
   int32_t chunk, active;
 };
 
-__device__ __forceinline__ RowSpan row_span(int32_t pos, int32_t window, int32_t n_splits) {
+__device__ __forceinline__ RowSpan row_span(int32_t pos, int32_t window, int32_t n_splits,
+                                            int32_t align = kAttentionChunkAlign) {
   RowSpan s;
   s.hi = int64_t{pos} + 1;
   s.lo = window > 0 ? max(int64_t{0}, s.hi - window) : 0;
   const int64_t len = s.hi - s.lo;
   const int64_t per_split = (len + n_splits - 1) / n_splits;
-  s.chunk = static_cast<int32_t>((per_split + kAttentionChunkAlign - 1) / kAttentionChunkAlign *
-                                 kAttentionChunkAlign);
+  s.chunk = static_cast<int32_t>((per_split + align - 1) / align * align);
   s.active = static_cast<int32_t>((len + s.chunk - 1) / s.chunk);
   return s;
 }
