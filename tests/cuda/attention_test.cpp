@@ -15,6 +15,7 @@
 
 #include "cpu/kernels/attention.h"
 #include "cpu/kernels/thread_pool.h"
+#include "cuda/kernels/attention_mma.h"
 #include "cuda/kernels/kv_write.h"
 #include "cuda/launch_control.h"
 #include "device_array.h"
@@ -773,6 +774,18 @@ TEST(AttentionPathTest, TensorCoresTakeBf16HeadDims64And128UpToGroup16WhenAligne
 }
 
 // Host-only: needs no device, so it also runs on machines without a GPU.
+// Host-only, as above.
+TEST(AttentionSplitTest, TwoWarpBlocksOnlyWhereOneWaveOfThemHoldsAnUnsplitLaunch) {
+  // 132 SMs: one wave is 396 blocks of 4 warps, 792 of 2.
+  EXPECT_EQ(detail::attention_mma_block_warps(1, 3, 8, 132), 4);
+  EXPECT_EQ(detail::attention_mma_block_warps(16, 4, 8, 132), 4);   // splits: 4
+  EXPECT_EQ(detail::attention_mma_block_warps(49, 1, 8, 132), 4);   // 392 blocks fit
+  EXPECT_EQ(detail::attention_mma_block_warps(64, 1, 8, 132), 2);   // 512: 1.3 waves of 4
+  EXPECT_EQ(detail::attention_mma_block_warps(99, 1, 8, 132), 2);   // 792 fit
+  EXPECT_EQ(detail::attention_mma_block_warps(100, 1, 8, 132), 4);  // beyond one wave
+  EXPECT_EQ(detail::attention_mma_block_warps(256, 1, 8, 132), 4);
+}
+
 TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
   // Budgets of at most 32 positions never split.
   EXPECT_EQ(attention_num_splits(1, 32, 8, 1), 1);
