@@ -2,7 +2,7 @@
 """Groups an `ncu --csv --page raw` profile of `cellm bench` by kernel.
 
 Usage: ncu_summary.py PROFILE.csv [STEPS]
-A step ends with the sampler's per-row kernel; the last STEPS (default 2)
+A step ends with the sampler's last kernel (row_draw); the last STEPS (default 2)
 complete steps are averaged. Prints, per kernel name, launches and microseconds
 per step, largest first, and the step's total. Kernels are timed one at a time
 under ncu, so small kernels read a little slower than inside a graph replay.
@@ -21,7 +21,7 @@ def main() -> None:
         r for r in csv.DictReader(lines)
         if r.get("gpu__time_duration.sum", "").replace(",", "").replace(".", "").isdigit()
     ]
-    ends = [i for i, r in enumerate(rows) if "sample_rows" in r["Kernel Name"]]
+    ends = [i for i, r in enumerate(rows) if "row_draw" in r["Kernel Name"]]
     if len(ends) < steps + 1:
         sys.exit(f"{path}: only {len(ends)} step ends found")
     window = rows[ends[-steps - 1] + 1:ends[-1] + 1]
