@@ -1,5 +1,6 @@
 #include "cuda/kernels/gemv.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "cuda/kernels/common.cuh"
@@ -64,8 +65,21 @@ struct GemvParams {
   int m;                      // rows of x and y, in [1, kGemvMaxRows]
   int k;                      // columns of x' and w, a multiple of 8, < 2^24 (so 8 k fits an int)
   int64_t n;                  // rows of w, columns of y
-  int split_k;                // warps per tile
+  int split_k;                // warps per tile (kTensorCores) or per row group (kRows)
+  int prefetch;               // kRows: chunks of each row prefetched into L2 before the wait
 };
+
+// Before it waits for the previous kernel, a kRows warp also asks the L2 for the next
+// chunks of its rows (prefetch.global.L2: no registers held, nothing returned), so the
+// weight stream keeps going while a small kernel before it (an rmsnorm, the attention)
+// runs: the loads of the first chunks alone cover ~1.5 µs of HBM time. The chunks
+// prefetched by the whole grid stay under kPrefetchBytes, a quarter of the H200's L2.
+constexpr int64_t kPrefetchBytes = int64_t{12} << 20;
+constexpr int kMaxPrefetchChunks = 8;
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 // 8 bf16 of weights, streamed: each is read once, so it skips L1 (which keeps x, read by
 // every warp). A weak (not .nc) volatile load: ptxas sinks .nc loads below a following
@@ -250,13 +264,15 @@ cudaError_t launch(const GemvParams<TOut>& p, cudaStream_t stream) {
                                p);
 }
 
-// The kRows kernel. Warp w of the grid owns weight rows [kGemvRowsPerWarp w, +kGemvRowsPerWarp)
-// whole: lane l reads columns [256 c + 8 l, +8) of each of them for chunk c = 0, 1, ... (one
-// 512-byte contiguous load per row per chunk), U chunks in flight, multiplies them with the
-// same columns of every x row in f32 FMAs, and the warp sums its lanes at the end
-// (xor-shuffle tree). The order of the sum depends on k only (U only groups the loads). For
-// kSwiGLU, x' is computed per element from gate and up as launch_swiglu does (rounded to
-// bf16).
+// The kRows kernel. Warp group g of the grid (S warps, rows_split_for) owns weight rows
+// [kGemvRowsPerWarp g, +kGemvRowsPerWarp) whole: lane l of the group's warp `part` reads
+// columns [256 c + 8 l, +8) of each of them for the chunks c of its runs (U consecutive
+// chunks from U part, then every S U: one 512-byte contiguous load per row per chunk, a run
+// in flight), multiplies them with the same columns of every x row in f32 FMAs, and sums
+// its lanes at the end (xor-shuffle tree); the group's S sums are then added in order of
+// part through shared memory. The order of the sum depends on (k, S) only (U only groups
+// the loads), and S on (n, k, the SM count). For kSwiGLU, x' is computed per element from
+// gate and up as launch_swiglu does (rounded to bf16).
 constexpr int kRowsWarps = 8;  // 256-thread blocks
 constexpr int kChunkCols = 256;
 // U, the chunks in flight: 2 measured faster than 4 on every 8B and 1B shape at m = 1 (4
@@ -278,11 +294,19 @@ template <GemvInput kInput, int M, int U, typename TOut>
 __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<TOut> p) {
   constexpr int R = kGemvRowsPerWarp;
   const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int64_t row0 =
-      (int64_t{blockIdx.x} * kRowsWarps + static_cast<int64_t>(threadIdx.x >> 5)) * R;
-  if (row0 >= p.n) return;
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  // S = p.split_k warps share a group's rows: warp `part` of the group takes the runs of U
+  // chunks from U part, every S U, and the group's sums meet in shared memory.
+  const int S = p.split_k;
+  const int group = warp / S;
+  const int part = warp % S;
+  const int64_t row0 = (int64_t{blockIdx.x} * (kRowsWarps / S) + group) * R;
+  // A warp past n leaves, but not under a split, whose block barrier it must reach: there
+  // it computes on row n - 1 like the last warp's spare rows and stores nothing.
+  if (S == 1 && row0 >= p.n) return;
   const int k = p.k;
   const int chunks = (k + kChunkCols - 1) / kChunkCols;
+  const int stride = S * U;  // chunks from one of this warp's runs to its next
   // Rows past n (the last warp) read row n - 1 and are not stored.
   const __nv_bfloat16* w_row[R];
 #pragma unroll
@@ -300,7 +324,20 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
       }
     }
   };
-  load_chunks(0);  // weights only: in flight while the previous kernel finishes
+  load_chunks(part * U);  // weights only: in flight while the previous kernel finishes
+  // The warp's next chunks, p.prefetch per row among the group's S warps. One prefetch
+  // per 128-byte line: lanes 0, 8, 16 and 24 start the chunk's 4 lines.
+  if ((lane & 7) == 0) {
+    int budget = (p.prefetch + S - 1) / S;
+    for (int c0 = part * U + stride; c0 < chunks && budget > 0; c0 += stride) {
+      for (int u = 0; u < U && budget > 0; ++u, --budget) {
+        const int c = c0 + u;
+        if (c >= chunks || c * kChunkCols + 8 * lane >= k) break;
+#pragma unroll
+        for (int r = 0; r < R; ++r) prefetch_l2(w_row[r] + c * kChunkCols);
+      }
+    }
+  }
   detail::wait_for_prior_grids();
 
   float acc[R][M];
@@ -309,7 +346,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   }
-  for (int c0 = 0; c0 < chunks; c0 += U) {
+  for (int c0 = part * U; c0 < chunks; c0 += stride) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int col = (c0 + u) * kChunkCols + 8 * lane;
@@ -339,16 +376,44 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
         }
       }
     }
-    if (c0 + U < chunks) load_chunks(c0 + U);
+    if (c0 + stride < chunks) load_chunks(c0 + stride);
   }
   detail::allow_dependent_grids();
+
+  // Each weight row's sum: the warp's lanes (xor-shuffle tree), then, under a split, the
+  // group's warps in order of part.
+  float sums[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) sums[r][i] = i < p.m ? detail::warp_sum(acc[r][i]) : 0.0f;
+  }
+  if (S > 1) {
+    __shared__ float s_parts[kRowsWarps][R][M];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int i = 0; i < M; ++i) s_parts[warp][r][i] = sums[r][i];
+      }
+    }
+    __syncthreads();
+    if (part != 0) return;
+    for (int w = warp + 1; w < warp + S; ++w) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int i = 0; i < M; ++i) sums[r][i] += s_parts[w][r][i];
+      }
+    }
+  }
 
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       if (i >= p.m) break;
-      const float sum = detail::warp_sum(acc[r][i]);
+      const float sum = sums[r][i];
       const int64_t row = row0 + r;
       if (lane == (r * M + i) % 32 && row < p.n) {
         float v = sum;
@@ -359,10 +424,37 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
   }
 }
 
+// Blocks of the kRows kernel an SM holds at m = 1 (62-76 registers a thread).
+constexpr int kRowsBlocksPerSm = 3;
+
+// S, the warps that share a kRows group's rows: doubled from 1 while the grid still fits
+// one wave (kRowsBlocksPerSm blocks per SM) and each warp keeps a run of U chunks. A grid
+// of few groups (the 8B o and down projections: 1,024 groups of 4 rows, 128 blocks) then
+// keeps 2-4 times the loads in flight. A function of (groups, k, sms) only.
+int rows_split_for(int64_t groups, int64_t k, int sms) {
+  const int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
+  int split = 1;
+  while (split < kRowsWarps && chunks >= int64_t{2} * split * kRowsUnroll &&
+         (groups * 2 * split + kRowsWarps - 1) / kRowsWarps <= int64_t{kRowsBlocksPerSm} * sms) {
+    split *= 2;
+  }
+  return split;
+}
+
+cudaError_t sm_count(int* sms) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  return cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+}
+
 template <GemvInput kInput, int M, typename TOut>
-cudaError_t launch_rows(const GemvParams<TOut>& p, cudaStream_t stream) {
-  constexpr int64_t kRowsPerBlock = int64_t{kRowsWarps} * kGemvRowsPerWarp;
-  const int64_t blocks = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
+cudaError_t launch_rows(GemvParams<TOut> p, cudaStream_t stream) {
+  int sms = 0;
+  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+  const int64_t groups = (p.n + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp;
+  p.split_k = rows_split_for(groups, p.k, sms);
+  const int64_t groups_per_block = kRowsWarps / p.split_k;
+  const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   return detail::launch_kernel(gemv_rows_kernel<kInput, M, kRowsUnroll, TOut>,
                                dim3(static_cast<unsigned>(blocks)), dim3(kRowsWarps * 32), 0,
@@ -377,6 +469,13 @@ cudaError_t launch_rows_for_m(const GemvParams<TOut>& p, cudaStream_t stream) {
   return launch_rows<kInput, kGemvMaxRows>(p, stream);
 }
 
+// Chunks of each row a kRows grid of n rows prefetches: n x 512 bytes per chunk within
+// kPrefetchBytes.
+int rows_prefetch(int64_t n) {
+  return static_cast<int>(
+      std::min<int64_t>(kMaxPrefetchChunks, kPrefetchBytes / (n * kChunkCols * 2)));
+}
+
 }  // namespace
 
 template <typename TOut>
@@ -388,20 +487,16 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
   }
   if (input != GemvInput::kPlain && input != GemvInput::kSwiGLU) return cudaErrorInvalidValue;
   if (kernel == GemvKernel::kRows) {
-    const GemvParams<TOut> p{x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, 1};
+    const GemvParams<TOut> p{
+        x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, 1, rows_prefetch(n)};
     if (input == GemvInput::kSwiGLU) return launch_rows_for_m<GemvInput::kSwiGLU>(p, stream);
     return launch_rows_for_m<GemvInput::kPlain>(p, stream);
   }
   if (kernel != GemvKernel::kTensorCores) return cudaErrorInvalidValue;
-  int device = 0;
   int sms = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      e != cudaSuccess) {
-    return e;
-  }
+  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
   const GemvParams<TOut> p{
-      x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms)};
+      x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms), 0};
   if (input == GemvInput::kSwiGLU) return launch<GemvInput::kSwiGLU, kSwigluWarps>(p, stream);
   return launch<GemvInput::kPlain, kPlainWarps>(p, stream);
 }

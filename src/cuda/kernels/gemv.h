@@ -38,8 +38,9 @@ enum class GemvInput {
 //   kTensorCores  a warp owns 16 weight rows and feeds 8 of their columns per lane
 //                 straight into bf16 mma.m16n8k16 (x rows are the MMA's N), splitting k
 //                 over up to 16 warps; cheap arithmetic at every m up to kGemvMaxRows.
-//   kRows         a warp owns kGemvRowsPerWarp whole weight rows and reads 512
-//                 contiguous bytes of each per load, with CUDA-core FMAs and a warp
+//   kRows         a warp owns kGemvRowsPerWarp whole weight rows (or a share of their
+//                 columns, when a narrow n leaves too few warps to keep HBM busy) and reads
+//                 512 contiguous bytes of each per load, with CUDA-core FMAs and a warp
 //                 reduction at the end; the simplest stream for m = 1-2.
 enum class GemvKernel { kTensorCores, kRows };
 
