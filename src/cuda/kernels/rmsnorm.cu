@@ -23,9 +23,10 @@ struct AddRmsNormParams {
 // rest in pass 2. 4 covers d = 8192 in packs of 4 at 512 threads.
 constexpr int kHeldPacks = 4;
 
-// One block per row. Pass 1 adds delta into the residual row (each thread owns the same
-// elements in both passes, so it re-reads only what it wrote) and sums the squares; the
-// block reduction separates it from pass 2, which writes the normalised row.
+// One block per row. Pass 1 adds delta into the residual row and sums the squares,
+// keeping the thread's first kHeldPacks packs in registers (each thread owns the same
+// elements in both passes, so a wider row's later packs are re-read only where it wrote
+// them); the block reduction separates it from pass 2, which writes the normalised row.
 template <typename T, int N>
 __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
   const int64_t row = blockIdx.x;
@@ -44,9 +45,11 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
   detail::wait_for_prior_grids();
   detail::allow_dependent_grids();  // the next kernel may launch once every block is here
 
+  // Pass 1, over the thread's packs in the order one loop would take them: the first
+  // kHeldPacks stay in registers for pass 2 (no second read of the row).
   float sum_sq = 0.0f;
-  for (int64_t c = begin; c < p.d; c += step) {
-    float r[N];
+  float kept[kHeldPacks][N] = {};
+  const auto add_pack = [&](int64_t c, float(&r)[N]) {
     detail::load_floats<N>(res + c, r);
     if (delta != nullptr) {
       float dl[N];
@@ -57,6 +60,15 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
     }
 #pragma unroll
     for (int j = 0; j < N; ++j) sum_sq += r[j] * r[j];
+  };
+#pragma unroll
+  for (int k = 0; k < kHeldPacks; ++k) {
+    const int64_t c = begin + k * step;
+    if (c < p.d) add_pack(c, kept[k]);
+  }
+  for (int64_t c = begin + kHeldPacks * step; c < p.d; c += step) {
+    float r[N];
+    add_pack(c, r);
   }
   const float total = detail::block_sum(sum_sq);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.d) + p.eps);
@@ -65,10 +77,9 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
   for (int k = 0; k < kHeldPacks; ++k) {
     const int64_t c = begin + k * step;
     if (c < p.d) {
-      float r[N], o[N];
-      detail::load_floats<N>(res + c, r);
+      float o[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) o[j] = r[j] * inv_rms * held[k][j];
+      for (int j = 0; j < N; ++j) o[j] = kept[k][j] * inv_rms * held[k][j];
       detail::store_floats<N>(out + c, o);
     }
   }

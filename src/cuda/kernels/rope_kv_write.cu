@@ -9,7 +9,9 @@
 namespace cellm::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+// 512 threads: a row of Llama's 32 + 8 heads of 128 is 320 (head, pack) units, one per
+// thread, so each thread's load, rotate and store happen once, not twice in a row.
+constexpr int kThreads = 512;
 constexpr int kMaxHalf = static_cast<int>(kMaxRopeKvWriteHeadDim / 2);
 
 // One block per row. The row's angles are computed first, one (cos, sin) per j in
@@ -30,17 +32,18 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWri
   const int64_t r = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
   const int half = static_cast<int>(p.head_dim / 2);
-  const float freq = tid < half ? p.inv_freq[tid] : 0.0f;
-  detail::wait_for_prior_grids();
-  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
-
+  // Before the wait for the previous kernel: the step's positions and cells (uploaded
+  // before the step's first kernel) and the frequencies (written at load) give the angles
+  // while that kernel finishes.
   if (tid < half) {
-    const float angle = static_cast<float>(p.positions[r]) * freq;  // one f32 product, as rope.cu
+    const float angle = static_cast<float>(p.positions[r]) * p.inv_freq[tid];  // as rope.cu
     cos_j[tid] = cosf(angle);
     sin_j[tid] = sinf(angle);
   }
-
   const int32_t cell = p.cells[r];
+  detail::wait_for_prior_grids();
+  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
+
   const int64_t kv_dim = p.n_kv_heads * p.head_dim;
   T* row = p.qkv + r * p.row_stride;
   T* k_row = p.k_pool + int64_t{cell} * kv_dim;

@@ -28,9 +28,10 @@
 // The launcher enqueues one kernel on `stream`; it never allocates or synchronizes
 // and may be captured in a CUDA graph (a replay reads every input's current
 // contents). The kernel is launched with programmatic dependent launch
-// (kernels/launch.cuh) and reads inv_freq before waiting for the previous kernel:
-// no kernel of the stream may write it. Returns cudaErrorInvalidValue for a malformed call, else
-// the launch's error. Thread-safety: reentrant.
+// (kernels/launch.cuh) and reads inv_freq, positions and cells before waiting for the
+// previous kernel: no kernel of the stream may write them (the executor uploads a step's
+// positions and cells before its first kernel). Returns cudaErrorInvalidValue for a
+// malformed call, else the launch's error. Thread-safety: reentrant.
 #pragma once
 
 #include <cuda_bf16.h>
