@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   extern __shared__ float smem[];
 
   // Every buffer comes from earlier kernels of the stream (programmatic launch).
+  detail::trigger_early();
   detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       }
     }
   }
-  detail::allow_dependent_grids();
+  detail::trigger_late();
 
   // Shared memory: acc [n_slots][HT][head_dim], then max and sum [n_slots][HT].
   float* s_acc = smem;

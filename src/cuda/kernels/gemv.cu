@@ -78,17 +78,32 @@ constexpr int64_t kPrefetchBytes = int64_t{12} << 20;
 constexpr int kMaxPrefetchChunks = 8;
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
+#if CELLM_L2_POLICY
+  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
+#else
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
 }
 
 // 8 bf16 of weights, streamed: each is read once, so it skips L1 (which keeps x, read by
 // every warp). A weak (not .nc) volatile load: ptxas sinks .nc loads below a following
 // __syncthreads, which would drain the loads in flight at every kSwiGLU staging.
+#ifndef CELLM_L2_POLICY
+#define CELLM_L2_POLICY 0
+#endif
 __device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p) {
   uint4 v;
+#if CELLM_L2_POLICY
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+#else
   asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
+#endif
   return v;
 }
 
@@ -179,6 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
   };
 
   load_iteration(0);  // weights only: in flight while the previous kernel finishes
+  detail::trigger_early();
   detail::wait_for_prior_grids();
   if constexpr (kSwiglu) {
     stage_swiglu(p.x, p.m, k, 0, per_iter * kStepCols, stage);
@@ -212,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
     }
   }
 
-  detail::allow_dependent_grids();
+  detail::trigger_late();
   if (split_k > 1) {  // uniform over the block
     __syncthreads();  // kSwiGLU: the staged x' is no longer read; partials reuse it
     partials[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -338,6 +354,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
       }
     }
   }
+  detail::trigger_early();
   detail::wait_for_prior_grids();
 
   float acc[R][M];
@@ -378,7 +395,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
     }
     if (c0 + stride < chunks) load_chunks(c0 + stride);
   }
-  detail::allow_dependent_grids();
+  detail::trigger_late();
 
   // Each weight row's sum: the warp's lanes (xor-shuffle tree), then, under a split, the
   // group's warps in order of part.

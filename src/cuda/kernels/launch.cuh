@@ -53,6 +53,23 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
+// Where a kernel lets the next one launch. CELLM_EARLY_TRIGGER (an experiment; 0 by
+// default): 1 lets it launch before the kernel's own wait, so a chain of PDL kernels
+// becomes resident as soon as slots free up and streams its weights early.
+#ifndef CELLM_EARLY_TRIGGER
+#define CELLM_EARLY_TRIGGER 0
+#endif
+__device__ __forceinline__ void trigger_early() {
+#if CELLM_EARLY_TRIGGER
+  allow_dependent_grids();
+#endif
+}
+__device__ __forceinline__ void trigger_late() {
+#if !CELLM_EARLY_TRIGGER
+  allow_dependent_grids();
+#endif
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when
 // use_programmatic_launch(). Returns the launch's error.
 template <typename... Params, typename... Args>

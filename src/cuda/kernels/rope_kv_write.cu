@@ -41,8 +41,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWri
     sin_j[tid] = sinf(angle);
   }
   const int32_t cell = p.cells[r];
+  detail::trigger_early();
   detail::wait_for_prior_grids();
-  detail::allow_dependent_grids();  // the next kernel may launch once every block is here
+  detail::trigger_late();  // the next kernel may launch once every block is here
 
   const int64_t kv_dim = p.n_kv_heads * p.head_dim;
   T* row = p.qkv + r * p.row_stride;

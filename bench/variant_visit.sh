@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A GPU visit comparing builds that differ only in CUDA compile definitions (experiments
+# behind a macro): every `gpu` test on the first variant's full build, then `cellm` alone
+# for the others, then each bench row set on every variant, interleaved.
+#   bash bench/variant_visit.sh "NAME=CUDA FLAGS" ... -- "ROWNAME:BENCH ARGS" ...   (carry .deps)
+# e.g. bash bench/variant_visit.sh "early=-DCELLM_EARLY_TRIGGER=1" "base=" -- "8b:--preset 8b -npl 1,16"
+# Results in $OUT/variants.txt (and gpu_tests.log); rows run with --peak-bandwidth 4250
+# --step-times -npp 128 -ntg 128 unless their arguments give -npp; PASSES=2 runs them twice.
+set -uo pipefail
+OUT=${OUT:-/tmp/cellm-out}
+mkdir -p "$OUT"
+variants=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do variants+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+prefix=()
+[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
+first=1
+for v in "${variants[@]}"; do
+  name=${v%%=*} flags=${v#*=} dir=/tmp/cellm-v-${v%%=*}
+  t0=$(date +%s)
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" \
+    -DCELLM_BUILD_TESTS=$([ $first = 1 ] && echo ON || echo OFF) -DCMAKE_CUDA_FLAGS="$flags" \
+    >"$OUT/configure_$name.log" 2>&1 || { tail -20 "$OUT/configure_$name.log"; exit 1; }
+  target=(--target cellm)
+  [ $first = 1 ] && target=()
+  cmake --build "$dir" -j "$(nproc)" "${target[@]}" >"$OUT/build_$name.log" 2>&1 ||
+    { grep -E "error" "$OUT/build_$name.log" | head -30; exit 1; }
+  echo "build $name ($flags): $(( $(date +%s) - t0 )) s"
+  if [ $first = 1 ]; then
+    ctest --test-dir "$dir" -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
+    grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
+    first=0
+  fi
+done
+for pass in $(seq "${PASSES:-1}"); do
+  for row in "$@"; do
+    rname=${row%%:*}
+    # shellcheck disable=SC2206
+    args=(${row#*:})
+    shape=(-npp 128 -ntg 128)
+    case " ${args[*]} " in *" -npp "*) shape=() ;; esac
+    for v in "${variants[@]}"; do
+      name=${v%%=*}
+      echo "== pass $pass $rname $name: ${args[*]}" | tee -a "$OUT/variants.txt"
+      timeout 200 "/tmp/cellm-v-$name/cellm" bench --executor cuda "${shape[@]}" \
+        --peak-bandwidth 4250 --step-times "${args[@]}" 2>&1 | tee -a "$OUT/variants.txt" |
+        grep -E "^\| +[0-9]"
+    done
+  done
+done
