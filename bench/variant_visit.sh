@@ -6,6 +6,7 @@
 # e.g. bash bench/variant_visit.sh "early=-DCELLM_EARLY_TRIGGER=1" "base=" -- "8b:--preset 8b -npl 1,16"
 # Results in $OUT/variants.txt (and gpu_tests.log); rows run with --peak-bandwidth 4250
 # --step-times -npp 128 -ntg 128 unless their arguments give -npp; PASSES=2 runs them twice.
+# Words of a row like NAME=VALUE are set in the bench's environment.
 set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
@@ -36,13 +37,17 @@ for pass in $(seq "${PASSES:-1}"); do
   for row in "$@"; do
     rname=${row%%:*}
     # shellcheck disable=SC2206
-    args=(${row#*:})
+    words=(${row#*:})
+    args=() envs=()
+    for w in "${words[@]}"; do
+      if [[ $w =~ ^[A-Z_]+= ]]; then envs+=("$w"); else args+=("$w"); fi
+    done
     shape=(-npp 128 -ntg 128)
     case " ${args[*]} " in *" -npp "*) shape=() ;; esac
     for v in "${variants[@]}"; do
       name=${v%%=*}
-      echo "== pass $pass $rname $name: ${args[*]}" | tee -a "$OUT/variants.txt"
-      timeout 200 "/tmp/cellm-v-$name/cellm" bench --executor cuda "${shape[@]}" \
+      echo "== pass $pass $rname $name: ${envs[*]} ${args[*]}" | tee -a "$OUT/variants.txt"
+      env "${envs[@]}" timeout 200 "/tmp/cellm-v-$name/cellm" bench --executor cuda "${shape[@]}" \
         --peak-bandwidth 4250 --step-times "${args[@]}" 2>&1 | tee -a "$OUT/variants.txt" |
         grep -E "^\| +[0-9]"
     done

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   extern __shared__ float smem[];
 
   // Every buffer comes from earlier kernels of the stream (programmatic launch).
-  detail::trigger_early();
+  detail::trigger_early<2>();
   detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       }
     }
   }
-  detail::trigger_late();
+  detail::trigger_late<2>();
 
   // Shared memory: acc [n_slots][HT][head_dim], then max and sum [n_slots][HT].
   float* s_acc = smem;

@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 
   // Q, this step's K/V and table entries, and the workspace come from the kernels
   // ahead of this one.
-  trigger_early();
+  trigger_early<2>();
   wait_for_prior_grids();
   if (!first_early && t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
   cp_async_commit();  // tile t's group, loaded before or after the wait
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     }
     __syncwarp();  // the stage is read before the next iteration refills it
   }
-  trigger_late();
+  trigger_late<2>();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
 

@@ -23,9 +23,9 @@ struct GatherParams {
 // The row index (step metadata, or rows of x) is read after the wait.
 template <typename T, int N>
 __global__ void gather_kernel(GatherParams<T> p) {
-  detail::trigger_early();
+  detail::trigger_early<1>();
   detail::wait_for_prior_grids();
-  detail::trigger_late();  // the next kernel may launch once every block is here
+  detail::trigger_late<1>();  // the next kernel may launch once every block is here
   const int64_t i = blockIdx.x;
   const int32_t t = p.tokens[i];
   const bool valid = t >= 0 && t < p.vocab;

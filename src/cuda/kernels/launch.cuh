@@ -53,21 +53,20 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
-// Where a kernel lets the next one launch. CELLM_EARLY_TRIGGER (an experiment; 0 by
-// default): 1 lets it launch before the kernel's own wait, so a chain of PDL kernels
-// becomes resident as soon as slots free up and streams its weights early.
+// Where a kernel lets the next one launch (an experiment; CELLM_EARLY_TRIGGER is 0 by
+// default). Bit 1: the small kernels before their own wait; bit 2: the attention
+// kernels before theirs; bit 4: the GEMVs once little of their stream is left (gemv.cu).
+// Early, a chain of PDL kernels becomes resident as soon as slots free up.
 #ifndef CELLM_EARLY_TRIGGER
 #define CELLM_EARLY_TRIGGER 0
 #endif
+template <int kBit>
 __device__ __forceinline__ void trigger_early() {
-#if CELLM_EARLY_TRIGGER
-  allow_dependent_grids();
-#endif
+  if constexpr ((CELLM_EARLY_TRIGGER & kBit) != 0) allow_dependent_grids();
 }
+template <int kBit>
 __device__ __forceinline__ void trigger_late() {
-#if !CELLM_EARLY_TRIGGER
-  allow_dependent_grids();
-#endif
+  if constexpr ((CELLM_EARLY_TRIGGER & kBit) == 0) allow_dependent_grids();
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when

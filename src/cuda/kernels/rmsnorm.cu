@@ -42,9 +42,9 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
     const int64_t c = begin + k * step;
     if (c < p.d) detail::load_floats<N>(p.weight + c, held[k]);
   }
-  detail::trigger_early();
+  detail::trigger_early<1>();
   detail::wait_for_prior_grids();
-  detail::trigger_late();  // the next kernel may launch once every block is here
+  detail::trigger_late<1>();  // the next kernel may launch once every block is here
 
   // Pass 1, over the thread's packs in the order one loop would take them: the first
   // kHeldPacks stay in registers for pass 2 (no second read of the row).
@@ -120,9 +120,9 @@ __global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
     const int64_t c = lane + 32 * k;
     if (c < p.head_dim) held[k] = detail::to_float(p.weight[c]);
   }
-  detail::trigger_early();
+  detail::trigger_early<1>();
   detail::wait_for_prior_grids();
-  detail::trigger_late();  // the next kernel may launch once every block is here
+  detail::trigger_late<1>();  // the next kernel may launch once every block is here
 
   const int64_t unit = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   if (unit >= p.m * p.n_heads) return;  // uniform over the warp: blockDim.x % 32 == 0

@@ -41,9 +41,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWri
     sin_j[tid] = sinf(angle);
   }
   const int32_t cell = p.cells[r];
-  detail::trigger_early();
+  detail::trigger_early<1>();
   detail::wait_for_prior_grids();
-  detail::trigger_late();  // the next kernel may launch once every block is here
+  detail::trigger_late<1>();  // the next kernel may launch once every block is here
 
   const int64_t kv_dim = p.n_kv_heads * p.head_dim;
   T* row = p.qkv + r * p.row_stride;

@@ -19,9 +19,9 @@ struct SwigluParams {
 // Grid-stride over packs of N consecutive columns of one row.
 template <typename T, int N>
 __global__ void swiglu_kernel(SwigluParams<T> p) {
-  detail::trigger_early();
+  detail::trigger_early<1>();
   detail::wait_for_prior_grids();
-  detail::trigger_late();  // the next kernel may launch once every block is here
+  detail::trigger_late<1>();  // the next kernel may launch once every block is here
   const int64_t packs_per_row = p.ff / N;
   const int64_t total = p.m * packs_per_row;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
