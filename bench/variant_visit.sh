@@ -3,7 +3,8 @@
 # behind a macro): every `gpu` test on the first variant's full build, then `cellm` alone
 # for the others, then each bench row set on every variant, interleaved.
 #   bash bench/variant_visit.sh "NAME=CUDA FLAGS" ... -- "ROWNAME:BENCH ARGS" ...   (carry .deps)
-# e.g. bash bench/variant_visit.sh "early=-DCELLM_EARLY_TRIGGER=1" "base=" -- "8b:--preset 8b -npl 1,16"
+# e.g. bash bench/variant_visit.sh "new=-DMY_EXPERIMENT=1" "base=" -- "8b:--preset 8b -npl 1,16"
+# (session 5 compared PDL trigger placements this way before they became a runtime choice).
 # Results in $OUT/variants.txt (and gpu_tests.log); rows run with --peak-bandwidth 4250
 # --step-times -npp 128 -ntg 128 unless their arguments give -npp; PASSES=2 runs them twice.
 # Words of a row like NAME=VALUE are set in the bench's environment.

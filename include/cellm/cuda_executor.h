@@ -37,6 +37,13 @@ enum class CudaPrecision {
   kF32,   // everything f32 (no TF32): the exact-parity mode for tests
 };
 
+// Placement of the PDL triggers in decode graphs (CudaExecutorOptions::early_triggers).
+enum class EarlyTriggers {
+  kTimed,  // capture both, keep the faster
+  kOff,    // after the wait (the kernels' default)
+  kOn,     // before the wait
+};
+
 struct CudaExecutorOptions {
   int32_t max_sessions = 8;           // resident sessions: active, snapshots and clones
   int32_t max_session_tokens = 1024;  // per-session budget of positions
@@ -65,6 +72,14 @@ struct CudaExecutorOptions {
   // Process-wide: create() applies it to every executor of the process (the last
   // created wins), including graphs captured after that.
   bool programmatic_launch = true;
+  // Where the small kernels (norms, RoPE/K/V write) and the attention of a decode graph
+  // let the next kernel launch: before their own wait, so the GEMV behind them is resident
+  // and streaming weights while the kernel before them finishes, or after it. Which wins
+  // depends on the model and the batch (on the H200 early helps the 1B at one row and
+  // costs the 8B), so kTimed captures each decode bucket's graph both ways, times a few
+  // replays of each, and keeps the faster (decode_graph_notes() says which). Eager steps
+  // always trigger after the wait. Needs programmatic_launch.
+  EarlyTriggers early_triggers = EarlyTriggers::kTimed;
 };
 
 namespace cuda {
@@ -131,6 +146,10 @@ class CudaExecutor final : public Executor {
   // with tune_gemm, timing the decode GEMMs of shapes no executor of this process has
   // tuned yet (always measured; 0 before initialize() or without start-up capture).
   double initialize_seconds() const;
+  // One line per decode graph captured so far, in capture order: its bucket and, under
+  // EarlyTriggers::kTimed, both replay times and the one kept ("B=1: early 4.31 ms, late
+  // 4.40 ms"); under kOn/kOff, the placement used.
+  std::vector<std::string> decode_graph_notes() const;
 
  private:
   explicit CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl);

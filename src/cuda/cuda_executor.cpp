@@ -356,8 +356,10 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
         std::to_string(o.max_cells) + " cells, buffers) but only " +
         std::to_string(free_bytes >> 20) + " MiB are free"));
   }
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ForwardEngine> engine,
-                         cuda::ForwardEngine::create(*weights, dims, o.precision, o.tune_gemm));
+  CELLM_ASSIGN_OR_RETURN(
+      std::unique_ptr<cuda::ForwardEngine> engine,
+      cuda::ForwardEngine::create(
+          *weights, dims, cuda::ForwardOptions{o.precision, o.tune_gemm, o.early_triggers}));
   if (o.time_steps) CELLM_RETURN_IF_ERROR(engine->set_timing(true));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(
       std::make_unique<cuda::ExecutorImpl>(std::move(weights), o, std::move(engine))));
@@ -438,6 +440,10 @@ CudaExecutor::StepTimes CudaExecutor::step_times() const {
 
 double CudaExecutor::initialize_seconds() const {
   return impl_->initialize_seconds_;
+}
+
+std::vector<std::string> CudaExecutor::decode_graph_notes() const {
+  return impl_->engine_->graph_notes();
 }
 
 }  // namespace cellm

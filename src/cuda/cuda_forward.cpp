@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <set>
@@ -19,6 +20,7 @@
 #include "cuda/kernels/embedding.h"
 #include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/rope_kv_write.h"
+#include "cuda/launch_control.h"
 
 namespace cellm::cuda {
 namespace {
@@ -96,10 +98,11 @@ size_t table_bytes(const ForwardDims& dims) {
 template <typename T>
 class CudaForward final : public ForwardEngine {
  public:
-  CudaForward(const ModelConfig& config, const ForwardDims& dims, bool tune_gemm)
+  CudaForward(const ModelConfig& config, const ForwardDims& dims, const ForwardOptions& options)
       : config_(config),
         dims_(dims),
-        tune_gemm_(tune_gemm),
+        tune_gemm_(options.tune_gemm),
+        early_triggers_(options.early_triggers),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -223,6 +226,7 @@ class CudaForward final : public ForwardEngine {
   }
   int64_t kv_allocated_bytes() const override { return static_cast<int64_t>(kv_.bytes()); }
   int64_t graph_captures() const override { return static_cast<int64_t>(graphs_.size()); }
+  const std::vector<std::string>& graph_notes() const override { return graph_notes_; }
   int64_t graph_replays() const override { return replays_; }
 
  private:
@@ -302,12 +306,40 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
+  // The bucket's decode graph, with its triggers placed as early_triggers_ says.
   Status capture(int32_t bucket) {
+    const std::string name = "B=" + std::to_string(bucket) + ": ";
+    // Without programmatic launch the triggers are no-ops: nothing to choose.
+    if (early_triggers_ != EarlyTriggers::kTimed || !programmatic_launch_enabled()) {
+      const bool early = early_triggers_ == EarlyTriggers::kOn;
+      CELLM_ASSIGN_OR_RETURN(GraphExec graph, capture_graph(bucket, early));
+      graphs_.emplace(bucket, std::move(graph));
+      graph_notes_.push_back(name + (early ? "early" : "late") + " triggers");
+      return Status::Ok();
+    }
+    GraphExec graphs[2];  // late, early
+    CELLM_ASSIGN_OR_RETURN(graphs[0], capture_graph(bucket, false));
+    CELLM_ASSIGN_OR_RETURN(graphs[1], capture_graph(bucket, true));
+    double ms[2] = {0, 0};
+    CELLM_RETURN_IF_ERROR(time_replays(graphs, ms));
+    const int kept = ms[1] < ms[0] ? 1 : 0;
+    graphs_.emplace(bucket, std::move(graphs[kept]));
+    char note[96];
+    std::snprintf(note, sizeof note, "early %.3f ms, late %.3f ms: %s", ms[1], ms[0],
+                  kept == 1 ? "early" : "late");
+    graph_notes_.push_back(name + note);
+    return Status::Ok();
+  }
+
+  // One capture of the decode step of `bucket` rows.
+  Result<GraphExec> capture_graph(int32_t bucket, bool early_triggers) {
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
         "beginning a decode graph capture");
     // A decode step holds one row per sequence (padded rows attend position 0 only).
+    set_early_triggers(early_triggers);
     const Status enqueued = enqueue_step(bucket, bucket, 1);
+    set_early_triggers(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
     CELLM_RETURN_IF_ERROR(enqueued);
@@ -316,7 +348,43 @@ class CudaForward final : public ForwardEngine {
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     CELLM_CUDA_RETURN_IF_ERROR(inst, "instantiating a decode graph");
-    graphs_.emplace(bucket, GraphExec(exec));
+    return GraphExec(exec);
+  }
+
+  // The median device time of kRounds replays of each graph, alternating after a warm-up
+  // replay of each. A replay recomputes the staged step: the same K/V, logits and tokens.
+  Status time_replays(const GraphExec (&graphs)[2], double (&ms)[2]) {
+    constexpr int kRounds = 7;
+    std::vector<Event> marks;
+    for (int i = 0; i < 4 * kRounds; ++i) {
+      CELLM_ASSIGN_OR_RETURN(Event e, Event::create());
+      marks.push_back(std::move(e));
+    }
+    cudaStream_t s = stream_.get();
+    for (const GraphExec& g : graphs) {
+      CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g.get(), s), "replaying a decode graph");
+    }
+    for (int r = 0; r < kRounds; ++r) {
+      for (int g = 0; g < 2; ++g) {
+        const size_t at = static_cast<size_t>(4 * r + 2 * g);
+        CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(marks[at].get(), s), "timing a decode graph");
+        CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graphs[g].get(), s), "replaying a decode graph");
+        CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(marks[at + 1].get(), s),
+                                   "timing a decode graph");
+      }
+    }
+    CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "timing the decode graphs");
+    for (int g = 0; g < 2; ++g) {
+      std::vector<float> times(kRounds);
+      for (int r = 0; r < kRounds; ++r) {
+        const size_t at = static_cast<size_t>(4 * r + 2 * g);
+        CELLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&times[static_cast<size_t>(r)],
+                                                        marks[at].get(), marks[at + 1].get()),
+                                   "reading a decode graph's time");
+      }
+      std::nth_element(times.begin(), times.begin() + kRounds / 2, times.end());
+      ms[g] = times[kRounds / 2];
+    }
     return Status::Ok();
   }
 
@@ -448,7 +516,9 @@ class CudaForward final : public ForwardEngine {
 
   ModelConfig config_;
   ForwardDims dims_;
-  bool tune_gemm_ = true;  // GemmPath::kTuned, else kCublasLtOnly
+  bool tune_gemm_ = true;                                 // GemmPath::kTuned, else kCublasLtOnly
+  EarlyTriggers early_triggers_ = EarlyTriggers::kTimed;  // of the decode graphs
+  std::vector<std::string> graph_notes_;                  // one per captured decode graph
   MetaLayout meta_;
   BufferLayout buf_;
   std::unique_ptr<DeviceModel<T>> model_;
@@ -473,8 +543,8 @@ class CudaForward final : public ForwardEngine {
 
 template <typename T>
 Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const ForwardDims& dims,
-                                            bool tune_gemm) {
-  auto engine = std::make_unique<CudaForward<T>>(weights.config(), dims, tune_gemm);
+                                            const ForwardOptions& options) {
+  auto engine = std::make_unique<CudaForward<T>>(weights.config(), dims, options);
   CELLM_RETURN_IF_ERROR(engine->init(weights));
   return std::unique_ptr<ForwardEngine>(std::move(engine));
 }
@@ -483,10 +553,9 @@ Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const F
 
 Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create(const ModelWeights& weights,
                                                              const ForwardDims& dims,
-                                                             CudaPrecision precision,
-                                                             bool tune_gemm) {
-  if (precision == CudaPrecision::kF32) return make<float>(weights, dims, tune_gemm);
-  return make<__nv_bfloat16>(weights, dims, tune_gemm);
+                                                             const ForwardOptions& options) {
+  if (options.precision == CudaPrecision::kF32) return make<float>(weights, dims, options);
+  return make<__nv_bfloat16>(weights, dims, options);
 }
 
 size_t ForwardEngine::device_bytes(const ModelConfig& config, const ForwardDims& dims,

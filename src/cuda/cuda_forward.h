@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "cellm/cuda_executor.h"
 #include "cellm/model_weights.h"
@@ -50,16 +52,22 @@ struct StepHost {
   int32_t* out_tokens = nullptr;    // [n_sel] sampled tokens, after run()
 };
 
+// How the engine chooses kernels (CudaExecutorOptions says what each does).
+struct ForwardOptions {
+  CudaPrecision precision = CudaPrecision::kBF16;
+  // GemmPath::kTuned, each decode bucket's products timed as it warms; else kCublasLtOnly.
+  bool tune_gemm = true;
+  EarlyTriggers early_triggers = EarlyTriggers::kTimed;  // of the decode graphs
+};
+
 class ForwardEngine {
  public:
   virtual ~ForwardEngine() = default;
 
-  // Uploads the weights in `precision` and allocates every buffer. With `tune_gemm` the
-  // products run under GemmPath::kTuned, each decode bucket's timed as it warms; else
-  // under kCublasLtOnly.
+  // Uploads the weights in options.precision and allocates every buffer.
   static Result<std::unique_ptr<ForwardEngine>> create(const ModelWeights& weights,
                                                        const ForwardDims& dims,
-                                                       CudaPrecision precision, bool tune_gemm);
+                                                       const ForwardOptions& options);
   // Device bytes create() would allocate (weights, KV pool, buffers).
   static size_t device_bytes(const ModelConfig& config, const ForwardDims& dims,
                              CudaPrecision precision);
@@ -80,7 +88,9 @@ class ForwardEngine {
   // tune_gemm also timing the GEMM candidates of the bucket's shapes, which
   // synchronises the stream a few hundred times), the second captures, later
   // ones replay. Waits for the tokens. `logit_rows` as
-  // for run_eager; their copies follow the replay, outside the graph.
+  // for run_eager; their copies follow the replay, outside the graph. Under
+  // EarlyTriggers::kTimed the capture makes the graph both ways and replays each a few
+  // times (every replay of a step computes the same bits) before keeping the faster.
   // REQUIRES: every logit row < bucket.
   virtual Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows = {}) = 0;
   // After a run: the host copy of the raw logits of the run's logit_rows[k],
@@ -100,6 +110,8 @@ class ForwardEngine {
   virtual int64_t kv_allocated_bytes() const = 0;
   virtual int64_t graph_captures() const = 0;
   virtual int64_t graph_replays() const = 0;
+  // One line per captured decode graph (CudaExecutor::decode_graph_notes).
+  virtual const std::vector<std::string>& graph_notes() const = 0;
 };
 
 }  // namespace cellm::cuda

@@ -226,6 +226,54 @@ class ProgrammaticLaunchRestorer {
   bool saved_;
 };
 
+// Greedy and sampled rows (plain, top-k, top-p with min-p), 5 logprobs each.
+std::vector<SamplingParams> mixed_sampling(size_t n) {
+  std::vector<SamplingParams> params(n);
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].num_logprobs = 5;
+    if (i % 2 == 1) {
+      params[i].temperature = 0.8f;
+      params[i].top_k = i == 3 ? 40 : 0;
+      params[i].top_p = i == 1 ? 0.9f : 1.0f;
+      params[i].min_p = i == 1 ? 0.05f : 0.0f;
+    }
+  }
+  return params;
+}
+
+// 8 sessions of 128 tokens, 16-token steps.
+CudaExecutorOptions small_options(CudaPrecision precision, bool graphs) {
+  CudaExecutorOptions o;
+  o.max_sessions = 8;
+  o.max_session_tokens = 128;
+  o.step_width = 16;
+  o.precision = precision;
+  o.cuda_graph_for_decode = graphs;
+  return o;
+}
+
+// Two drives of the same sessions gave the same tokens and the same logprobs, bit for bit.
+void expect_same_outputs(const std::vector<std::vector<Output>>& a,
+                         const std::vector<std::vector<Output>>& b, const std::string& mode) {
+  ASSERT_EQ(a.size(), b.size()) << mode;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), 16u) << mode << " session " << i;
+    ASSERT_EQ(b[i].size(), a[i].size()) << mode << " session " << i;
+    for (size_t step = 0; step < a[i].size(); ++step) {
+      const std::string where =
+          mode + " session " + std::to_string(i) + " step " + std::to_string(step);
+      const Output& x = a[i][step];
+      const Output& y = b[i][step];
+      ASSERT_EQ(x.tokens, y.tokens) << where;
+      ASSERT_EQ(x.logprobs.size(), y.logprobs.size()) << where;
+      for (size_t t = 0; t < x.logprobs.size(); ++t) {
+        EXPECT_EQ(x.logprobs[t].logprob, y.logprobs[t].logprob) << where;
+        EXPECT_EQ(x.logprobs[t].top, y.logprobs[t].top) << where;
+      }
+    }
+  }
+}
+
 // Programmatic dependent launch only lets a kernel start before its predecessor has
 // finished; every kernel waits for it before touching the step's data, so tokens and
 // logprobs (from the raw logits) are bit for bit the same with it on and off: chunked
@@ -236,26 +284,12 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
   const Fixture f = testing::load_fixture(GetParam());
   auto w = load_weights(f);
   const auto prompts = prompts_of(f);
-  std::vector<SamplingParams> params(prompts.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].num_logprobs = 5;
-    if (i % 2 == 1) {  // sampled rows: plain, top-k, top-p with min-p
-      params[i].temperature = 0.8f;
-      params[i].top_k = i == 3 ? 40 : 0;
-      params[i].top_p = i == 1 ? 0.9f : 1.0f;
-      params[i].min_p = i == 1 ? 0.05f : 0.0f;
-    }
-  }
+  const std::vector<SamplingParams> params = mixed_sampling(prompts.size());
   for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
     for (bool graphs : {true, false}) {
       std::vector<std::vector<Output>> by_switch[2];
       for (bool pdl : {true, false}) {
-        CudaExecutorOptions o;
-        o.max_sessions = 8;
-        o.max_session_tokens = 128;
-        o.step_width = 16;
-        o.precision = precision;
-        o.cuda_graph_for_decode = graphs;
+        CudaExecutorOptions o = small_options(precision, graphs);
         o.programmatic_launch = pdl;
         Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
         ASSERT_TRUE(e.ok()) << e.status().to_string();
@@ -268,26 +302,53 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
       }
       const std::string mode = std::string(precision == CudaPrecision::kF32 ? "f32" : "bf16") +
                                (graphs ? " (graphs)" : " (eager)");
-      const auto& on = by_switch[1];
-      const auto& off = by_switch[0];
-      ASSERT_EQ(on.size(), off.size()) << mode;
-      for (size_t i = 0; i < on.size(); ++i) {
-        ASSERT_EQ(on[i].size(), 16u) << mode << " session " << i;
-        ASSERT_EQ(off[i].size(), on[i].size()) << mode << " session " << i;
-        for (size_t step = 0; step < on[i].size(); ++step) {
-          const std::string where =
-              mode + " session " + std::to_string(i) + " step " + std::to_string(step);
-          const Output& a = on[i][step];
-          const Output& b = off[i][step];
-          ASSERT_EQ(a.tokens, b.tokens) << where;
-          ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << where;
-          for (size_t t = 0; t < a.logprobs.size(); ++t) {
-            EXPECT_EQ(a.logprobs[t].logprob, b.logprobs[t].logprob) << where;
-            EXPECT_EQ(a.logprobs[t].top, b.logprobs[t].top) << where;
-          }
+      expect_same_outputs(by_switch[1], by_switch[0], mode);
+    }
+  }
+}
+
+// Where a decode graph's small kernels and attention let the next kernel launch changes
+// only when kernels start: every one still waits for its predecessor before touching the
+// step's data. Graphs captured with early triggers, late ones, and the timed choice (both
+// captured and replayed before one is kept) give the same bits.
+TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const Fixture f = testing::load_fixture(GetParam());
+  auto w = load_weights(f);
+  const auto prompts = prompts_of(f);
+  const std::vector<SamplingParams> params = mixed_sampling(prompts.size());
+  for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
+    const std::string mode = precision == CudaPrecision::kF32 ? "f32" : "bf16";
+    std::vector<std::vector<Output>> outputs[3];
+    const EarlyTriggers choices[3] = {EarlyTriggers::kOff, EarlyTriggers::kOn,
+                                      EarlyTriggers::kTimed};
+    for (int c = 0; c < 3; ++c) {
+      CudaExecutorOptions o = small_options(precision, true);
+      o.early_triggers = choices[c];
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
+      EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
+      // One note per captured bucket, naming the placement (timed: both times and the
+      // one kept).
+      const std::vector<std::string> notes = (*e)->decode_graph_notes();
+      ASSERT_EQ(static_cast<int64_t>(notes.size()), (*e)->method_calls().decode_graph_captures);
+      for (const std::string& note : notes) {
+        ASSERT_EQ(note.rfind("B=", 0), 0u) << note;
+        if (choices[c] == EarlyTriggers::kTimed) {
+          EXPECT_NE(note.find("early "), std::string::npos) << note;
+          EXPECT_NE(note.find(", late "), std::string::npos) << note;
+          EXPECT_TRUE(note.ends_with(": early") || note.ends_with(": late")) << note;
+        } else {
+          EXPECT_TRUE(note.ends_with(choices[c] == EarlyTriggers::kOn ? ": early triggers"
+                                                                      : ": late triggers"))
+              << note;
         }
       }
     }
+    expect_same_outputs(outputs[1], outputs[0], mode + " early vs late");
+    expect_same_outputs(outputs[2], outputs[0], mode + " timed vs late");
   }
 }
 

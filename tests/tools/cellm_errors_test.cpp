@@ -244,6 +244,11 @@ TEST(CellmBadRequestTest, BenchWithAnUnknownPresetIsRefused) {
                      {"unknown model preset 'nope'", "110m"});
 }
 
+TEST(CellmBadRequestTest, BenchWithAnUnknownTriggerPlacementIsRefused) {
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--early-triggers", "sometimes"}),
+                     "cellm bench", {"--early-triggers must be timed, on or off, not 'sometimes'"});
+}
+
 TEST(CellmBadRequestTest, TokenizeWithoutTextIsRefused) {
   ExpectOneErrorLine(run_cellm({"tokenize", "--model", testing::kjv_dir()}), "cellm tokenize",
                      {"--text is required"});

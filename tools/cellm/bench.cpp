@@ -35,6 +35,9 @@ const std::vector<FlagSpec> kFlags = {
      "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
     {"no-gemm-tuning", "",
      "CUDA: use cuBLASLt's heuristic for every GEMM instead of timing the decode GEMMs' kernels"},
+    {"early-triggers", "WHEN",
+     "CUDA: let the next kernel launch before the wait of the decode graphs' norms, RoPE and "
+     "attention: timed (capture both ways, keep the faster; default), on or off"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
@@ -222,6 +225,10 @@ int run_bench(int argc, const char* const* argv) {
   limits.time_steps = args->has("step-times");
   limits.programmatic_launch = !args->has("no-pdl");
   limits.tune_gemm = !args->has("no-gemm-tuning");
+  Result<EarlyTriggers> triggers =
+      parse_early_triggers(args->get("early-triggers").value_or("timed"));
+  if (!triggers.ok()) return fail(cmd, triggers.status());
+  limits.early_triggers = *triggers;
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();
@@ -241,7 +248,13 @@ int run_bench(int argc, const char* const* argv) {
     char text[64];
     std::snprintf(text, sizeof(text), "%sB=%lld %.2f s", what, static_cast<long long>(b),
                   row.steps->startup_s);
-    startups.emplace_back(text);
+    std::string note = text;
+    // The trigger placement of the graph the row's decode steps replay.
+    const std::string bucket = "B=" + std::to_string(b) + ": ";
+    for (const std::string& g : row.steps->graph_notes) {
+      if (g.rfind(bucket, 0) == 0) note += " (" + g.substr(bucket.size()) + ")";
+    }
+    startups.push_back(note);
   };
   // Warm-up: threads, page faults, allocator (and, on CUDA, the B = 1 GEMMs' tuning).
   Result<Row> warm = bench_one(*model, *kind, limits, 8, 4, 1, 0, std::nullopt);
@@ -267,7 +280,9 @@ int run_bench(int argc, const char* const* argv) {
     if (!startups.empty()) {
       // Each row's executor captures its decode graphs at start; the first to meet a
       // GEMM shape times its kernels (later executors of the process adopt the choice).
-      std::printf("\nstartup (decode graphs captured, new GEMM shapes tuned):");
+      std::printf(
+          "\nstartup (decode graphs captured, with their trigger placement; new GEMM shapes "
+          "tuned):");
       for (const std::string& s : startups) std::printf(" %s;", s.c_str());
       std::printf("\n");
     }

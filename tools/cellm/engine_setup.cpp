@@ -134,6 +134,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.time_steps = limits.time_steps;
     o.programmatic_launch = limits.programmatic_launch;
     o.tune_gemm = limits.tune_gemm;
+    o.early_triggers = limits.early_triggers;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));
@@ -159,12 +160,19 @@ std::optional<StepTimeReport> step_time_report(const Executor& executor) {
     if (!cuda->options().time_steps) return std::nullopt;
     const CudaExecutor::StepTimes t = cuda->step_times();
     return StepTimeReport{t.decode_batches, t.decode_wall_ms, t.decode_device_ms,
-                          cuda->initialize_seconds()};
+                          cuda->initialize_seconds(), cuda->decode_graph_notes()};
   }
 #else
   (void)executor;
 #endif
   return std::nullopt;
+}
+
+Result<EarlyTriggers> parse_early_triggers(const std::string& text) {
+  if (text == "timed") return EarlyTriggers::kTimed;
+  if (text == "on") return EarlyTriggers::kOn;
+  if (text == "off") return EarlyTriggers::kOff;
+  return InvalidArgument("--early-triggers must be timed, on or off, not '" + text + "'");
 }
 
 std::vector<std::string> tuned_gemm_report() {

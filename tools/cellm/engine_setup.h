@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cellm/cuda_executor.h"
 #include "cellm/executor.h"
 #include "cellm/model_weights.h"
 #include "cellm/scheduler.h"
@@ -52,7 +53,12 @@ struct EngineLimits {
   // CudaExecutorOptions::programmatic_launch).
   bool programmatic_launch = true;
   bool tune_gemm = true;  // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
+  // CUDA: trigger placement of the decode graphs (CudaExecutorOptions::early_triggers).
+  EarlyTriggers early_triggers = EarlyTriggers::kTimed;
 };
+
+// "timed", "on" or "off" (--early-triggers); InvalidArgument naming the value otherwise.
+Result<EarlyTriggers> parse_early_triggers(const std::string& text);
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
                                                 std::shared_ptr<const ModelWeights> weights,
@@ -62,8 +68,9 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
 // (the CUDA executor made with time_steps); nullopt otherwise.
 struct StepTimeReport {
   int64_t decode_steps = 0;
-  double wall_ms = 0, device_ms = 0;  // summed over the steps
-  double startup_s = 0;               // initialize(): graph capture and GEMM tuning
+  double wall_ms = 0, device_ms = 0;     // summed over the steps
+  double startup_s = 0;                  // initialize(): graph capture and GEMM tuning
+  std::vector<std::string> graph_notes;  // CudaExecutor::decode_graph_notes()
 };
 std::optional<StepTimeReport> step_time_report(const Executor& executor);
 

@@ -39,6 +39,7 @@ struct Geometry {
   int32_t head_tiles = 1;     // blocks per kv head: ceil(group / heads per block)
   int32_t lanes_per_key = 1;  // power of two <= 32: lanes that share one key's dot product
   int32_t n_vecs = 0;         // head_dim / elements per vector
+  bool early = false;         // trigger before the wait (launch.cuh: early triggers)
 };
 
 __device__ __forceinline__ float to_float(float x) {
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   extern __shared__ float smem[];
 
   // Every buffer comes from earlier kernels of the stream (programmatic launch).
-  detail::trigger_early<2>();
+  if (g.early) detail::allow_dependent_grids();
   detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
@@ -266,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       }
     }
   }
-  detail::trigger_late<2>();
+  if (!g.early) detail::allow_dependent_grids();
 
   // Shared memory: acc [n_slots][HT][head_dim], then max and sum [n_slots][HT].
   float* s_acc = smem;
@@ -445,6 +446,7 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   Geometry g;
+  g.early = detail::early_triggers();
   g.n_splits =
       attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context,
                            p.target_blocks == 0 ? kAttentionTargetBlocks : p.target_blocks);

@@ -147,7 +147,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 template <int HD, int W>
 __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
-    attention_mma_kernel(const AttentionParams<__nv_bfloat16> p, const int32_t n_splits) {
+    attention_mma_kernel(const AttentionParams<__nv_bfloat16> p, const int32_t n_splits,
+                         const bool early) {
   using bf16 = __nv_bfloat16;
   constexpr int kThreads = W * 32;
   constexpr int KS = HD / 16;                        // k-steps of Q·Kᵀ
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 
   // Q, this step's K/V and table entries, and the workspace come from the kernels
   // ahead of this one.
-  trigger_early<2>();
+  if (early) allow_dependent_grids();
   wait_for_prior_grids();
   if (!first_early && t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
   cp_async_commit();  // tile t's group, loaded before or after the wait
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     }
     __syncwarp();  // the stage is read before the next iteration refills it
   }
-  trigger_late<2>();
+  if (!early) allow_dependent_grids();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
 
@@ -426,7 +427,8 @@ cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits
   }
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
                   static_cast<unsigned>(p.n_kv_heads));
-  return launch_kernel(attention_mma_kernel<HD, W>, grid, dim3(W * 32), bytes, stream, p, n_splits);
+  return launch_kernel(attention_mma_kernel<HD, W>, grid, dim3(W * 32), bytes, stream, p, n_splits,
+                       early_triggers());
 }
 
 template <int HD>

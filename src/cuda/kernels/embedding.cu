@@ -22,10 +22,8 @@ struct GatherParams {
 // One block per output row; each thread moves N consecutive elements per step.
 // The row index (step metadata, or rows of x) is read after the wait.
 template <typename T, int N>
-__global__ void gather_kernel(GatherParams<T> p) {
-  detail::trigger_early<1>();
-  detail::wait_for_prior_grids();
-  detail::trigger_late<1>();  // the next kernel may launch once every block is here
+__global__ void gather_kernel(GatherParams<T> p, bool early) {
+  detail::wait_and_allow(early);  // the next kernel may launch once every block is here
   const int64_t i = blockIdx.x;
   const int32_t t = p.tokens[i];
   const bool valid = t >= 0 && t < p.vocab;
@@ -55,8 +53,10 @@ cudaError_t launch_gather(const GatherParams<T>& p, int64_t n, cudaStream_t stre
   const int64_t packs = packed ? p.d / kPack : p.d;
   const int threads = detail::threads_for_row(packs, 256);
   const auto blocks = static_cast<unsigned>(n);
-  return packed ? detail::launch_kernel(gather_kernel<T, kPack>, blocks, threads, 0, stream, p)
-                : detail::launch_kernel(gather_kernel<T, 1>, blocks, threads, 0, stream, p);
+  return packed ? detail::launch_kernel(gather_kernel<T, kPack>, blocks, threads, 0, stream, p,
+                                        detail::early_triggers())
+                : detail::launch_kernel(gather_kernel<T, 1>, blocks, threads, 0, stream, p,
+                                        detail::early_triggers());
 }
 
 }  // namespace

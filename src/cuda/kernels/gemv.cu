@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
-#include <cstdlib>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
@@ -69,28 +67,7 @@ struct GemvParams {
   int64_t n;                  // rows of w, columns of y
   int split_k;                // warps per tile (kTensorCores) or per row group (kRows)
   int prefetch;               // kRows: chunks of each row prefetched into L2 before the wait
-  int trigger_at;             // the loop step from which a warp lets the next kernel launch
 };
-
-// CELLM_EARLY_TRIGGER bit 4 (experiment): a GEMV lets the next kernel launch once what the
-// last wave of its grid still streams is under CELLM_TRIGGER_MB (16 by default), so the
-// kernels behind it are resident, and a GEMV behind them streams, while its tail runs;
-// without it, after the main loop.
-int trigger_step(int64_t steps, int64_t weight_bytes, int64_t blocks, int64_t resident) {
-#if CELLM_EARLY_TRIGGER & 4
-  static const double limit = [] {
-    const char* v = std::getenv("CELLM_TRIGGER_MB");
-    return (v != nullptr ? std::atof(v) : 16.0) * 1048576.0;
-  }();
-  const double wave = static_cast<double>(weight_bytes) *
-                      std::min(1.0, static_cast<double>(resident) / static_cast<double>(blocks));
-  if (wave <= limit) return 0;
-  return static_cast<int>(std::ceil(static_cast<double>(steps) * (1.0 - limit / wave)));
-#else
-  (void)weight_bytes, (void)blocks, (void)resident;
-  return static_cast<int>(steps);
-#endif
-}
 
 // Before it waits for the previous kernel, a kRows warp also asks the L2 for the next
 // chunks of its rows (prefetch.global.L2: no registers held, nothing returned), so the
@@ -101,32 +78,17 @@ constexpr int64_t kPrefetchBytes = int64_t{12} << 20;
 constexpr int kMaxPrefetchChunks = 8;
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
-#if CELLM_L2_POLICY
-  asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-#else
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
 }
 
 // 8 bf16 of weights, streamed: each is read once, so it skips L1 (which keeps x, read by
 // every warp). A weak (not .nc) volatile load: ptxas sinks .nc loads below a following
 // __syncthreads, which would drain the loads in flight at every kSwiGLU staging.
-#ifndef CELLM_L2_POLICY
-#define CELLM_L2_POLICY 0
-#endif
 __device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p) {
   uint4 v;
-#if CELLM_L2_POLICY
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-#else
   asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
-#endif
   return v;
 }
 
@@ -223,12 +185,7 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
     __syncthreads();
   }
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  bool triggered = false;
   for (int it = 0; it < iterations; ++it) {
-    if (!triggered && it >= p.trigger_at) {
-      detail::allow_dependent_grids();
-      triggered = true;
-    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int col = (it * per_iter + u * split_k + kw) * kStepCols;
@@ -255,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
     }
   }
 
-  if (!triggered) detail::allow_dependent_grids();
+  detail::allow_dependent_grids();
   if (split_k > 1) {  // uniform over the block
     __syncthreads();  // kSwiGLU: the staged x' is no longer read; partials reuse it
     partials[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -297,14 +254,11 @@ int split_k_for(int64_t n, int64_t k, int sms) {
 }
 
 template <GemvInput kInput, int kWarps, typename TOut>
-cudaError_t launch(GemvParams<TOut> p, int sms, cudaStream_t stream) {
+cudaError_t launch(const GemvParams<TOut>& p, cudaStream_t stream) {
   const int64_t tiles = (p.n + kTileRows - 1) / kTileRows;
   const int64_t tiles_per_block = kWarps / p.split_k;
   const int64_t blocks = (tiles + tiles_per_block - 1) / tiles_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  const int64_t per_iter = int64_t{p.split_k} * kUnroll * kStepCols;
-  p.trigger_at = trigger_step((p.k + per_iter - 1) / per_iter, p.n * p.k * 2, blocks,
-                              int64_t{32 / kWarps} * sms);
   return detail::launch_kernel(gemv_kernel<kInput, kWarps, TOut>,
                                dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
                                p);
@@ -392,12 +346,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   }
-  bool triggered = false;
   for (int c0 = part * U; c0 < chunks; c0 += stride) {
-    if (!triggered && c0 >= p.trigger_at) {
-      detail::allow_dependent_grids();
-      triggered = true;
-    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int col = (c0 + u) * kChunkCols + 8 * lane;
@@ -429,7 +378,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
     }
     if (c0 + stride < chunks) load_chunks(c0 + stride);
   }
-  if (!triggered) detail::allow_dependent_grids();
+  detail::allow_dependent_grids();
 
   // Each weight row's sum: the warp's lanes (xor-shuffle tree), then, under a split, the
   // group's warps in order of part.
@@ -507,8 +456,6 @@ cudaError_t launch_rows(GemvParams<TOut> p, cudaStream_t stream) {
   const int64_t groups_per_block = kRowsWarps / p.split_k;
   const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  p.trigger_at = trigger_step((p.k + kChunkCols - 1) / kChunkCols, p.n * p.k * 2, blocks,
-                              int64_t{kRowsBlocksPerSm} * sms);
   return detail::launch_kernel(gemv_rows_kernel<kInput, M, kRowsUnroll, TOut>,
                                dim3(static_cast<unsigned>(blocks)), dim3(kRowsWarps * 32), 0,
                                stream, p);
@@ -541,7 +488,7 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
   if (input != GemvInput::kPlain && input != GemvInput::kSwiGLU) return cudaErrorInvalidValue;
   if (kernel == GemvKernel::kRows) {
     const GemvParams<TOut> p{
-        x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, 1, rows_prefetch(n), 0};
+        x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, 1, rows_prefetch(n)};
     if (input == GemvInput::kSwiGLU) return launch_rows_for_m<GemvInput::kSwiGLU>(p, stream);
     return launch_rows_for_m<GemvInput::kPlain>(p, stream);
   }
@@ -549,9 +496,9 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
   int sms = 0;
   if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
   const GemvParams<TOut> p{
-      x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms), 0, 0};
-  if (input == GemvInput::kSwiGLU) return launch<GemvInput::kSwiGLU, kSwigluWarps>(p, sms, stream);
-  return launch<GemvInput::kPlain, kPlainWarps>(p, sms, stream);
+      x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms), 0};
+  if (input == GemvInput::kSwiGLU) return launch<GemvInput::kSwiGLU, kSwigluWarps>(p, stream);
+  return launch<GemvInput::kPlain, kPlainWarps>(p, stream);
 }
 
 template cudaError_t launch_gemv<__nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t, GemvInput,

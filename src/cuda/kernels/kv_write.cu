@@ -19,7 +19,6 @@ __global__ void __launch_bounds__(kThreads)
                     const int32_t* __restrict__ cells, const int32_t* __restrict__ row_seq,
                     const int32_t* __restrict__ positions, Unit* __restrict__ k_pool,
                     Unit* __restrict__ v_pool, int32_t* __restrict__ table, int64_t table_stride) {
-  detail::trigger_early<1>();
   detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t cell = cells[r];
@@ -30,7 +29,7 @@ __global__ void __launch_bounds__(kThreads)
     k_dst[i] = src[k_offset_units + i];
     v_dst[i] = src[v_offset_units + i];
   }
-  detail::trigger_late<1>();
+  detail::allow_dependent_grids();
   if (table != nullptr && threadIdx.x == 0) {
     table[int64_t{row_seq[r]} * table_stride + positions[r]] = cell;
   }

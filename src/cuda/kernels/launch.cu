@@ -11,6 +11,8 @@ std::atomic<bool> g_programmatic_launch{true};
 constexpr int kMaxDevices = 64;
 std::atomic<int> g_device_support[kMaxDevices];
 
+thread_local bool t_early_triggers = false;
+
 }  // namespace
 
 void set_programmatic_launch(bool enabled) {
@@ -21,7 +23,15 @@ bool programmatic_launch_enabled() {
   return g_programmatic_launch.load(std::memory_order_relaxed);
 }
 
+void set_early_triggers(bool early) {
+  t_early_triggers = early;
+}
+
 namespace detail {
+
+bool early_triggers() {
+  return t_early_triggers;
+}
 
 bool use_programmatic_launch() {
   if (!programmatic_launch_enabled()) return false;

@@ -19,6 +19,12 @@
 //     GEMV behind them is resident and streaming weights while they run; the GEMV and
 //     attention kernels call it once their main loop is issued.
 //
+// Early triggers (set_early_triggers, launch_control.h): the small kernels and the
+// attention then call allow_dependent_grids() before their wait instead of after it (or
+// after the main loop), so the kernel behind them becomes resident, and streams its
+// weights, while the kernel before them is still running. Whether that wins depends on
+// the model and the batch: the decode graphs are captured both ways and timed.
+//
 // Kernels that are not ours (cuBLASLt) are launched normally and wait for everything
 // before them; a kernel of ours after them still overlaps their tail with its launch.
 // Both instructions are no-ops for a kernel launched without the attribute, so the same
@@ -53,21 +59,15 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
-// Where a kernel lets the next one launch (an experiment; CELLM_EARLY_TRIGGER is 0 by
-// default). Bit 1: the small kernels before their own wait; bit 2: the attention
-// kernels before theirs; bit 4: the GEMVs once little of their stream is left (gemv.cu).
-// Early, a chain of PDL kernels becomes resident as soon as slots free up.
-#ifndef CELLM_EARLY_TRIGGER
-#define CELLM_EARLY_TRIGGER 0
-#endif
-template <int kBit>
-__device__ __forceinline__ void trigger_early() {
-  if constexpr ((CELLM_EARLY_TRIGGER & kBit) != 0) allow_dependent_grids();
+// The wait of a small kernel, with its trigger before (`early`) or right after it.
+__device__ __forceinline__ void wait_and_allow(bool early) {
+  if (early) allow_dependent_grids();
+  wait_for_prior_grids();
+  if (!early) allow_dependent_grids();
 }
-template <int kBit>
-__device__ __forceinline__ void trigger_late() {
-  if constexpr ((CELLM_EARLY_TRIGGER & kBit) == 0) allow_dependent_grids();
-}
+
+// Whether the kernels launched now by this thread trigger early (launch_control.h).
+bool early_triggers();
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when
 // use_programmatic_launch(). Returns the launch's error.

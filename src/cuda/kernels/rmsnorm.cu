@@ -28,7 +28,7 @@ constexpr int kHeldPacks = 4;
 // elements in both passes, so a wider row's later packs are re-read only where it wrote
 // them); the block reduction separates it from pass 2, which writes the normalised row.
 template <typename T, int N>
-__global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
+__global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
   const int64_t row = blockIdx.x;
   float* res = p.residual + row * p.d;
   const T* delta = p.delta != nullptr ? p.delta + row * p.d : nullptr;
@@ -42,9 +42,7 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p) {
     const int64_t c = begin + k * step;
     if (c < p.d) detail::load_floats<N>(p.weight + c, held[k]);
   }
-  detail::trigger_early<1>();
-  detail::wait_for_prior_grids();
-  detail::trigger_late<1>();  // the next kernel may launch once every block is here
+  detail::wait_and_allow(early);  // the next kernel may launch once every block is here
 
   // Pass 1, over the thread's packs in the order one loop would take them: the first
   // kHeldPacks stay in registers for pass 2 (no second read of the row).
@@ -112,7 +110,7 @@ constexpr int kHeldHeadWeights = 4;
 
 // One warp per (row, head), heads of a row adjacent; lanes stride over head_dim.
 template <typename T>
-__global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
+__global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p, bool early) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   float held[kHeldHeadWeights] = {};
 #pragma unroll
@@ -120,9 +118,7 @@ __global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p) {
     const int64_t c = lane + 32 * k;
     if (c < p.head_dim) held[k] = detail::to_float(p.weight[c]);
   }
-  detail::trigger_early<1>();
-  detail::wait_for_prior_grids();
-  detail::trigger_late<1>();  // the next kernel may launch once every block is here
+  detail::wait_and_allow(early);  // the next kernel may launch once every block is here
 
   const int64_t unit = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   if (unit >= p.m * p.n_heads) return;  // uniform over the warp: blockDim.x % 32 == 0
@@ -162,8 +158,10 @@ cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight,
                       detail::aligned_to(out, sizeof(T) * kPack);
   const int threads = detail::threads_for_row(packed ? d / kPack : d, 512);
   const auto blocks = static_cast<unsigned>(m);
-  return packed ? detail::launch_kernel(add_rmsnorm_kernel<T, kPack>, blocks, threads, 0, stream, p)
-                : detail::launch_kernel(add_rmsnorm_kernel<T, 1>, blocks, threads, 0, stream, p);
+  return packed ? detail::launch_kernel(add_rmsnorm_kernel<T, kPack>, blocks, threads, 0, stream, p,
+                                        detail::early_triggers())
+                : detail::launch_kernel(add_rmsnorm_kernel<T, 1>, blocks, threads, 0, stream, p,
+                                        detail::early_triggers());
 }
 
 template <typename T>
@@ -183,7 +181,8 @@ cudaError_t launch_head_rmsnorm(T* x, int64_t m, int64_t row_stride, int64_t off
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   return detail::launch_kernel(
       head_rmsnorm_kernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream,
-      HeadRmsNormParams<T>{x, m, row_stride, offset, n_heads, head_dim, weight, eps});
+      HeadRmsNormParams<T>{x, m, row_stride, offset, n_heads, head_dim, weight, eps},
+      detail::early_triggers());
 }
 
 template cudaError_t launch_add_rmsnorm<float>(float*, const float*, const float*, int64_t, int64_t,

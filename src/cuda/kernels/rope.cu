@@ -25,7 +25,6 @@ struct RopeParams {
 // rotation is in place without hazards. Consecutive threads take consecutive j.
 template <typename T>
 __global__ void rope_kernel(RopeParams<T> p) {
-  detail::trigger_early<1>();
   detail::wait_for_prior_grids();
   const int64_t heads = p.n_q_heads + p.n_kv_heads;
   const int64_t total = p.m * heads * p.half;
@@ -47,7 +46,7 @@ __global__ void rope_kernel(RopeParams<T> p) {
     v[j] = detail::from_float<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
     v[j + p.half] = detail::from_float<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
   }
-  detail::trigger_late<1>();
+  detail::allow_dependent_grids();
 }
 
 }  // namespace

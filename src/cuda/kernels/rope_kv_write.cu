@@ -25,7 +25,8 @@ constexpr int kMaxHalf = static_cast<int>(kMaxRopeKvWriteHeadDim / 2);
 // pool row too. N = 1 when the shapes or pointers allow no wider pack
 // (launch_rope_kv_write).
 template <typename T, int N>
-__global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWriteParams<T> p) {
+__global__ void __launch_bounds__(kThreads)
+    rope_kv_write_kernel(const RopeKvWriteParams<T> p, bool early) {
   static_assert(kMaxHalf <= kThreads, "each thread computes at most one angle");
   __shared__ float cos_j[kMaxHalf];
   __shared__ float sin_j[kMaxHalf];
@@ -41,9 +42,7 @@ __global__ void __launch_bounds__(kThreads) rope_kv_write_kernel(const RopeKvWri
     sin_j[tid] = sinf(angle);
   }
   const int32_t cell = p.cells[r];
-  detail::trigger_early<1>();
-  detail::wait_for_prior_grids();
-  detail::trigger_late<1>();  // the next kernel may launch once every block is here
+  detail::wait_and_allow(early);  // the next kernel may launch once every block is here
 
   const int64_t kv_dim = p.n_kv_heads * p.head_dim;
   T* row = p.qkv + r * p.row_stride;
@@ -105,7 +104,7 @@ bool packable(const RopeKvWriteParams<T>& p, int64_t n) {
 template <typename T, int N>
 cudaError_t launch_packed(const RopeKvWriteParams<T>& p, cudaStream_t stream) {
   return detail::launch_kernel(rope_kv_write_kernel<T, N>, static_cast<unsigned>(p.n_rows),
-                               kThreads, 0, stream, p);
+                               kThreads, 0, stream, p, detail::early_triggers());
 }
 
 // [a, a + a_len) and [b, b + b_len) share a column.

@@ -18,10 +18,8 @@ struct SwigluParams {
 
 // Grid-stride over packs of N consecutive columns of one row.
 template <typename T, int N>
-__global__ void swiglu_kernel(SwigluParams<T> p) {
-  detail::trigger_early<1>();
-  detail::wait_for_prior_grids();
-  detail::trigger_late<1>();  // the next kernel may launch once every block is here
+__global__ void swiglu_kernel(SwigluParams<T> p, bool early) {
+  detail::wait_and_allow(early);  // the next kernel may launch once every block is here
   const int64_t packs_per_row = p.ff / N;
   const int64_t total = p.m * packs_per_row;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -52,10 +50,10 @@ cudaError_t launch_swiglu(const T* gate_up, int64_t m, int64_t ff, T* out, cudaS
   if (packed) {
     return detail::launch_kernel(swiglu_kernel<T, kPack>,
                                  detail::blocks_for(m * ff / kPack, kThreads), kThreads, 0, stream,
-                                 p);
+                                 p, detail::early_triggers());
   }
   return detail::launch_kernel(swiglu_kernel<T, 1>, detail::blocks_for(m * ff, kThreads), kThreads,
-                               0, stream, p);
+                               0, stream, p, detail::early_triggers());
 }
 
 template cudaError_t launch_swiglu<float>(const float*, int64_t, int64_t, float*, cudaStream_t);
