@@ -4,8 +4,9 @@
 //                   [--fresh-positions F]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
-// rows 1, 16, 64 and 256, every row at context 192 or 1024 (max_context 2048 sizes
-// the split), each row's cells scattered through a shuffled table. For the
+// rows 1, 16, 64 and 256, every row at context 192, 1024 or 8192 (8192 for up to 64
+// rows; max_context 8192 sizes the split), each row's cells scattered through a
+// shuffled table. For the
 // tensor-core kernel and the CUDA-core kernel (AttentionPath::kCudaCores), prints
 // the time of one launch replayed from a CUDA graph (the GPU's time, as a captured
 // decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
@@ -47,8 +48,8 @@ void check(cudaError_t err, const char* what) {
 
 constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 constexpr int64_t kMaxRows = 256;
-constexpr int32_t kMaxContext = 2048;
-constexpr int64_t kCells = kMaxRows * kMaxContext;  // every row's cells distinct
+constexpr int32_t kMaxContext = 8192;                 // the table's row width
+constexpr int64_t kCells = int64_t{kMaxRows} * 2048;  // rows x context <= kCells: distinct
 constexpr int kLaunchesPerGraph = 20;
 
 template <typename T>
@@ -105,13 +106,13 @@ int main(int argc, char** argv) {
   Bf16* qkv = device_alloc<Bf16>(qkv_host.size());
   check(cudaMemcpy(qkv, qkv_host.data(), qkv_host.size() * sizeof(Bf16), cudaMemcpyHostToDevice),
         "upload qkv");
-  // Table row s: a shuffled slice of all cells, so consecutive positions are far apart.
+  // Table row s at context c: the slice [s c, s c + c) of a shuffle of all cells, so
+  // consecutive positions are far apart and no two rows share a cell (rows x c <= kCells).
   std::vector<int32_t> order(static_cast<size_t>(kCells));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
-  int32_t* table = device_alloc<int32_t>(order.size());
-  check(cudaMemcpy(table, order.data(), order.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
-        "upload table");
+  std::vector<int32_t> table_host(static_cast<size_t>(kMaxRows * kMaxContext));
+  int32_t* table = device_alloc<int32_t>(table_host.size());
   std::vector<int32_t> seqs(kMaxRows);
   std::iota(seqs.begin(), seqs.end(), 0);
   int32_t* row_seq = device_alloc<int32_t>(kMaxRows);
@@ -137,11 +138,21 @@ int main(int argc, char** argv) {
       cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
       static_cast<long>(target_blocks), block_warps, fresh_positions);
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
-  for (const int32_t context : {192, 1024}) {
+  for (const int32_t context : {192, 1024, 8192}) {
     const std::vector<int32_t> pos(kMaxRows, context - 1);
     check(cudaMemcpy(positions, pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
           "upload positions");
+    for (int64_t s = 0; s < kMaxRows; ++s) {
+      for (int32_t j = 0; j < context; ++j) {
+        table_host[static_cast<size_t>(s * kMaxContext + j)] =
+            order[static_cast<size_t>((s * context + j) % kCells)];
+      }
+    }
+    check(cudaMemcpy(table, table_host.data(), table_host.size() * sizeof(int32_t),
+                     cudaMemcpyHostToDevice),
+          "upload table");
     for (const int64_t rows : {1, 16, 64, 256}) {
+      if (rows * context > kCells) continue;
       double us[2] = {0, 0};
       for (int path = 0; path < 2; ++path) {
         AttentionParams<Bf16> p;

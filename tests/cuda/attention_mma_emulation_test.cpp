@@ -174,8 +174,9 @@ Span row_span(int32_t pos, int32_t window, int32_t n_splits) {
   s.hi = int64_t{pos} + 1;
   s.lo = window > 0 ? std::max(int64_t{0}, s.hi - window) : 0;
   const int64_t len = s.hi - s.lo;
-  const int64_t per_split = (len + n_splits - 1) / n_splits;
-  s.chunk = static_cast<int32_t>((per_split + 63) / 64 * 64);  // kAttentionChunkAlign
+  // kAttentionUnsplitPositions, kAttentionChunkAlign
+  const int64_t per_split = len <= 256 ? len : (len + n_splits - 1) / n_splits;
+  s.chunk = static_cast<int32_t>((per_split + 63) / 64 * 64);
   s.active = static_cast<int32_t>((len + s.chunk - 1) / s.chunk);
   return s;
 }

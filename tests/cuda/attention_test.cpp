@@ -357,8 +357,8 @@ TYPED_TEST(AttentionTest, PrefillRowsMatchTheCpuTwin) {
 TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
   CELLM_SKIP_WITHOUT_GPU();
   // max_context 4096 with one row: 64 splits; the chunk is a multiple of 64 cut from the
-  // row's length, so contexts around multiples of 16 (a tile), 64 and 64 * 64 straddle
-  // tile and chunk edges.
+  // row's length (one chunk up to 256 positions), so contexts around multiples of 16 (a
+  // tile), 64, 256 and 64 * 64 straddle tile and chunk edges.
   uint32_t seed = 300;
   for (const int32_t context :
        {1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 1040, 1041, 4095, 4096}) {
@@ -375,20 +375,22 @@ TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
 int32_t active_chunks(int32_t pos, int32_t window, int32_t n_splits) {
   const int64_t hi = int64_t{pos} + 1;
   const int64_t len = hi - (window > 0 ? std::max<int64_t>(0, hi - window) : 0);
-  const int64_t chunk = ((len + n_splits - 1) / n_splits + 63) / 64 * 64;
+  const int64_t per_split = len <= 256 ? len : (len + n_splits - 1) / n_splits;
+  const int64_t chunk = (per_split + 63) / 64 * 64;
   return static_cast<int32_t>((len + chunk - 1) / chunk);
 }
 
 TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
   CELLM_SKIP_WITHOUT_GPU();
-  // Eight decode rows at a budget of 4096 (32 or 16 splits), of 1 chunk to one per
-  // split: each row's last block folds its own count of partials while other rows
-  // write directly. Three launches back to back on one stream and workspace (with and
-  // without programmatic launch), for the tensor-core kernel (bf16 at head_dim 64 and
-  // 128, groups up to 16) and the CUDA-core one (f32, forced bf16, head_dim 20; group
-  // 12: two head tiles per kv head).
+  // Eight decode rows at a budget of 4096 and a target of 512 blocks (32 or 16 splits),
+  // of 1 chunk to one per split: each row's last block folds its own count of partials
+  // while other rows write directly. Three launches back to back on one stream and workspace (with
+  // and without programmatic launch), for the tensor-core kernel (bf16 at head_dim 64 and 128,
+  // groups up to 16) and the CUDA-core one (f32, forced bf16, head_dim 20; group 12: two head tiles
+  // per kv head).
   using T = TypeParam;
-  const std::vector<int32_t> lengths = {1, 16, 65, 129, 200, 600, 2049, 4096};
+  const std::vector<int32_t> lengths = {1, 200, 257, 400, 600, 1000, 2049, 4096};
+  constexpr int64_t kTarget = 512;
   uint32_t seed = 350;
   struct RestorePdl {
     ~RestorePdl() { set_programmatic_launch(true); }
@@ -403,7 +405,8 @@ TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
         const int64_t n_rows = static_cast<int64_t>(lengths.size());
         SCOPED_TRACE(describe(geo, 4096, n_rows) + (pdl ? " pdl" : " no pdl") +
                      (path == AttentionPath::kAuto ? " auto" : " cuda cores"));
-        const int32_t n_splits = attention_num_splits(n_rows, geo.n_heads, geo.n_kv_heads, 4096);
+        const int32_t n_splits =
+            attention_num_splits(n_rows, geo.n_heads, geo.n_kv_heads, 4096, kTarget);
         std::vector<SequenceSpec> specs;
         std::vector<std::pair<int32_t, int32_t>> rows;
         std::vector<int32_t> active;
@@ -417,8 +420,14 @@ TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
         EXPECT_GE(std::set<int32_t>(active.begin(), active.end()).size(), 6u);
         const Scenario s = make_scenario<T>(geo, specs, rows, seed++);
         DeviceScenario<T> d(s);
+        d.workspace =
+            DeviceArray<float>(attention_workspace_bytes(n_rows, geo.n_heads, geo.n_kv_heads,
+                                                         geo.head_dim, 4096, kTarget) /
+                               sizeof(float));
+        prepare_workspace(d.workspace);
         AttentionParams<T> p = d.params(s);
         p.path = path;
+        p.target_blocks = kTarget;
         for (int i = 0; i < 3; ++i) CELLM_ASSERT_CUDA(launch_attention<T>(p, nullptr));
         CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
         expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>,
@@ -791,19 +800,22 @@ TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
   EXPECT_EQ(attention_num_splits(1, 32, 8, 1), 1);
   EXPECT_EQ(attention_num_splits(1, 32, 8, 32), 1);
   // One row of 8 kv heads (group 4: one tile each): 8 blocks per split; at most one
-  // split per 32 budget positions and 64 in all.
+  // split per 32 budget positions, ~128 blocks and 64 splits in all.
   EXPECT_EQ(attention_num_splits(1, 32, 8, 33), 2);
-  EXPECT_EQ(attention_num_splits(1, 32, 8, 1000), 32);
-  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 64);
-  // Enough rows fill ~512 blocks without splitting.
-  EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 4);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 300), 10);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 16);
+  EXPECT_EQ(attention_num_splits(1, 32, 2, 8192), 32);  // group 16: two tiles
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192, 4096), 64);
+  // Enough rows fill ~128 blocks without splitting.
+  EXPECT_EQ(attention_num_splits(4, 32, 8, 8192), 4);
+  EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 1);
   EXPECT_EQ(attention_num_splits(64, 32, 8, 8192), 1);
   // Group 12 takes two tiles of 8 heads per kv head: twice the blocks per split.
-  EXPECT_EQ(attention_num_splits(16, 24, 2, 8192), 8);
+  EXPECT_EQ(attention_num_splits(4, 24, 2, 8192), 8);
   // The workspace: int32 counters, then f32 acc, max and sum of every (row, head, split).
   EXPECT_EQ(attention_workspace_bytes(4096, 32, 8, 128, 32), 0u);
   EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 8192),
-            sizeof(int32_t) * kAttentionWorkspaceCounters + sizeof(float) * 64 * 32 * (128 + 2));
+            sizeof(int32_t) * kAttentionWorkspaceCounters + sizeof(float) * 16 * 32 * (128 + 2));
   for (const int64_t rows : {1, 2, 7, 37, 256, 1000}) {
     for (const int32_t budget : {1, 100, 256, 257, 2049, 8192, 131072}) {
       const int32_t splits = attention_num_splits(rows, 8, 2, budget);

@@ -61,7 +61,11 @@ namespace cellm::cuda {
 inline constexpr int64_t kMaxAttentionHeadDimCuda = 256;
 
 // Blocks a launch's split count aims for by default (AttentionParams::target_blocks).
-inline constexpr int64_t kAttentionTargetBlocks = 512;
+// Measured on the H200 (docs/PERFORMANCE.md, session 5): 128 is faster than 512 at every
+// decode shape of bench/attention_bench; a fold costs more than the parallelism it adds
+// once a launch has ~128 blocks (16 rows of 8 kv heads at 192 keys: 5.7 us unsplit, 9.1
+// in 4 splits; one row at 1024 keys: 6.9 us in 16 splits, 8.7 in 64).
+inline constexpr int64_t kAttentionTargetBlocks = 128;
 
 // int32 arrival counters at the start of the workspace: one per (row, kv head, head
 // tile) of a launch that splits, which has fewer blocks per split than its target
