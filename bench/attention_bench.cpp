@@ -12,7 +12,8 @@
 // decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
 // head_dim x 2 bytes / time. The 20 launches of a graph follow one another with
 // programmatic dependent launch unless --no-pdl. --target-blocks sets the blocks the
-// split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks),
+// split count aims for (AttentionParams::target_blocks; default 0: the budget's,
+// attention_default_target_blocks),
 // --block-warps the tensor-core kernel's warps per block (2, 4; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
@@ -63,7 +64,7 @@ T* device_alloc(size_t count) {
 
 int main(int argc, char** argv) {
   int iters = 20;
-  int64_t target_blocks = cellm::cuda::kAttentionTargetBlocks;
+  int64_t target_blocks = 0;
   int32_t block_warps = 0;      // the launcher's choice
   int32_t fresh_positions = 1;  // decode rows: older K/V may load before the wait
   for (int i = 1; i < argc; ++i) {
@@ -136,7 +137,10 @@ int main(int argc, char** argv) {
       "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
       "blocks %ld, block warps %d (0: chosen), fresh positions %d\n",
       cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
-      static_cast<long>(target_blocks), block_warps, fresh_positions);
+      static_cast<long>(target_blocks == 0
+                            ? cellm::cuda::attention_default_target_blocks(kMaxContext)
+                            : target_blocks),
+      block_warps, fresh_positions);
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
   for (const int32_t context : {192, 1024, 8192}) {
     const std::vector<int32_t> pos(kMaxRows, context - 1);

@@ -799,22 +799,31 @@ TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
   // Budgets of at most 32 positions never split.
   EXPECT_EQ(attention_num_splits(1, 32, 8, 1), 1);
   EXPECT_EQ(attention_num_splits(1, 32, 8, 32), 1);
+  // The default target: ~128 blocks under a budget of 2,048 positions, ~512 from it.
+  EXPECT_EQ(attention_default_target_blocks(1), kAttentionTargetBlocks);
+  EXPECT_EQ(attention_default_target_blocks(2047), 128);
+  EXPECT_EQ(attention_default_target_blocks(2048), kAttentionLongTargetBlocks);
+  EXPECT_EQ(attention_default_target_blocks(131072), 512);
   // One row of 8 kv heads (group 4: one tile each): 8 blocks per split; at most one
-  // split per 32 budget positions, ~128 blocks and 64 splits in all.
+  // split per 32 budget positions and 64 in all.
   EXPECT_EQ(attention_num_splits(1, 32, 8, 33), 2);
   EXPECT_EQ(attention_num_splits(1, 32, 8, 300), 10);
-  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 16);
-  EXPECT_EQ(attention_num_splits(1, 32, 2, 8192), 32);  // group 16: two tiles
-  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192, 4096), 64);
-  // Enough rows fill ~128 blocks without splitting.
-  EXPECT_EQ(attention_num_splits(4, 32, 8, 8192), 4);
-  EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 1);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 1000), 16);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 1000, 512), 32);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 64);
+  EXPECT_EQ(attention_num_splits(1, 32, 2, 8192, 128), 32);  // group 16: two tiles
+  // Enough rows fill the target without splitting.
+  EXPECT_EQ(attention_num_splits(16, 32, 8, 1024), 1);
+  EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 4);
   EXPECT_EQ(attention_num_splits(64, 32, 8, 8192), 1);
   // Group 12 takes two tiles of 8 heads per kv head: twice the blocks per split.
-  EXPECT_EQ(attention_num_splits(4, 24, 2, 8192), 8);
+  EXPECT_EQ(attention_num_splits(16, 24, 2, 8192), 8);
+  EXPECT_EQ(attention_num_splits(4, 24, 2, 1024), 8);
   // The workspace: int32 counters, then f32 acc, max and sum of every (row, head, split).
   EXPECT_EQ(attention_workspace_bytes(4096, 32, 8, 128, 32), 0u);
   EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 8192),
+            sizeof(int32_t) * kAttentionWorkspaceCounters + sizeof(float) * 64 * 32 * (128 + 2));
+  EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 1024),
             sizeof(int32_t) * kAttentionWorkspaceCounters + sizeof(float) * 16 * 32 * (128 + 2));
   for (const int64_t rows : {1, 2, 7, 37, 256, 1000}) {
     for (const int32_t budget : {1, 100, 256, 257, 2049, 8192, 131072}) {

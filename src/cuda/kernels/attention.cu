@@ -30,7 +30,8 @@ constexpr int kKeysPerSlot = 4;          // keys a slot loads before it folds an
 constexpr int32_t kMinSplitTokens = 32;  // the budget gives at most one split per this many
 // A launch splits only while it has fewer than its target blocks per split, so its
 // (row, kv head, head tile) fold groups fit the workspace's counters.
-static_assert(kAttentionTargetBlocks <= kAttentionWorkspaceCounters);
+static_assert(kAttentionTargetBlocks <= kAttentionWorkspaceCounters &&
+              kAttentionLongTargetBlocks <= kAttentionWorkspaceCounters);
 
 // How a launch cuts the work; computed once on the host.
 struct Geometry {
@@ -386,8 +387,13 @@ cudaError_t launch_cuda_cores(const AttentionParams<T>& p, Geometry* g, int head
 
 }  // namespace
 
+int64_t attention_default_target_blocks(int32_t max_context) {
+  return max_context < kAttentionLongBudget ? kAttentionTargetBlocks : kAttentionLongTargetBlocks;
+}
+
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
                              int32_t max_context, int64_t target_blocks) {
+  if (target_blocks == 0) target_blocks = attention_default_target_blocks(max_context);
   if (n_rows <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_context <= kMinSplitTokens ||
       target_blocks <= 0) {
     return 1;
@@ -448,8 +454,7 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
   Geometry g;
   g.early = detail::early_triggers();
   g.n_splits =
-      attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context,
-                           p.target_blocks == 0 ? kAttentionTargetBlocks : p.target_blocks);
+      attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context, p.target_blocks);
   if (g.n_splits > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
   g.group = static_cast<int32_t>(p.n_heads / p.n_kv_heads);
   const int heads = heads_per_block(g.group);
