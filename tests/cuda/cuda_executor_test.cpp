@@ -310,7 +310,9 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
 // Where a decode graph's small kernels and attention let the next kernel launch changes
 // only when kernels start: every one still waits for its predecessor before touching the
 // step's data. Graphs captured with early triggers, late ones, and the timed choice (both
-// captured and replayed before one is kept) give the same bits.
+// captured and replayed before one is kept) give the same bits; so does the timed choice
+// made on a live step (graphs captured by the sessions' own decode steps, not at start:
+// that step is replayed 16 times before its tokens are read).
 TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
   CELLM_SKIP_WITHOUT_GPU();
   const Fixture f = testing::load_fixture(GetParam());
@@ -319,12 +321,13 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
   const std::vector<SamplingParams> params = mixed_sampling(prompts.size());
   for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
     const std::string mode = precision == CudaPrecision::kF32 ? "f32" : "bf16";
-    std::vector<std::vector<Output>> outputs[3];
-    const EarlyTriggers choices[3] = {EarlyTriggers::kOff, EarlyTriggers::kOn,
-                                      EarlyTriggers::kTimed};
-    for (int c = 0; c < 3; ++c) {
+    std::vector<std::vector<Output>> outputs[4];
+    const EarlyTriggers choices[4] = {EarlyTriggers::kOff, EarlyTriggers::kOn,
+                                      EarlyTriggers::kTimed, EarlyTriggers::kTimed};
+    for (int c = 0; c < 4; ++c) {
       CudaExecutorOptions o = small_options(precision, true);
       o.early_triggers = choices[c];
+      o.capture_graphs_at_start = c != 3;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
       ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
@@ -349,6 +352,7 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
     }
     expect_same_outputs(outputs[1], outputs[0], mode + " early vs late");
     expect_same_outputs(outputs[2], outputs[0], mode + " timed vs late");
+    expect_same_outputs(outputs[3], outputs[0], mode + " timed on live steps vs late");
   }
 }
 
