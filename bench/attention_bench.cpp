@@ -12,8 +12,7 @@
 // decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
 // head_dim x 2 bytes / time. The 20 launches of a graph follow one another with
 // programmatic dependent launch unless --no-pdl. --target-blocks sets the blocks the
-// split count aims for (AttentionParams::target_blocks; default 0: the budget's,
-// attention_default_target_blocks),
+// split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks),
 // --block-warps the tensor-core kernel's warps per block (2, 4; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
@@ -137,9 +136,7 @@ int main(int argc, char** argv) {
       "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
       "blocks %ld, block warps %d (0: chosen), fresh positions %d\n",
       cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
-      static_cast<long>(target_blocks == 0
-                            ? cellm::cuda::attention_default_target_blocks(kMaxContext)
-                            : target_blocks),
+      static_cast<long>(target_blocks == 0 ? cellm::cuda::kAttentionTargetBlocks : target_blocks),
       block_warps, fresh_positions);
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
   for (const int32_t context : {192, 1024, 8192}) {
