@@ -80,6 +80,11 @@ struct CudaExecutorOptions {
   // replays of each, and keeps the faster (decode_graph_notes() says which). Eager steps
   // always trigger after the wait. Needs programmatic_launch.
   EarlyTriggers early_triggers = EarlyTriggers::kTimed;
+  // In decode graphs, a cellm kernel behind a cuBLASLt kernel launches once every block
+  // of the cuBLASLt kernel has started (a launch-completion edge; cuda/graph_edges.h)
+  // instead of once it has finished: it waits for the GEMM's results all the same, but
+  // its launch and its weight loads overlap the GEMM's tail. Needs programmatic_launch.
+  bool early_after_cublas = false;
 };
 
 namespace cuda {

@@ -16,6 +16,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/device_model.h"
 #include "cuda/gemm.h"
+#include "cuda/graph_edges.h"
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/embedding.h"
 #include "cuda/kernels/rmsnorm.h"
@@ -103,6 +104,7 @@ class CudaForward final : public ForwardEngine {
         dims_(dims),
         tune_gemm_(options.tune_gemm),
         early_triggers_(options.early_triggers),
+        early_after_cublas_(options.early_after_cublas),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -314,7 +316,7 @@ class CudaForward final : public ForwardEngine {
       const bool early = early_triggers_ == EarlyTriggers::kOn;
       CELLM_ASSIGN_OR_RETURN(GraphExec graph, capture_graph(bucket, early));
       graphs_.emplace(bucket, std::move(graph));
-      graph_notes_.push_back(name + (early ? "early" : "late") + " triggers");
+      graph_notes_.push_back(name + (early ? "early" : "late") + " triggers" + edges_note());
       return Status::Ok();
     }
     GraphExec graphs[2];  // late, early
@@ -327,8 +329,14 @@ class CudaForward final : public ForwardEngine {
     char note[96];
     std::snprintf(note, sizeof note, "early %.3f ms, late %.3f ms: %s", ms[1], ms[0],
                   kept == 1 ? "early" : "late");
-    graph_notes_.push_back(name + note);
+    graph_notes_.push_back(name + note + edges_note());
     return Status::Ok();
+  }
+
+  // "; N edges early after cuBLASLt" under early_after_cublas_ (the last capture's count).
+  std::string edges_note() const {
+    if (!early_after_cublas_) return "";
+    return "; " + std::to_string(last_rewritten_edges_) + " edges early after cuBLASLt";
   }
 
   // One capture of the decode step of `bucket` rows.
@@ -342,8 +350,20 @@ class CudaForward final : public ForwardEngine {
     set_early_triggers(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
-    CELLM_RETURN_IF_ERROR(enqueued);
-    CELLM_CUDA_RETURN_IF_ERROR(ended, "ending a decode graph capture");
+    if (!enqueued.ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      CELLM_RETURN_IF_ERROR(enqueued);
+      CELLM_CUDA_RETURN_IF_ERROR(ended, "ending a decode graph capture");
+    }
+    last_rewritten_edges_ = 0;
+    if (early_after_cublas_ && programmatic_launch_enabled()) {
+      Result<int> rewritten = launch_after_foreign_start(graph);
+      if (!rewritten.ok()) {
+        cudaGraphDestroy(graph);
+        return rewritten.status();
+      }
+      last_rewritten_edges_ = *rewritten;
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -518,7 +538,9 @@ class CudaForward final : public ForwardEngine {
   ForwardDims dims_;
   bool tune_gemm_ = true;                                 // GemmPath::kTuned, else kCublasLtOnly
   EarlyTriggers early_triggers_ = EarlyTriggers::kTimed;  // of the decode graphs
-  std::vector<std::string> graph_notes_;                  // one per captured decode graph
+  bool early_after_cublas_ = false;       // launch-completion edges after cuBLASLt kernels
+  int last_rewritten_edges_ = 0;          // by the last capture_graph, for the notes
+  std::vector<std::string> graph_notes_;  // one per captured decode graph
   MetaLayout meta_;
   BufferLayout buf_;
   std::unique_ptr<DeviceModel<T>> model_;

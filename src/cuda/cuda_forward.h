@@ -58,6 +58,7 @@ struct ForwardOptions {
   // GemmPath::kTuned, each decode bucket's products timed as it warms; else kCublasLtOnly.
   bool tune_gemm = true;
   EarlyTriggers early_triggers = EarlyTriggers::kTimed;  // of the decode graphs
+  bool early_after_cublas = false;                       // (CudaExecutorOptions)
 };
 
 class ForwardEngine {

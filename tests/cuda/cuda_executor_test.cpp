@@ -356,6 +356,43 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
   }
 }
 
+// A decode graph's cellm kernels behind cuBLASLt kernels launching once those have all
+// started (early_after_cublas) still wait for their results: the same bits, with
+// cuBLASLt serving every product (no GEMM tuning), so every layer has such edges.
+TEST_P(CudaExecutorFixtureTest, EarlyAfterCublasChangesNoTokenAndNoLogprob) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const Fixture f = testing::load_fixture(GetParam());
+  auto w = load_weights(f);
+  const auto prompts = prompts_of(f);
+  const std::vector<SamplingParams> params = mixed_sampling(prompts.size());
+  for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
+    const std::string mode = precision == CudaPrecision::kF32 ? "f32" : "bf16";
+    std::vector<std::vector<Output>> outputs[2];
+    for (bool early : {false, true}) {
+      CudaExecutorOptions o = small_options(precision, true);
+      o.tune_gemm = false;
+      o.early_after_cublas = early;
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      outputs[early ? 1 : 0] = testing::drive_outputs(**e, prompts, 5, 16, params);
+      EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
+      for (const std::string& note : (*e)->decode_graph_notes()) {
+        const size_t at = note.find("; ");
+        if (!early) {
+          EXPECT_EQ(at, std::string::npos) << note;
+          continue;
+        }
+        ASSERT_NE(at, std::string::npos) << note;
+        EXPECT_TRUE(note.ends_with(" edges early after cuBLASLt")) << note;
+        // Every layer's products run on cuBLASLt: at least one edge each.
+        EXPECT_GE(std::stoi(note.substr(at + 2)), w->config().num_layers()) << note;
+      }
+    }
+    expect_same_outputs(outputs[1], outputs[0], mode + " early after cuBLASLt vs not");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaExecutorFixtureTest,
                          ::testing::ValuesIn(testing::fixture_names()), [](const auto& info) {
                            std::string n = info.param;

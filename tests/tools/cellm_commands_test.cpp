@@ -65,7 +65,8 @@ TEST(CellmHelpTest, EverySubcommandDescribesItsFlags) {
       {"tokenize", {"model", "text", "add-special", "help"}},
       {"bench",
        {"model", "preset", "npp", "ntg", "npl", "executor", "step-width", "threads", "seed",
-        "peak-bandwidth", "no-pdl", "no-gemm-tuning", "early-triggers", "json", "help"}},
+        "peak-bandwidth", "no-pdl", "no-gemm-tuning", "early-triggers", "early-after-cublas",
+        "json", "help"}},
   };
   for (const HelpCase& c : cases) {
     for (const char* help : {"--help", "-h"}) {

@@ -38,6 +38,9 @@ const std::vector<FlagSpec> kFlags = {
     {"early-triggers", "WHEN",
      "CUDA: let the next kernel launch before the wait of the decode graphs' norms, RoPE and "
      "attention: timed (capture both ways, keep the faster; default), on or off"},
+    {"early-after-cublas", "",
+     "CUDA: in decode graphs, launch a cellm kernel behind a cuBLASLt kernel once all of that "
+     "kernel's blocks have started (it still waits for the results)"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
@@ -229,6 +232,7 @@ int run_bench(int argc, const char* const* argv) {
       parse_early_triggers(args->get("early-triggers").value_or("timed"));
   if (!triggers.ok()) return fail(cmd, triggers.status());
   limits.early_triggers = *triggers;
+  limits.early_after_cublas = args->has("early-after-cublas");
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();

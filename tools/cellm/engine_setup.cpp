@@ -135,6 +135,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.programmatic_launch = limits.programmatic_launch;
     o.tune_gemm = limits.tune_gemm;
     o.early_triggers = limits.early_triggers;
+    o.early_after_cublas = limits.early_after_cublas;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));

@@ -55,6 +55,7 @@ struct EngineLimits {
   bool tune_gemm = true;  // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
   // CUDA: trigger placement of the decode graphs (CudaExecutorOptions::early_triggers).
   EarlyTriggers early_triggers = EarlyTriggers::kTimed;
+  bool early_after_cublas = false;  // CUDA: CudaExecutorOptions::early_after_cublas
 };
 
 // "timed", "on" or "off" (--early-triggers); InvalidArgument naming the value otherwise.
