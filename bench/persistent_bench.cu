@@ -94,14 +94,16 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Where a warp's work in product p starts: its first row group and chunk.
+// Where a warp's work in product p starts: its first row group and chunk. Consecutive
+// groups go to consecutive blocks, so a product of fewer groups than the grid has warp
+// groups still spreads over every SM; a warp's next group is gridDim.x * (kWarps / split)
+// further.
 struct Start {
   int64_t group;
   int part;
 };
 __device__ __forceinline__ Start start_of(const Product& q, int warp) {
-  const int groups_per_block = kWarps / q.split;
-  return {int64_t{blockIdx.x} * groups_per_block + warp / q.split, warp % q.split};
+  return {int64_t{warp / q.split} * gridDim.x + blockIdx.x, warp % q.split};
 }
 
 // Loads the kUnroll chunks from c0 of rows [row0, row0 + kRows) of q (rows past n read row
