@@ -25,12 +25,13 @@ inline constexpr int64_t kAttentionUnsplitPositions = 256;
 inline constexpr int64_t kAttentionPositionsPerChunk = 1024;
 inline constexpr float kLog2e = 1.4426950408889634f;
 
-// The positions a row attends, [lo, hi), and how they are cut: `active` chunks
-// of `chunk` positions (a multiple of `align`; the last may be shorter): one chunk up to
+// The positions a row attends, [lo, hi), and how they are cut: `active` chunks of
+// `chunk` positions (a multiple of `align`; the last may be shorter): one chunk up to
 // kAttentionUnsplitPositions, else min(n_splits, max(min_chunks, len /
 // kAttentionPositionsPerChunk)) before the rounding, so that the row's length, not the
-// session budget, sets the work and the number of blocks. Computed on the device from the row's
-// position: a graph captured once cuts every replay's rows by their current lengths.
+// session budget, sets the work and the number of blocks. Computed on the device from
+// the row's position: a graph captured once cuts every replay's rows by their current
+// lengths.
 struct RowSpan {
   int64_t lo, hi;
   int32_t chunk, active;
