@@ -4,8 +4,8 @@
 # $OUT (gpu_tests.log, bench.txt, micro.txt): the device tool brings back a handful.
 #   bash bench/ab_visit.sh [--no-tests] [--no-micro] "NAME:BENCH ARGS" ...   (carry .deps)
 # e.g. "8b:--preset 8b -npl 1,16,64,256" "8b_nopdl:--preset 8b -npl 1,16 --no-pdl".
-# Every row runs with --peak-bandwidth 4250 --step-times, and -npp 128 -ntg 128 unless
-# its arguments give -npp.
+# Every row runs as bench/bench_row.sh says: --peak-bandwidth 4250 --step-times, -npp 128
+# -ntg 128 unless its arguments give -npp, words like NAME=VALUE in its environment.
 set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
@@ -25,15 +25,10 @@ if [ $tests = 1 ]; then
   ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
 fi
+# shellcheck source=bench/bench_row.sh
+. "$(dirname "$0")/bench_row.sh"
 for row in "$@"; do
-  name=${row%%:*}
-  # shellcheck disable=SC2206
-  args=(${row#*:})
-  shape=(-npp 128 -ntg 128)
-  case " ${args[*]} " in *" -npp "*) shape=() ;; esac
-  echo "== $name: ${args[*]}" | tee -a "$OUT/bench.txt"
-  timeout 200 $B/cellm bench --executor cuda "${shape[@]}" --peak-bandwidth 4250 --step-times \
-    "${args[@]}" 2>&1 | tee -a "$OUT/bench.txt" | grep -E "^\| +[0-9]"
+  bench_row "$B/cellm" "${row%%:*}" "$row" "$OUT/bench.txt"
 done
 if [ $micro = 1 ]; then
   timeout 90 $B/bench/gemv_bench >>"$OUT/micro.txt" 2>&1

@@ -5,15 +5,16 @@
 #   bash bench/variant_visit.sh "NAME=CUDA FLAGS" ... -- "ROWNAME:BENCH ARGS" ...   (carry .deps)
 # e.g. bash bench/variant_visit.sh "new=-DMY_EXPERIMENT=1" "base=" -- "8b:--preset 8b -npl 1,16"
 # (session 5 compared PDL trigger placements this way before they became a runtime choice).
-# Results in $OUT/variants.txt (and gpu_tests.log); rows run with --peak-bandwidth 4250
-# --step-times -npp 128 -ntg 128 unless their arguments give -npp; PASSES=2 runs them twice.
-# Words of a row like NAME=VALUE are set in the bench's environment.
+# Results in $OUT/variants.txt (and gpu_tests.log); rows run as bench/bench_row.sh says;
+# PASSES=2 runs them twice.
 set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
 variants=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do variants+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
+# shellcheck source=bench/bench_row.sh
+. "$(dirname "$0")/bench_row.sh"
 prefix=()
 [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
 first=1
@@ -36,21 +37,9 @@ for v in "${variants[@]}"; do
 done
 for pass in $(seq "${PASSES:-1}"); do
   for row in "$@"; do
-    rname=${row%%:*}
-    # shellcheck disable=SC2206
-    words=(${row#*:})
-    args=() envs=()
-    for w in "${words[@]}"; do
-      if [[ $w =~ ^[A-Z_]+= ]]; then envs+=("$w"); else args+=("$w"); fi
-    done
-    shape=(-npp 128 -ntg 128)
-    case " ${args[*]} " in *" -npp "*) shape=() ;; esac
     for v in "${variants[@]}"; do
       name=${v%%=*}
-      echo "== pass $pass $rname $name: ${envs[*]} ${args[*]}" | tee -a "$OUT/variants.txt"
-      env "${envs[@]}" timeout 200 "/tmp/cellm-v-$name/cellm" bench --executor cuda "${shape[@]}" \
-        --peak-bandwidth 4250 --step-times "${args[@]}" 2>&1 | tee -a "$OUT/variants.txt" |
-        grep -E "^\| +[0-9]"
+      bench_row "/tmp/cellm-v-$name/cellm" "pass $pass ${row%%:*} $name" "$row" "$OUT/variants.txt"
     done
   done
 done

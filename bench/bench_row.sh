@@ -1,0 +1,18 @@
+# Sourced by the visit scripts (ab_visit.sh, variant_visit.sh): one `cellm bench` row set.
+#   bench_row CELLM LABEL "NAME:BENCH ARGS" LOG
+# runs CELLM bench --executor cuda with --peak-bandwidth 4250 --step-times, and -npp 128
+# -ntg 128 unless the arguments give -npp; words like NAME=VALUE go to its environment.
+# Appends "== LABEL: ..." and the whole output to LOG, and prints the table rows.
+bench_row() {
+  local cellm=$1 label=$2 row=$3 log=$4
+  local words args=() envs=() shape=(-npp 128 -ntg 128) w
+  # shellcheck disable=SC2206
+  words=(${row#*:})
+  for w in "${words[@]}"; do
+    if [[ $w =~ ^[A-Z_]+= ]]; then envs+=("$w"); else args+=("$w"); fi
+  done
+  case " ${args[*]} " in *" -npp "*) shape=() ;; esac
+  echo "== $label: ${envs[*]} ${args[*]}" | tee -a "$log"
+  env "${envs[@]}" timeout 200 "$cellm" bench --executor cuda "${shape[@]}" \
+    --peak-bandwidth 4250 --step-times "${args[@]}" 2>&1 | tee -a "$log" | grep -E "^\| +[0-9]"
+}
