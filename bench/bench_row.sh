@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the visit scripts (ab_visit.sh, variant_visit.sh): one `cellm bench` row set.
 #   bench_row CELLM LABEL "NAME:BENCH ARGS" LOG
 # runs CELLM bench --executor cuda with --peak-bandwidth 4250 --step-times, and -npp 128

@@ -22,7 +22,7 @@ for v in "${variants[@]}"; do
   name=${v%%=*} flags=${v#*=} dir=/tmp/cellm-v-${v%%=*}
   t0=$(date +%s)
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" \
-    -DCELLM_BUILD_TESTS=$([ $first = 1 ] && echo ON || echo OFF) -DCMAKE_CUDA_FLAGS="$flags" \
+    -DCELLM_BUILD_TESTS="$([ $first = 1 ] && echo ON || echo OFF)" -DCMAKE_CUDA_FLAGS="$flags" \
     >"$OUT/configure_$name.log" 2>&1 || { tail -20 "$OUT/configure_$name.log"; exit 1; }
   target=(--target cellm)
   [ $first = 1 ] && target=()
