@@ -1,6 +1,7 @@
 #include "cuda/graph_edges.h"
 
 #include <cstddef>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -8,19 +9,18 @@
 namespace cellm::cuda {
 namespace {
 
-// Whether `node` is a kernel node, and whether it was launched with programmatic launch.
-Status kernel_kind(cudaGraphNode_t node, bool* is_kernel, bool* programmatic) {
+// What a captured graph's edges say about a node: a node launched with programmatic
+// launch enters the graph behind programmatic edges; one launched without it, behind
+// ordinary ones. (A kernel node does not keep the launch attribute itself.)
+struct Incoming {
+  int edges = 0;
+  int programmatic = 0;
+};
+
+Result<bool> is_kernel(cudaGraphNode_t node) {
   cudaGraphNodeType type{};
   CELLM_CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(node, &type), "reading a graph node's type");
-  *is_kernel = type == cudaGraphNodeTypeKernel;
-  *programmatic = false;
-  if (!*is_kernel) return Status::Ok();
-  cudaLaunchAttributeValue value{};
-  CELLM_CUDA_RETURN_IF_ERROR(cudaGraphKernelNodeGetAttribute(
-                                 node, cudaLaunchAttributeProgrammaticStreamSerialization, &value),
-                             "reading a kernel node's launch attributes");
-  *programmatic = value.programmaticStreamSerializationAllowed != 0;
-  return Status::Ok();
+  return type == cudaGraphNodeTypeKernel;
 }
 
 }  // namespace
@@ -35,16 +35,28 @@ Result<int> launch_after_foreign_start(cudaGraph_t graph) {
     CELLM_CUDA_RETURN_IF_ERROR(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n),
                                "reading a graph's edges");
   }
+  std::unordered_map<cudaGraphNode_t, Incoming> incoming;
+  for (size_t i = 0; i < n; ++i) {
+    Incoming& in = incoming[to[i]];
+    ++in.edges;
+    if (data[i].type == cudaGraphDependencyTypeProgrammatic) ++in.programmatic;
+  }
   int rewritten = 0;
   for (size_t i = 0; i < n; ++i) {
-    bool from_kernel = false, from_programmatic = false, to_kernel = false, to_programmatic = false;
-    CELLM_RETURN_IF_ERROR(kernel_kind(from[i], &from_kernel, &from_programmatic));
-    CELLM_RETURN_IF_ERROR(kernel_kind(to[i], &to_kernel, &to_programmatic));
-    if (!from_kernel || from_programmatic || !to_kernel || !to_programmatic) continue;
+    // The downstream kernel was launched programmatically, so it waits for its
+    // predecessors' results (griddepcontrol.wait) whenever it starts.
+    if (data[i].type != cudaGraphDependencyTypeProgrammatic) continue;
+    if (data[i].from_port == cudaGraphKernelNodePortLaunchCompletion) continue;
+    // The upstream kernel was launched without it, behind some other node: a foreign
+    // kernel that never triggers. (A root is left alone: nothing tells whose it is.)
+    const Incoming& up = incoming[from[i]];
+    if (up.edges == 0 || up.programmatic != 0) continue;
+    CELLM_ASSIGN_OR_RETURN(const bool from_kernel, is_kernel(from[i]));
+    CELLM_ASSIGN_OR_RETURN(const bool to_kernel, is_kernel(to[i]));
+    if (!from_kernel || !to_kernel) continue;
     cudaGraphEdgeData early{};
     early.from_port = cudaGraphKernelNodePortLaunchCompletion;
     early.type = cudaGraphDependencyTypeProgrammatic;
-    if (data[i].from_port == early.from_port && data[i].type == early.type) continue;
     CELLM_CUDA_RETURN_IF_ERROR(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1),
                                "removing a graph edge");
     CELLM_CUDA_RETURN_IF_ERROR(cudaGraphAddDependencies(graph, &from[i], &to[i], &early, 1),

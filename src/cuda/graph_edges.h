@@ -16,10 +16,11 @@
 
 namespace cellm::cuda {
 
-// Rewrites every edge of `graph` from a kernel node launched without programmatic launch
-// to one launched with it (cudaLaunchAttributeProgrammaticStreamSerialization) into a
-// programmatic edge from the upstream's launch-completion port; other edges are left as
-// they are. Returns how many edges it rewrote.
+// Rewrites every programmatic edge of `graph` (its downstream kernel was launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization, so it waits for its predecessors)
+// whose upstream kernel was launched without programmatic launch (it entered the graph
+// behind ordinary edges only; a root is left alone) into one from the upstream's
+// launch-completion port. Returns how many edges it rewrote.
 Result<int> launch_after_foreign_start(cudaGraph_t graph);
 
 }  // namespace cellm::cuda

@@ -32,8 +32,8 @@ using Bf16 = __nv_bfloat16;
 
 constexpr int64_t kM = 16, kK = 256, kFf = 256;
 
-// x [kM, kK] · w [2 kFf, kK]ᵀ through cuBLASLt into gate_up, then SwiGLU into out
-// [kM, kFf] (optionally twice, the second from the first's output rows as gate_up).
+// SwiGLU of gate_up into out [kM, kFf], then (optionally) x [kM, kK] · w [2 kFf, kK]ᵀ
+// through cuBLASLt into gate_up, then SwiGLU into out twice (all rows, then half).
 struct Step {
   std::mt19937 rng{7};
   DeviceArray<Bf16> x = device_array<Bf16>(random_values<Bf16>(rng, kM* kK));
@@ -42,7 +42,10 @@ struct Step {
   DeviceArray<Bf16> out = device_array<Bf16>(std::vector<float>(kM * kFf, 0.f));
   Gemm gemm = std::move(Gemm::create(size_t{8} << 20, GemmPath::kCublasLtOnly)).value();
 
+  // A SwiGLU first, so that the GEMM is not the graph's root (the rewrite leaves roots
+  // alone: it cannot tell whose they are).
   void enqueue(cudaStream_t s, bool with_gemm) {
+    EXPECT_EQ(launch_swiglu<Bf16>(gate_up.get(), kM, kFf, out.get(), s), cudaSuccess);
     if (with_gemm) {
       const Status st =
           gemm.run<Bf16, Bf16>(x.get(), kM, kK, w.get(), 2 * kFf, nullptr, gate_up.get(), s);
@@ -62,8 +65,8 @@ TEST(GraphEdgesTest, OnlyEdgesFromCublasIntoCellmKernelsAreRewritten) {
   CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
   const std::vector<Bf16> eager = step.out.download();
 
-  // GEMM -> SwiGLU -> SwiGLU: one edge from cuBLASLt into cellm's kernel (the SwiGLUs'
-  // own edge is cellm's to cellm's). cuBLASLt may launch more than one kernel; only the
+  // SwiGLU -> GEMM -> SwiGLU -> SwiGLU: one edge from cuBLASLt into cellm's kernel (the
+  // SwiGLUs' own edges are cellm's to cellm's). cuBLASLt may launch more than one kernel; only the
   // edge into the SwiGLU counts.
   cudaGraph_t graph = capture_raw_graph(stream.get(), [&] { step.enqueue(stream.get(), true); });
   ASSERT_NE(graph, nullptr);
