@@ -1,7 +1,7 @@
 // attention_bench: microseconds per cuda::launch_attention, timed with CUDA events.
 //
-//   attention_bench [--iters N] [--no-pdl] [--target-blocks B] [--block-warps W]
-//                   [--fresh-positions F]
+//   attention_bench [--iters N] [--no-pdl] [--target-blocks B] [--min-blocks B]
+//                   [--block-warps W] [--fresh-positions F]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
 // rows 1, 16, 64 and 256, every row at context 192, 1024 or 8192 (8192 for up to 64
@@ -12,8 +12,10 @@
 // decode step pays it) and the K/V read bandwidth, rows x context x 2 x kv_heads x
 // head_dim x 2 bytes / time. The 20 launches of a graph follow one another with
 // programmatic dependent launch unless --no-pdl. --target-blocks sets the blocks the
-// split count aims for (AttentionParams::target_blocks; default 0: the budget's,
-// attention_default_target_blocks),
+// split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks),
+// --min-blocks the blocks a launch keeps at least for rows above 256 positions
+// (AttentionParams::min_blocks; default kAttentionMinBlocks; at or above the target, every
+// such row takes the full split count, the cut before session 5),
 // --block-warps the tensor-core kernel's warps per block (2, 4; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
@@ -64,7 +66,8 @@ T* device_alloc(size_t count) {
 
 int main(int argc, char** argv) {
   int iters = 20;
-  int64_t target_blocks = 0;
+  int64_t target_blocks = cellm::cuda::kAttentionTargetBlocks;
+  int64_t min_blocks = cellm::cuda::kAttentionMinBlocks;
   int32_t block_warps = 0;      // the launcher's choice
   int32_t fresh_positions = 1;  // decode rows: older K/V may load before the wait
   for (int i = 1; i < argc; ++i) {
@@ -73,6 +76,8 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--target-blocks") == 0 && i + 1 < argc) {
       target_blocks =
           std::clamp<int64_t>(std::atoll(argv[++i]), 1, cellm::cuda::kAttentionWorkspaceCounters);
+    } else if (std::strcmp(argv[i], "--min-blocks") == 0 && i + 1 < argc) {
+      min_blocks = std::max<int64_t>(1, std::atoll(argv[++i]));
     } else if (std::strcmp(argv[i], "--block-warps") == 0 && i + 1 < argc) {
       block_warps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--fresh-positions") == 0 && i + 1 < argc) {
@@ -121,8 +126,8 @@ int main(int argc, char** argv) {
         "upload row_seq");
   int32_t* positions = device_alloc<int32_t>(kMaxRows);
   Bf16* out = device_alloc<Bf16>(static_cast<size_t>(kMaxRows * q_dim));
-  const size_t ws_bytes =
-      attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim, kMaxContext, target_blocks);
+  const size_t ws_bytes = attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim,
+                                                    kMaxContext, target_blocks, min_blocks);
   float* workspace = device_alloc<float>(ws_bytes / sizeof(float));
   // The split counters start at zero; every launch leaves them so.
   check(cudaMemset(workspace, 0, ws_bytes), "clear workspace");
@@ -135,12 +140,10 @@ int main(int argc, char** argv) {
 
   std::printf(
       "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
-      "blocks %ld, block warps %d (0: chosen), fresh positions %d\n",
+      "blocks %ld, min blocks %ld, block warps %d (0: chosen), fresh positions %d\n",
       cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
-      static_cast<long>(target_blocks == 0
-                            ? cellm::cuda::attention_default_target_blocks(kMaxContext)
-                            : target_blocks),
-      block_warps, fresh_positions);
+      static_cast<long>(target_blocks), static_cast<long>(min_blocks), block_warps,
+      fresh_positions);
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
   for (const int32_t context : {192, 1024, 8192}) {
     const std::vector<int32_t> pos(kMaxRows, context - 1);
@@ -179,6 +182,7 @@ int main(int argc, char** argv) {
         p.out = out;
         p.path = path == 0 ? AttentionPath::kAuto : AttentionPath::kCudaCores;
         p.target_blocks = target_blocks;
+        p.min_blocks = min_blocks;
         p.block_warps = block_warps;
         p.fresh_positions = fresh_positions;
         check(launch_attention(p, stream), "warm-up launch");
@@ -200,10 +204,11 @@ int main(int argc, char** argv) {
         cudaGraphDestroy(graph);
       }
       const double kv_bytes = static_cast<double>(rows) * context * 2 * kv_dim * sizeof(Bf16);
-      std::printf(
-          "%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows), context,
-          cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, kMaxContext, target_blocks),
-          us[0], kv_bytes / (us[0] * 1e3), us[1], kv_bytes / (us[1] * 1e3), us[1] / us[0]);
+      std::printf("%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows),
+                  context,
+                  cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, kMaxContext,
+                                                    target_blocks, min_blocks),
+                  us[0], kv_bytes / (us[0] * 1e3), us[1], kv_bytes / (us[1] * 1e3), us[1] / us[0]);
     }
   }
   check(cudaStreamSynchronize(stream), "final sync");

@@ -16,6 +16,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/device_model.h"
 #include "cuda/gemm.h"
+#include "cuda/graph_edges.h"
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/embedding.h"
 #include "cuda/kernels/rmsnorm.h"
@@ -103,6 +104,7 @@ class CudaForward final : public ForwardEngine {
         dims_(dims),
         tune_gemm_(options.tune_gemm),
         early_triggers_(options.early_triggers),
+        early_after_cublas_(options.early_after_cublas),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -306,33 +308,59 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  // The bucket's decode graph, with its triggers placed as early_triggers_ says.
+  // The bucket's decode graph: its triggers placed as early_triggers_ says, its edges
+  // after cuBLASLt kernels as early_after_cublas_ says; where either is kTimed, each
+  // candidate graph is instantiated and the fastest of them kept.
   Status capture(int32_t bucket) {
-    const std::string name = "B=" + std::to_string(bucket) + ": ";
-    // Without programmatic launch the triggers are no-ops: nothing to choose.
-    if (early_triggers_ != EarlyTriggers::kTimed || !programmatic_launch_enabled()) {
-      const bool early = early_triggers_ == EarlyTriggers::kOn;
-      CELLM_ASSIGN_OR_RETURN(GraphExec graph, capture_graph(bucket, early));
-      graphs_.emplace(bucket, std::move(graph));
-      graph_notes_.push_back(name + (early ? "early" : "late") + " triggers");
-      return Status::Ok();
+    // Without programmatic launch the triggers and edges are no-ops: nothing to choose.
+    const bool pdl = programmatic_launch_enabled();
+    std::vector<bool> placements = {early_triggers_ == TimedChoice::kOn};
+    if (pdl && early_triggers_ == TimedChoice::kTimed) placements = {false, true};
+    std::vector<bool> edge_choices = {pdl && early_after_cublas_ == TimedChoice::kOn};
+    if (pdl && early_after_cublas_ == TimedChoice::kTimed) edge_choices = {false, true};
+    std::vector<GraphExec> graphs;
+    std::vector<std::string> labels;
+    int edges = 0;
+    for (const bool early : placements) {
+      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph, capture_graph(bucket, early));
+      for (const bool rewrite : edge_choices) {
+        Result<GraphExec> exec = instantiate(graph, rewrite);
+        if (!exec.ok()) {
+          cudaGraphDestroy(graph);
+          return exec.status();
+        }
+        if (rewrite) edges = last_rewritten_edges_;
+        graphs.push_back(std::move(*exec));
+        labels.push_back(std::string(early ? "early" : "late") + (rewrite ? "+edges" : ""));
+      }
+      cudaGraphDestroy(graph);
     }
-    GraphExec graphs[2];  // late, early
-    CELLM_ASSIGN_OR_RETURN(graphs[0], capture_graph(bucket, false));
-    CELLM_ASSIGN_OR_RETURN(graphs[1], capture_graph(bucket, true));
-    double ms[2] = {0, 0};
-    CELLM_RETURN_IF_ERROR(time_replays(graphs, ms));
-    const int kept = ms[1] < ms[0] ? 1 : 0;
+    std::string note = "B=" + std::to_string(bucket) + ": ";
+    const std::string edges_note = std::to_string(edges) + " edges early after cuBLASLt";
+    size_t kept = 0;
+    if (graphs.size() == 1) {
+      note += std::string(placements[0] ? "early" : "late") + " triggers";
+      if (edge_choices[0]) note += ", " + edges_note;
+    } else {
+      std::vector<double> ms;
+      CELLM_RETURN_IF_ERROR(time_replays(graphs, &ms));
+      for (size_t i = 0; i < graphs.size(); ++i) {
+        if (ms[i] < ms[kept]) kept = i;
+        char time[64];
+        std::snprintf(time, sizeof time, "%s%s %.3f ms", i == 0 ? "" : ", ", labels[i].c_str(),
+                      ms[i]);
+        note += time;
+      }
+      if (edge_choices.back()) note += "; " + edges_note;
+      note += ": kept " + labels[kept];
+    }
     graphs_.emplace(bucket, std::move(graphs[kept]));
-    char note[96];
-    std::snprintf(note, sizeof note, "early %.3f ms, late %.3f ms: %s", ms[1], ms[0],
-                  kept == 1 ? "early" : "late");
-    graph_notes_.push_back(name + note);
+    graph_notes_.push_back(note);
     return Status::Ok();
   }
 
-  // One capture of the decode step of `bucket` rows.
-  Result<GraphExec> capture_graph(int32_t bucket, bool early_triggers) {
+  // One capture of the decode step of `bucket` rows; the caller destroys the graph.
+  Result<cudaGraph_t> capture_graph(int32_t bucket, bool early_triggers) {
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
         "beginning a decode graph capture");
@@ -342,21 +370,41 @@ class CudaForward final : public ForwardEngine {
     set_early_triggers(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
-    CELLM_RETURN_IF_ERROR(enqueued);
-    CELLM_CUDA_RETURN_IF_ERROR(ended, "ending a decode graph capture");
+    if (!enqueued.ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      CELLM_RETURN_IF_ERROR(enqueued);
+      CELLM_CUDA_RETURN_IF_ERROR(ended, "ending a decode graph capture");
+    }
+    return graph;
+  }
+
+  // An executable of `graph`; with `early_edges`, of a copy whose edges after cuBLASLt
+  // kernels fire at launch completion (last_rewritten_edges_ counts them).
+  Result<GraphExec> instantiate(cudaGraph_t graph, bool early_edges) {
+    cudaGraph_t copy = nullptr;
+    if (early_edges) {
+      CELLM_CUDA_RETURN_IF_ERROR(cudaGraphClone(&copy, graph), "copying a decode graph");
+      Result<int> rewritten = launch_after_foreign_start(copy);
+      if (!rewritten.ok()) {
+        cudaGraphDestroy(copy);
+        return rewritten.status();
+      }
+      last_rewritten_edges_ = *rewritten;
+    }
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
+    const cudaError_t inst = cudaGraphInstantiate(&exec, early_edges ? copy : graph, 0);
+    if (copy != nullptr) cudaGraphDestroy(copy);
     CELLM_CUDA_RETURN_IF_ERROR(inst, "instantiating a decode graph");
     return GraphExec(exec);
   }
 
-  // The median device time of kRounds replays of each graph, alternating after a warm-up
+  // The median device time of kRounds replays of each graph, in turns after a warm-up
   // replay of each. A replay recomputes the staged step: the same K/V, logits and tokens.
-  Status time_replays(const GraphExec (&graphs)[2], double (&ms)[2]) {
+  Status time_replays(const std::vector<GraphExec>& graphs, std::vector<double>* ms) {
     constexpr int kRounds = 7;
+    const size_t n = graphs.size();
     std::vector<Event> marks;
-    for (int i = 0; i < 4 * kRounds; ++i) {
+    for (size_t i = 0; i < 2 * n * kRounds; ++i) {
       CELLM_ASSIGN_OR_RETURN(Event e, Event::create());
       marks.push_back(std::move(e));
     }
@@ -364,9 +412,9 @@ class CudaForward final : public ForwardEngine {
     for (const GraphExec& g : graphs) {
       CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g.get(), s), "replaying a decode graph");
     }
-    for (int r = 0; r < kRounds; ++r) {
-      for (int g = 0; g < 2; ++g) {
-        const size_t at = static_cast<size_t>(4 * r + 2 * g);
+    for (size_t r = 0; r < kRounds; ++r) {
+      for (size_t g = 0; g < n; ++g) {
+        const size_t at = 2 * (r * n + g);
         CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(marks[at].get(), s), "timing a decode graph");
         CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graphs[g].get(), s), "replaying a decode graph");
         CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(marks[at + 1].get(), s),
@@ -374,16 +422,17 @@ class CudaForward final : public ForwardEngine {
       }
     }
     CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "timing the decode graphs");
-    for (int g = 0; g < 2; ++g) {
+    ms->assign(n, 0.0);
+    for (size_t g = 0; g < n; ++g) {
       std::vector<float> times(kRounds);
-      for (int r = 0; r < kRounds; ++r) {
-        const size_t at = static_cast<size_t>(4 * r + 2 * g);
-        CELLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&times[static_cast<size_t>(r)],
-                                                        marks[at].get(), marks[at + 1].get()),
-                                   "reading a decode graph's time");
+      for (size_t r = 0; r < kRounds; ++r) {
+        const size_t at = 2 * (r * n + g);
+        CELLM_CUDA_RETURN_IF_ERROR(
+            cudaEventElapsedTime(&times[r], marks[at].get(), marks[at + 1].get()),
+            "reading a decode graph's time");
       }
       std::nth_element(times.begin(), times.begin() + kRounds / 2, times.end());
-      ms[g] = times[kRounds / 2];
+      (*ms)[g] = times[kRounds / 2];
     }
     return Status::Ok();
   }
@@ -517,8 +566,10 @@ class CudaForward final : public ForwardEngine {
   ModelConfig config_;
   ForwardDims dims_;
   bool tune_gemm_ = true;                                 // GemmPath::kTuned, else kCublasLtOnly
-  EarlyTriggers early_triggers_ = EarlyTriggers::kTimed;  // of the decode graphs
-  std::vector<std::string> graph_notes_;                  // one per captured decode graph
+  TimedChoice early_triggers_ = TimedChoice::kTimed;      // of the decode graphs
+  TimedChoice early_after_cublas_ = TimedChoice::kTimed;  // edges after cuBLASLt kernels
+  int last_rewritten_edges_ = 0;          // by the last instantiate with early edges, for the notes
+  std::vector<std::string> graph_notes_;  // one per captured decode graph
   MetaLayout meta_;
   BufferLayout buf_;
   std::unique_ptr<DeviceModel<T>> model_;

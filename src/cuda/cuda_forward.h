@@ -57,7 +57,8 @@ struct ForwardOptions {
   CudaPrecision precision = CudaPrecision::kBF16;
   // GemmPath::kTuned, each decode bucket's products timed as it warms; else kCublasLtOnly.
   bool tune_gemm = true;
-  EarlyTriggers early_triggers = EarlyTriggers::kTimed;  // of the decode graphs
+  TimedChoice early_triggers = TimedChoice::kTimed;  // of the decode graphs
+  TimedChoice early_after_cublas = TimedChoice::kTimed;  // (CudaExecutorOptions)
 };
 
 class ForwardEngine {
@@ -89,8 +90,9 @@ class ForwardEngine {
   // synchronises the stream a few hundred times), the second captures, later
   // ones replay. Waits for the tokens. `logit_rows` as
   // for run_eager; their copies follow the replay, outside the graph. Under
-  // EarlyTriggers::kTimed the capture makes the graph both ways and replays each a few
-  // times (every replay of a step computes the same bits) before keeping the faster.
+  // TimedChoice::kTimed (early_triggers, early_after_cublas) the capture makes the graph
+  // each way and replays each a few times (every replay of a step computes the same bits)
+  // before keeping the fastest.
   // REQUIRES: every logit row < bucket.
   virtual Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows = {}) = 0;
   // After a run: the host copy of the raw logits of the run's logit_rows[k],

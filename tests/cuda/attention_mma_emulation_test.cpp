@@ -169,13 +169,15 @@ struct Span {
   int64_t lo, hi;
   int32_t chunk, active;
 };
-Span row_span(int32_t pos, int32_t window, int32_t n_splits) {
+Span row_span(int32_t pos, int32_t window, int32_t n_splits, int32_t min_chunks) {
   Span s;
   s.hi = int64_t{pos} + 1;
   s.lo = window > 0 ? std::max(int64_t{0}, s.hi - window) : 0;
   const int64_t len = s.hi - s.lo;
-  // kAttentionUnsplitPositions, kAttentionChunkAlign
-  const int64_t per_split = len <= 256 ? len : (len + n_splits - 1) / n_splits;
+  // kAttentionUnsplitPositions, kAttentionPositionsPerChunk, kAttentionChunkAlign
+  const int64_t chunks =
+      len <= 256 ? 1 : std::min<int64_t>(n_splits, std::max<int64_t>(min_chunks, len / 1024));
+  const int64_t per_split = (len + chunks - 1) / chunks;
   s.chunk = static_cast<int32_t>((per_split + 63) / 64 * 64);
   s.active = static_cast<int32_t>((len + s.chunk - 1) / s.chunk);
   return s;
@@ -191,11 +193,11 @@ float quad_max(const Lanes<float>& x, int lane) {
 // One block (row r, chunk split, kv head) of attention_mma_kernel<HD>.
 template <int HD>
 void emulate_block(const Problem& p, int64_t r, int32_t split, int kv_head, int32_t n_splits,
-                   Result& res) {
+                   int32_t min_chunks, Result& res) {
   constexpr int KS = HD / 16, ND = HD / 8, RE = HD + kRowPad;
   constexpr int kChunksPerRow = HD / 8, kRowsPerPass = 32 / kChunksPerRow;
   constexpr int kPasses = kTileKeys / kRowsPerPass;
-  const Span span = row_span(p.positions[static_cast<size_t>(r)], p.window, n_splits);
+  const Span span = row_span(p.positions[static_cast<size_t>(r)], p.window, n_splits, min_chunks);
   if (split >= span.active) return;
   const int64_t begin = span.lo + int64_t{split} * span.chunk;
   const int64_t end = std::min(span.hi, begin + span.chunk);
@@ -454,6 +456,7 @@ void emulate_fold(const Problem& p, int64_t r, int kv_head, int32_t active, int3
 template <int HD>
 std::vector<float> emulate(const Problem& p, uint32_t seed) {
   const int32_t n_splits = attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context);
+  const int32_t min_chunks = attention_min_chunks(p.n_rows, p.n_heads, p.n_kv_heads, n_splits);
   Result res;
   res.out.assign(static_cast<size_t>(p.n_rows * p.n_heads * HD), kNaN);
   const size_t parts = static_cast<size_t>(p.n_rows * p.n_heads * n_splits);
@@ -475,8 +478,9 @@ std::vector<float> emulate(const Problem& p, uint32_t seed) {
   std::mt19937 rng(seed);
   std::shuffle(blocks.begin(), blocks.end(), rng);
   for (const Block& b : blocks) {
-    emulate_block<HD>(p, b.r, b.split, b.kv, n_splits, res);
-    const Span span = row_span(p.positions[static_cast<size_t>(b.r)], p.window, n_splits);
+    emulate_block<HD>(p, b.r, b.split, b.kv, n_splits, min_chunks, res);
+    const Span span =
+        row_span(p.positions[static_cast<size_t>(b.r)], p.window, n_splits, min_chunks);
     if (b.split >= span.active || span.active == 1) continue;
     int32_t& counter = res.counters.at(static_cast<size_t>(b.r * p.n_kv_heads + b.kv));
     if (++counter < span.active) continue;

@@ -372,22 +372,24 @@ TYPED_TEST(AttentionTest, BatchOfOneAtEveryChunkEdge) {
 }
 
 // Chunks the kernels cut the context of a row at `pos` into (attention_span.cuh).
-int32_t active_chunks(int32_t pos, int32_t window, int32_t n_splits) {
+int32_t active_chunks(int32_t pos, int32_t window, int32_t n_splits, int32_t min_chunks) {
   const int64_t hi = int64_t{pos} + 1;
   const int64_t len = hi - (window > 0 ? std::max<int64_t>(0, hi - window) : 0);
-  const int64_t per_split = len <= 256 ? len : (len + n_splits - 1) / n_splits;
-  const int64_t chunk = (per_split + 63) / 64 * 64;
+  const int64_t chunks =
+      len <= 256 ? 1 : std::min<int64_t>(n_splits, std::max<int64_t>(min_chunks, len / 1024));
+  const int64_t chunk = ((len + chunks - 1) / chunks + 63) / 64 * 64;
   return static_cast<int32_t>((len + chunk - 1) / chunk);
 }
 
 TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
   CELLM_SKIP_WITHOUT_GPU();
-  // Eight decode rows at a budget of 4096 and a target of 512 blocks (32 or 16 splits),
-  // of 1 chunk to one per split: each row's last block folds its own count of partials
-  // while other rows write directly. Three launches back to back on one stream and workspace (with
-  // and without programmatic launch), for the tensor-core kernel (bf16 at head_dim 64 and 128,
-  // groups up to 16) and the CUDA-core one (f32, forced bf16, head_dim 20; group 12: two head tiles
-  // per kv head).
+  // Eight decode rows at a budget of 4096, a target of 512 blocks (32 or 16 splits) and
+  // as many kept at least (every row above 256 positions takes the split count before
+  // the rounding), of 1 chunk to one per split: each row's last block folds its own
+  // count of partials while other rows write directly. Three launches back to back on one stream
+  // and workspace (with and without programmatic launch), for the tensor-core kernel (bf16 at
+  // head_dim 64 and 128, groups up to 16) and the CUDA-core one (f32, forced bf16, head_dim 20;
+  // group 12: two head tiles per kv head).
   using T = TypeParam;
   const std::vector<int32_t> lengths = {1, 200, 257, 400, 600, 1000, 2049, 4096};
   constexpr int64_t kTarget = 512;
@@ -406,14 +408,17 @@ TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
         SCOPED_TRACE(describe(geo, 4096, n_rows) + (pdl ? " pdl" : " no pdl") +
                      (path == AttentionPath::kAuto ? " auto" : " cuda cores"));
         const int32_t n_splits =
-            attention_num_splits(n_rows, geo.n_heads, geo.n_kv_heads, 4096, kTarget);
+            attention_num_splits(n_rows, geo.n_heads, geo.n_kv_heads, 4096, kTarget, kTarget);
+        const int32_t min_chunks =
+            attention_min_chunks(n_rows, geo.n_heads, geo.n_kv_heads, n_splits, kTarget);
+        EXPECT_EQ(min_chunks, n_splits);
         std::vector<SequenceSpec> specs;
         std::vector<std::pair<int32_t, int32_t>> rows;
         std::vector<int32_t> active;
         for (const int32_t length : lengths) {
           rows.emplace_back(static_cast<int32_t>(specs.size()), length - 1);
           specs.push_back({length});
-          active.push_back(active_chunks(length - 1, geo.window, n_splits));
+          active.push_back(active_chunks(length - 1, geo.window, n_splits, min_chunks));
         }
         EXPECT_EQ(active.front(), 1);
         EXPECT_EQ(active.back(), n_splits);
@@ -422,12 +427,13 @@ TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
         DeviceScenario<T> d(s);
         d.workspace =
             DeviceArray<float>(attention_workspace_bytes(n_rows, geo.n_heads, geo.n_kv_heads,
-                                                         geo.head_dim, 4096, kTarget) /
+                                                         geo.head_dim, 4096, kTarget, kTarget) /
                                sizeof(float));
         prepare_workspace(d.workspace);
         AttentionParams<T> p = d.params(s);
         p.path = path;
         p.target_blocks = kTarget;
+        p.min_blocks = kTarget;
         for (int i = 0; i < 3; ++i) CELLM_ASSERT_CUDA(launch_attention<T>(p, nullptr));
         CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
         expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>,
@@ -442,13 +448,16 @@ TYPED_TEST(AttentionTest, RowsWithDifferentChunkCountsFoldInOneLaunch) {
 TYPED_TEST(AttentionTest, ALargerTargetSplitsManyRowsAndStillMatches) {
   CELLM_SKIP_WITHOUT_GPU();
   // 64 decode rows of 8 kv heads are 512 blocks: no split at the default target, 8
-  // splits at a target of 4096 (the workspace sized for it), rows of 1 to 8 chunks.
+  // splits at a target of 4096 with as many blocks kept at least (the workspace sized
+  // for them), rows of 1 to 8 chunks.
   using T = TypeParam;
   const Geometry geo{32, 8, 128, 0, 1024};
   constexpr int64_t kTarget = 4096;
   ASSERT_EQ(attention_num_splits(64, geo.n_heads, geo.n_kv_heads, geo.max_context), 1);
+  // The target alone does not split: at most a chunk per 1,024 positions of the budget.
+  ASSERT_EQ(attention_num_splits(64, geo.n_heads, geo.n_kv_heads, geo.max_context, kTarget), 1);
   const int32_t n_splits =
-      attention_num_splits(64, geo.n_heads, geo.n_kv_heads, geo.max_context, kTarget);
+      attention_num_splits(64, geo.n_heads, geo.n_kv_heads, geo.max_context, kTarget, kTarget);
   ASSERT_EQ(n_splits, 8);
   std::vector<SequenceSpec> specs;
   std::vector<std::pair<int32_t, int32_t>> rows;
@@ -461,11 +470,12 @@ TYPED_TEST(AttentionTest, ALargerTargetSplitsManyRowsAndStillMatches) {
   DeviceScenario<T> d(s);
   d.workspace =
       DeviceArray<float>(attention_workspace_bytes(64, geo.n_heads, geo.n_kv_heads, geo.head_dim,
-                                                   geo.max_context, kTarget) /
+                                                   geo.max_context, kTarget, kTarget) /
                          sizeof(float));
   prepare_workspace(d.workspace);
   AttentionParams<T> p = d.params(s);
   p.target_blocks = kTarget;
+  p.min_blocks = kTarget;
   for (int i = 0; i < 2; ++i) CELLM_ASSERT_CUDA(launch_attention<T>(p, nullptr));
   CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>, kRelTol<T>,
@@ -479,6 +489,39 @@ TYPED_TEST(AttentionTest, ALargerTargetSplitsManyRowsAndStillMatches) {
   p.block_warps = 0;
   p.fresh_positions = -1;
   EXPECT_EQ(launch_attention<T>(p, nullptr), cudaErrorInvalidValue);
+  p.fresh_positions = 0;
+  p.min_blocks = -1;
+  EXPECT_EQ(launch_attention<T>(p, nullptr), cudaErrorInvalidValue);
+}
+
+TYPED_TEST(AttentionTest, LongRowsTakeChunksByTheirLength) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // The default cut: four rows of 8 kv heads at a budget of 8192 are 32 blocks a split,
+  // 8 splits (a chunk per 1,024 positions of the budget), at least 4 chunks (~128
+  // blocks) for a row above 256 positions, one more per 1,024 positions.
+  using T = TypeParam;
+  const Geometry geo{32, 8, 128, 0, 8192};
+  const int32_t n_splits = attention_num_splits(4, geo.n_heads, geo.n_kv_heads, geo.max_context);
+  ASSERT_EQ(n_splits, 8);
+  const int32_t min_chunks = attention_min_chunks(4, geo.n_heads, geo.n_kv_heads, n_splits);
+  ASSERT_EQ(min_chunks, 4);
+  const std::vector<int32_t> lengths = {300, 3000, 5000, 8192};
+  const std::vector<int32_t> expected_chunks = {3, 4, 4, 8};  // 3: 128-key chunks of 300
+  std::vector<SequenceSpec> specs;
+  std::vector<std::pair<int32_t, int32_t>> rows;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    EXPECT_EQ(active_chunks(lengths[i] - 1, 0, n_splits, min_chunks), expected_chunks[i]);
+    rows.emplace_back(static_cast<int32_t>(specs.size()), lengths[i] - 1);
+    specs.push_back({lengths[i]});
+  }
+  const Scenario s = make_scenario<T>(geo, specs, rows, 380);
+  DeviceScenario<T> d(s);
+  AttentionParams<T> p = d.params(s);
+  for (int i = 0; i < 2; ++i) CELLM_ASSERT_CUDA(launch_attention<T>(p, nullptr));
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+  expect_all_close(testing::to_floats(d.out.download()), cpu_attention(s), kAbsTol<T>, kRelTol<T>,
+                   "attention out");
+  expect_counters_zero(d.workspace);
 }
 
 TYPED_TEST(AttentionTest, CapturedGraphFollowsNewTablesAndPositions) {
@@ -799,31 +842,35 @@ TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
   // Budgets of at most 32 positions never split.
   EXPECT_EQ(attention_num_splits(1, 32, 8, 1), 1);
   EXPECT_EQ(attention_num_splits(1, 32, 8, 32), 1);
-  // The default target: ~128 blocks under a budget of 2,048 positions, ~512 from it.
-  EXPECT_EQ(attention_default_target_blocks(1), kAttentionTargetBlocks);
-  EXPECT_EQ(attention_default_target_blocks(2047), 128);
-  EXPECT_EQ(attention_default_target_blocks(2048), kAttentionLongTargetBlocks);
-  EXPECT_EQ(attention_default_target_blocks(131072), 512);
   // One row of 8 kv heads (group 4: one tile each): 8 blocks per split; at most one
-  // split per 32 budget positions and 64 in all.
+  // split per 32 budget positions, ~512 blocks and 64 splits in all, and no more than a
+  // row can use: max(~128 blocks' worth, a chunk per 1,024 budget positions).
   EXPECT_EQ(attention_num_splits(1, 32, 8, 33), 2);
   EXPECT_EQ(attention_num_splits(1, 32, 8, 300), 10);
-  EXPECT_EQ(attention_num_splits(1, 32, 8, 1000), 16);
-  EXPECT_EQ(attention_num_splits(1, 32, 8, 1000, 512), 32);
-  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 64);
-  EXPECT_EQ(attention_num_splits(1, 32, 2, 8192, 128), 32);  // group 16: two tiles
-  // Enough rows fill the target without splitting.
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192), 16);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 32768), 32);
+  EXPECT_EQ(attention_num_splits(1, 32, 2, 8192), 32);  // group 16: two tiles
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192, 4096), 16);
+  EXPECT_EQ(attention_num_splits(1, 32, 8, 8192, 4096, 4096), 64);
+  // More rows: fewer splits; 128 blocks a split and a budget of 1,024 do not split.
+  EXPECT_EQ(attention_num_splits(4, 32, 8, 8192), 8);
   EXPECT_EQ(attention_num_splits(16, 32, 8, 1024), 1);
+  EXPECT_EQ(attention_num_splits(16, 32, 8, 2048), 2);
   EXPECT_EQ(attention_num_splits(16, 32, 8, 8192), 4);
   EXPECT_EQ(attention_num_splits(64, 32, 8, 8192), 1);
   // Group 12 takes two tiles of 8 heads per kv head: twice the blocks per split.
+  EXPECT_EQ(attention_num_splits(4, 24, 2, 8192), 8);
   EXPECT_EQ(attention_num_splits(16, 24, 2, 8192), 8);
-  EXPECT_EQ(attention_num_splits(4, 24, 2, 1024), 8);
+  // The least chunks of a row above 256 positions: ~128 blocks, within [1, n_splits].
+  EXPECT_EQ(attention_min_chunks(1, 32, 8, 16), 16);
+  EXPECT_EQ(attention_min_chunks(1, 32, 8, 10), 10);
+  EXPECT_EQ(attention_min_chunks(4, 32, 8, 8), 4);
+  EXPECT_EQ(attention_min_chunks(16, 32, 8, 4), 1);
+  EXPECT_EQ(attention_min_chunks(4, 32, 8, 8, 4096), 8);
+  EXPECT_EQ(attention_min_chunks(1, 32, 8, 1), 1);
   // The workspace: int32 counters, then f32 acc, max and sum of every (row, head, split).
   EXPECT_EQ(attention_workspace_bytes(4096, 32, 8, 128, 32), 0u);
   EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 8192),
-            sizeof(int32_t) * kAttentionWorkspaceCounters + sizeof(float) * 64 * 32 * (128 + 2));
-  EXPECT_EQ(attention_workspace_bytes(1, 32, 8, 128, 1024),
             sizeof(int32_t) * kAttentionWorkspaceCounters + sizeof(float) * 16 * 32 * (128 + 2));
   for (const int64_t rows : {1, 2, 7, 37, 256, 1000}) {
     for (const int32_t budget : {1, 100, 256, 257, 2049, 8192, 131072}) {

@@ -322,11 +322,12 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
   for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
     const std::string mode = precision == CudaPrecision::kF32 ? "f32" : "bf16";
     std::vector<std::vector<Output>> outputs[4];
-    const EarlyTriggers choices[4] = {EarlyTriggers::kOff, EarlyTriggers::kOn,
-                                      EarlyTriggers::kTimed, EarlyTriggers::kTimed};
+    const TimedChoice choices[4] = {TimedChoice::kOff, TimedChoice::kOn, TimedChoice::kTimed,
+                                    TimedChoice::kTimed};
     for (int c = 0; c < 4; ++c) {
       CudaExecutorOptions o = small_options(precision, true);
       o.early_triggers = choices[c];
+      o.early_after_cublas = TimedChoice::kOff;  // the triggers alone
       o.capture_graphs_at_start = c != 3;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
@@ -339,13 +340,14 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
       ASSERT_EQ(static_cast<int64_t>(notes.size()), (*e)->method_calls().decode_graph_captures);
       for (const std::string& note : notes) {
         ASSERT_EQ(note.rfind("B=", 0), 0u) << note;
-        if (choices[c] == EarlyTriggers::kTimed) {
-          EXPECT_NE(note.find("early "), std::string::npos) << note;
-          EXPECT_NE(note.find(", late "), std::string::npos) << note;
-          EXPECT_TRUE(note.ends_with(": early") || note.ends_with(": late")) << note;
+        if (choices[c] == TimedChoice::kTimed) {
+          EXPECT_NE(note.find(": late "), std::string::npos) << note;
+          EXPECT_NE(note.find(" ms, early "), std::string::npos) << note;
+          EXPECT_TRUE(note.ends_with(" ms: kept early") || note.ends_with(" ms: kept late"))
+              << note;
         } else {
-          EXPECT_TRUE(note.ends_with(choices[c] == EarlyTriggers::kOn ? ": early triggers"
-                                                                      : ": late triggers"))
+          EXPECT_TRUE(note.ends_with(choices[c] == TimedChoice::kOn ? ": early triggers"
+                                                                    : ": late triggers"))
               << note;
         }
       }
@@ -353,6 +355,73 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
     expect_same_outputs(outputs[1], outputs[0], mode + " early vs late");
     expect_same_outputs(outputs[2], outputs[0], mode + " timed vs late");
     expect_same_outputs(outputs[3], outputs[0], mode + " timed on live steps vs late");
+  }
+}
+
+// A decode graph's cellm kernels behind cuBLASLt kernels launching once those have all
+// started (early_after_cublas) still wait for their results: the same bits with the
+// edges, without them, and with the timed choice (with and without, under either
+// trigger placement: four graphs a bucket), each note naming what it kept.
+TEST_P(CudaExecutorFixtureTest, EarlyAfterCublasChangesNoTokenAndNoLogprob) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const Fixture f = testing::load_fixture(GetParam());
+  auto w = load_weights(f);
+  const auto prompts = prompts_of(f);
+  const std::vector<SamplingParams> params = mixed_sampling(prompts.size());
+  // The edges rewritten in a note ("...; 130 edges early after cuBLASLt..."): every
+  // layer's products run on cuBLASLt (no tuning), so at least one edge a layer.
+  const auto expect_edges = [&](const std::string& note) {
+    const size_t at = note.find(" edges early after cuBLASLt");
+    ASSERT_NE(at, std::string::npos) << note;
+    const size_t from = note.find_last_of(" ;,", at - 1) + 1;
+    EXPECT_GE(std::stoi(note.substr(from, at - from)), w->config().num_layers()) << note;
+  };
+  for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
+    const std::string mode = precision == CudaPrecision::kF32 ? "f32" : "bf16";
+    const TimedChoice edges[4] = {TimedChoice::kOff, TimedChoice::kOn, TimedChoice::kTimed,
+                                  TimedChoice::kTimed};
+    std::vector<std::vector<Output>> outputs[4];
+    for (int c = 0; c < 4; ++c) {
+      CudaExecutorOptions o = small_options(precision, true);
+      o.tune_gemm = false;
+      o.early_after_cublas = edges[c];
+      o.early_triggers = c == 3 ? TimedChoice::kTimed : TimedChoice::kOff;
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
+      EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
+      const std::vector<std::string> notes = (*e)->decode_graph_notes();
+      ASSERT_FALSE(notes.empty());
+      for (const std::string& note : notes) {
+        switch (c) {
+          case 0:
+            EXPECT_TRUE(note.ends_with(": late triggers")) << note;
+            break;
+          case 1:
+            EXPECT_NE(note.find(": late triggers, "), std::string::npos) << note;
+            expect_edges(note);
+            break;
+          case 2:
+            EXPECT_NE(note.find(" ms, late+edges "), std::string::npos) << note;
+            EXPECT_EQ(note.find("early"), note.find("early after")) << note;
+            EXPECT_TRUE(note.ends_with(": kept late") || note.ends_with(": kept late+edges"))
+                << note;
+            expect_edges(note);
+            break;
+          default:
+            for (const char* label : {"late ", "early ", "late+edges ", "early+edges "}) {
+              EXPECT_NE(note.find(label), std::string::npos) << label << " in " << note;
+            }
+            EXPECT_NE(note.find(": kept "), std::string::npos) << note;
+            expect_edges(note);
+        }
+      }
+    }
+    for (int c = 1; c < 4; ++c) {
+      expect_same_outputs(outputs[c], outputs[0],
+                          mode + " early after cuBLASLt, choice " + std::to_string(c));
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/kernels/convert.h"
@@ -21,22 +22,29 @@
 
 namespace cellm::cuda::testing {
 
-// The CUDA graph of what `enqueue()` puts on `stream` (captured thread-locally),
-// instantiated. A failed capture or instantiation is a test failure and gives an empty
-// GraphExec; `enqueue` checks its own launches' results.
+// The CUDA graph of what `enqueue()` puts on `stream` (captured thread-locally), not yet
+// instantiated (the caller destroys it). A failed capture is a test failure and gives
+// nullptr; `enqueue` checks its own launches' results.
 template <typename Enqueue>
-GraphExec capture_graph(cudaStream_t stream, Enqueue&& enqueue) {
+cudaGraph_t capture_raw_graph(cudaStream_t stream, Enqueue&& enqueue) {
   if (const cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
       e != cudaSuccess) {
     ADD_FAILURE() << "cudaStreamBeginCapture: " << cudaGetErrorString(e);
-    return GraphExec();
+    return nullptr;
   }
   enqueue();
   cudaGraph_t graph = nullptr;
   if (const cudaError_t e = cudaStreamEndCapture(stream, &graph); e != cudaSuccess) {
     ADD_FAILURE() << "cudaStreamEndCapture: " << cudaGetErrorString(e);
-    return GraphExec();
+    return nullptr;
   }
+  return graph;
+}
+
+// `graph` instantiated, then destroyed; an empty GraphExec (and a test failure) if that
+// fails or graph is nullptr.
+inline GraphExec instantiate_graph(cudaGraph_t graph) {
+  if (graph == nullptr) return GraphExec();
   cudaGraphExec_t exec = nullptr;
   const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
@@ -45,6 +53,12 @@ GraphExec capture_graph(cudaStream_t stream, Enqueue&& enqueue) {
     return GraphExec();
   }
   return GraphExec(exec);
+}
+
+// capture_raw_graph, instantiated.
+template <typename Enqueue>
+GraphExec capture_graph(cudaStream_t stream, Enqueue&& enqueue) {
+  return instantiate_graph(capture_raw_graph(stream, std::forward<Enqueue>(enqueue)));
 }
 
 // A printable name of a device element type.

@@ -249,6 +249,11 @@ TEST(CellmBadRequestTest, BenchWithAnUnknownTriggerPlacementIsRefused) {
                      "cellm bench", {"--early-triggers must be timed, on or off, not 'sometimes'"});
 }
 
+TEST(CellmBadRequestTest, BenchWithAnUnknownEdgeChoiceIsRefused) {
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--early-after-cublas", "yes"}),
+                     "cellm bench", {"--early-after-cublas must be timed, on or off, not 'yes'"});
+}
+
 TEST(CellmBadRequestTest, TokenizeWithoutTextIsRefused) {
   ExpectOneErrorLine(run_cellm({"tokenize", "--model", testing::kjv_dir()}), "cellm tokenize",
                      {"--text is required"});

@@ -38,6 +38,9 @@ const std::vector<FlagSpec> kFlags = {
     {"early-triggers", "WHEN",
      "CUDA: let the next kernel launch before the wait of the decode graphs' norms, RoPE and "
      "attention: timed (capture both ways, keep the faster; default), on or off"},
+    {"early-after-cublas", "WHEN",
+     "CUDA: in decode graphs, launch a cellm kernel behind a cuBLASLt kernel once all of that "
+     "kernel's blocks have started (it still waits for the results): timed (default), on or off"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
@@ -225,10 +228,13 @@ int run_bench(int argc, const char* const* argv) {
   limits.time_steps = args->has("step-times");
   limits.programmatic_launch = !args->has("no-pdl");
   limits.tune_gemm = !args->has("no-gemm-tuning");
-  Result<EarlyTriggers> triggers =
-      parse_early_triggers(args->get("early-triggers").value_or("timed"));
-  if (!triggers.ok()) return fail(cmd, triggers.status());
-  limits.early_triggers = *triggers;
+  for (const auto& [option, choice] :
+       {std::pair{"early-triggers", &limits.early_triggers},
+        std::pair{"early-after-cublas", &limits.early_after_cublas}}) {
+    Result<TimedChoice> parsed = parse_timed_choice(args->get(option).value_or("timed"), option);
+    if (!parsed.ok()) return fail(cmd, parsed.status());
+    *choice = *parsed;
+  }
   const bool json = args->has("json");
   if (!json) {
     const ModelConfig& c = model->weights->config();
@@ -249,7 +255,7 @@ int run_bench(int argc, const char* const* argv) {
     std::snprintf(text, sizeof(text), "%sB=%lld %.2f s", what, static_cast<long long>(b),
                   row.steps->startup_s);
     std::string note = text;
-    // The trigger placement of the graph the row's decode steps replay.
+    // How the graph the row's decode steps replay was built (triggers, edges).
     const std::string bucket = "B=" + std::to_string(b) + ": ";
     for (const std::string& g : row.steps->graph_notes) {
       if (g.rfind(bucket, 0) == 0) note += " (" + g.substr(bucket.size()) + ")";
@@ -281,7 +287,7 @@ int run_bench(int argc, const char* const* argv) {
       // Each row's executor captures its decode graphs at start; the first to meet a
       // GEMM shape times its kernels (later executors of the process adopt the choice).
       std::printf(
-          "\nstartup (decode graphs captured, with their trigger placement; new GEMM shapes "
+          "\nstartup (decode graphs captured, with their triggers and edges; new GEMM shapes "
           "tuned):");
       for (const std::string& s : startups) std::printf(" %s;", s.c_str());
       std::printf("\n");

@@ -135,6 +135,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.programmatic_launch = limits.programmatic_launch;
     o.tune_gemm = limits.tune_gemm;
     o.early_triggers = limits.early_triggers;
+    o.early_after_cublas = limits.early_after_cublas;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));
@@ -168,11 +169,11 @@ std::optional<StepTimeReport> step_time_report(const Executor& executor) {
   return std::nullopt;
 }
 
-Result<EarlyTriggers> parse_early_triggers(const std::string& text) {
-  if (text == "timed") return EarlyTriggers::kTimed;
-  if (text == "on") return EarlyTriggers::kOn;
-  if (text == "off") return EarlyTriggers::kOff;
-  return InvalidArgument("--early-triggers must be timed, on or off, not '" + text + "'");
+Result<TimedChoice> parse_timed_choice(const std::string& text, const std::string& option) {
+  if (text == "timed") return TimedChoice::kTimed;
+  if (text == "on") return TimedChoice::kOn;
+  if (text == "off") return TimedChoice::kOff;
+  return InvalidArgument("--" + option + " must be timed, on or off, not '" + text + "'");
 }
 
 std::vector<std::string> tuned_gemm_report() {

@@ -53,12 +53,14 @@ struct EngineLimits {
   // CudaExecutorOptions::programmatic_launch).
   bool programmatic_launch = true;
   bool tune_gemm = true;  // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
-  // CUDA: trigger placement of the decode graphs (CudaExecutorOptions::early_triggers).
-  EarlyTriggers early_triggers = EarlyTriggers::kTimed;
+  // CUDA: how the decode graphs are built (CudaExecutorOptions::early_triggers, ...).
+  TimedChoice early_triggers = TimedChoice::kTimed;
+  TimedChoice early_after_cublas = TimedChoice::kTimed;  // CUDA: (CudaExecutorOptions)
 };
 
-// "timed", "on" or "off" (--early-triggers); InvalidArgument naming the value otherwise.
-Result<EarlyTriggers> parse_early_triggers(const std::string& text);
+// "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);
+// InvalidArgument naming the option and the value otherwise.
+Result<TimedChoice> parse_timed_choice(const std::string& text, const std::string& option);
 
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
                                                 std::shared_ptr<const ModelWeights> weights,

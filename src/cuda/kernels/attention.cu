@@ -30,12 +30,12 @@ constexpr int kKeysPerSlot = 4;          // keys a slot loads before it folds an
 constexpr int32_t kMinSplitTokens = 32;  // the budget gives at most one split per this many
 // A launch splits only while it has fewer than its target blocks per split, so its
 // (row, kv head, head tile) fold groups fit the workspace's counters.
-static_assert(kAttentionTargetBlocks <= kAttentionWorkspaceCounters &&
-              kAttentionLongTargetBlocks <= kAttentionWorkspaceCounters);
+static_assert(kAttentionTargetBlocks <= kAttentionWorkspaceCounters);
 
 // How a launch cuts the work; computed once on the host.
 struct Geometry {
   int32_t n_splits = 1;       // blocks along a row's context (its chunks are cut on the device)
+  int32_t min_chunks = 1;     // attention_min_chunks: the least chunks of a long row
   int32_t group = 1;          // query heads per kv head
   int32_t head_tiles = 1;     // blocks per kv head: ceil(group / heads per block)
   int32_t lanes_per_key = 1;  // power of two <= 32: lanes that share one key's dot product
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   detail::wait_for_prior_grids();
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
-  const RowSpan span = row_span(p.positions[r], p.window, g.n_splits);
+  const RowSpan span = row_span(p.positions[r], p.window, g.n_splits, g.min_chunks);
   if (split >= span.active) return;  // the row is shorter than this split's chunk
   const int64_t begin = span.lo + int64_t{split} * span.chunk;
   const int64_t end = min(span.hi, begin + span.chunk);
@@ -387,13 +387,8 @@ cudaError_t launch_cuda_cores(const AttentionParams<T>& p, Geometry* g, int head
 
 }  // namespace
 
-int64_t attention_default_target_blocks(int32_t max_context) {
-  return max_context < kAttentionLongBudget ? kAttentionTargetBlocks : kAttentionLongTargetBlocks;
-}
-
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
-                             int32_t max_context, int64_t target_blocks) {
-  if (target_blocks == 0) target_blocks = attention_default_target_blocks(max_context);
+                             int32_t max_context, int64_t target_blocks, int64_t min_blocks) {
   if (n_rows <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || max_context <= kMinSplitTokens ||
       target_blocks <= 0) {
     return 1;
@@ -402,18 +397,34 @@ int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads
   const int64_t blocks_per_split = n_rows * n_kv_heads * head_tiles_of(n_heads / n_kv_heads);
   const int64_t by_blocks = (target_blocks + blocks_per_split - 1) / blocks_per_split;
   const int64_t by_context = (int64_t{max_context} + kMinSplitTokens - 1) / kMinSplitTokens;
-  return static_cast<int32_t>(std::min({by_blocks, by_context, int64_t{kAttentionMaxSplits}}));
+  // No row takes more chunks than max(the minimum's, budget / positions per chunk): the
+  // splits beyond would never run (attention_span.cuh).
+  const int64_t by_use = std::max((min_blocks + blocks_per_split - 1) / blocks_per_split,
+                                  int64_t{max_context} / detail::kAttentionPositionsPerChunk);
+  return static_cast<int32_t>(std::max<int64_t>(
+      1, std::min({by_blocks, by_context, by_use, int64_t{kAttentionMaxSplits}})));
+}
+
+int32_t attention_min_chunks(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads, int32_t n_splits,
+                             int64_t min_blocks) {
+  if (n_splits <= 1 || n_rows <= 0 || n_kv_heads <= 0 || n_heads < n_kv_heads || min_blocks <= 0) {
+    return 1;
+  }
+  const int64_t blocks_per_split = n_rows * n_kv_heads * head_tiles_of(n_heads / n_kv_heads);
+  const int64_t chunks = (min_blocks + blocks_per_split - 1) / blocks_per_split;
+  return static_cast<int32_t>(std::clamp<int64_t>(chunks, 1, n_splits));
 }
 
 size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
-                                 int64_t head_dim, int32_t max_context, int64_t target_blocks) {
+                                 int64_t head_dim, int32_t max_context, int64_t target_blocks,
+                                 int64_t min_blocks) {
   if (max_rows <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
   // rows x splits is not monotonic in rows (fewer rows get more splits): take the
   // largest over every launch size the buffer must serve.
   int64_t parts = 0;
   for (int64_t rows = 1; rows <= max_rows; ++rows) {
     const int32_t splits =
-        attention_num_splits(rows, n_heads, n_kv_heads, max_context, target_blocks);
+        attention_num_splits(rows, n_heads, n_kv_heads, max_context, target_blocks, min_blocks);
     if (splits > 1) parts = std::max(parts, rows * splits);
   }
   if (parts == 0) return 0;
@@ -447,15 +458,18 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
       p.row_seq == nullptr || p.positions == nullptr || p.out == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (p.target_blocks < 0 || p.target_blocks > kAttentionWorkspaceCounters ||
+  if (p.target_blocks < 0 || p.target_blocks > kAttentionWorkspaceCounters || p.min_blocks < 0 ||
       p.fresh_positions < 0 || (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4)) {
     return cudaErrorInvalidValue;
   }
   Geometry g;
   g.early = detail::early_triggers();
-  g.n_splits =
-      attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context, p.target_blocks);
+  const int64_t min_blocks = p.min_blocks == 0 ? kAttentionMinBlocks : p.min_blocks;
+  g.n_splits = attention_num_splits(p.n_rows, p.n_heads, p.n_kv_heads, p.max_context,
+                                    p.target_blocks == 0 ? kAttentionTargetBlocks : p.target_blocks,
+                                    min_blocks);
   if (g.n_splits > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
+  g.min_chunks = attention_min_chunks(p.n_rows, p.n_heads, p.n_kv_heads, g.n_splits, min_blocks);
   g.group = static_cast<int32_t>(p.n_heads / p.n_kv_heads);
   const int heads = heads_per_block(g.group);
   g.head_tiles = head_tiles_of(g.group);
@@ -467,7 +481,7 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
 
   if (attention_uses_tensor_cores(p)) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      return detail::launch_attention_split_mma(p, g.n_splits, stream);
+      return detail::launch_attention_split_mma(p, g.n_splits, g.min_chunks, stream);
     }
   }
   return launch_cuda_cores(p, &g, heads, stream);

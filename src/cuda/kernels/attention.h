@@ -60,16 +60,16 @@ namespace cellm::cuda {
 
 inline constexpr int64_t kMaxAttentionHeadDimCuda = 256;
 
-// Blocks a launch's split count aims for by default (AttentionParams::target_blocks 0;
-// attention_default_target_blocks): kAttentionTargetBlocks under a session budget of
-// kAttentionLongBudget positions, kAttentionLongTargetBlocks from it. Measured on the
-// H200 (docs/PERFORMANCE.md, session 5): up to 1,024 keys a fold costs more than the
-// parallelism it adds once a launch has ~128 blocks (16 rows of 8 kv heads at 192 keys:
-// 5.6 us unsplit, 9.0 in 4 splits; one row at 1,024 keys: 7.0 us in 16 splits, 8.7 in
-// 64); at 8,192 keys more blocks pay (16 rows: 185 us unsplit, 162 in 4 splits).
-inline constexpr int64_t kAttentionTargetBlocks = 128;
-inline constexpr int64_t kAttentionLongTargetBlocks = 512;
-inline constexpr int32_t kAttentionLongBudget = 2048;
+// Blocks a launch's split count aims for by default (AttentionParams::target_blocks):
+// the most blocks a launch has, reached by rows long enough (kernels/attention_span.cuh).
+inline constexpr int64_t kAttentionTargetBlocks = 512;
+// Blocks a launch keeps at least while its rows are longer than 256 positions, by
+// default (AttentionParams::min_blocks); a row adds a chunk per 1,024 positions beyond
+// that, up to the split count. On the H200 (docs/PERFORMANCE.md, session 5) a fold costs
+// more than the parallelism it adds past ~128 blocks until chunks reach ~1,000 keys: 16
+// rows of 8 kv heads at 1,024 keys take 27.5 us unsplit and 30.3 in 4 splits, at 8,192
+// keys 185 unsplit and 162 in 4; one row at 1,024 keys 7.0 us in 16 chunks, 8.7 in 64.
+inline constexpr int64_t kAttentionMinBlocks = 128;
 
 // int32 arrival counters at the start of the workspace: one per (row, kv head, head
 // tile) of a launch that splits, which has fewer blocks per split than its target
@@ -102,9 +102,13 @@ struct AttentionParams {
   T* out = nullptr;                    // [n_rows, n_heads * head_dim]
   AttentionPath path = AttentionPath::kAuto;
   // Blocks the split count aims for, in [1, kAttentionWorkspaceCounters]; 0 =
-  // attention_default_target_blocks(max_context). The workspace must be sized with the
-  // same value.
+  // kAttentionTargetBlocks. The workspace must be sized with the same value.
   int64_t target_blocks = 0;
+  // Blocks the launch keeps at least while a row is longer than 256 positions (see
+  // attention_min_chunks), >= 0; 0 = kAttentionMinBlocks. At or above target_blocks every
+  // such row is cut into the full split count (tests set it to reach every chunk count).
+  // The workspace must be sized with the same value.
+  int64_t min_blocks = 0;
   // How many of each row's newest positions the launch's step may have written (their
   // K/V or table entry) in kernels ahead of this one on the stream: 1 for a decode step
   // (one row per sequence, at its newest position), the launch's rows for a prefill.
@@ -119,16 +123,22 @@ struct AttentionParams {
   int32_t block_warps = 0;
 };
 
-// Blocks along each row's context (>= 1): enough for ~target_blocks blocks in all (0:
-// the default for the budget; splitting only while a split has fewer blocks than that),
-// at most one per 32 positions of the budget, at most 64. A function of the shape only.
-// On the device a row of at most 256 positions is one chunk whatever the count
-// (kernels/attention_span.cuh).
+// Blocks along each row's context (>= 1): enough for ~target_blocks blocks in all
+// (splitting only while a split has fewer blocks than that), at most one per 32
+// positions of the budget, at most 64, and no more than a row of the budget can use:
+// max(the chunks of ~min_blocks blocks, max_context / 1024) (see attention_min_chunks).
+// A function of the shape only.
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
-                             int32_t max_context, int64_t target_blocks = 0);
+                             int32_t max_context, int64_t target_blocks = kAttentionTargetBlocks,
+                             int64_t min_blocks = kAttentionMinBlocks);
 
-// The blocks a launch at this session budget aims for when its target_blocks is 0.
-int64_t attention_default_target_blocks(int32_t max_context);
+// How a launch cuts a row of len positions (on the device, from each row's length):
+// into one chunk while len <= 256; else into
+// min(n_splits, max(min_chunks, len / 1024)) chunks of a multiple of 64 keys (the count
+// may drop by the rounding), where min_chunks, this function, is the chunks that give
+// the launch ~min_blocks blocks, within [1, n_splits]. A function of the shape only.
+int32_t attention_min_chunks(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads, int32_t n_splits,
+                             int64_t min_blocks = kAttentionMinBlocks);
 
 // Bytes of workspace enough for every launch of up to `max_rows` rows with these
 // heads and budget; 0 when none of them splits. Layout of a launch of n rows with S
@@ -137,7 +147,9 @@ int64_t attention_default_target_blocks(int32_t max_context);
 // in log2 units). Counter (r, kv head k, head tile t) is at r * n_kv_heads * T + k * T
 // + t, T the split kernel's blocks per kv head (1 on tensor cores).
 size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv_heads,
-                                 int64_t head_dim, int32_t max_context, int64_t target_blocks = 0);
+                                 int64_t head_dim, int32_t max_context,
+                                 int64_t target_blocks = kAttentionTargetBlocks,
+                                 int64_t min_blocks = kAttentionMinBlocks);
 
 // Whether launch_attention(p) runs the tensor-core split kernel: T is bf16, path is
 // kAuto, head_dim is 64 or 128, n_heads / n_kv_heads <= 16, and qkv, k_pool, v_pool,

@@ -148,7 +148,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 template <int HD, int W>
 __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     attention_mma_kernel(const AttentionParams<__nv_bfloat16> p, const int32_t n_splits,
-                         const bool early) {
+                         const int32_t min_chunks, const bool early) {
   using bf16 = __nv_bfloat16;
   constexpr int kThreads = W * 32;
   constexpr int KS = HD / 16;                        // k-steps of Q·Kᵀ
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // steps wrote: positions, row_seq and the table's older entries, older K/V.
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
-  const RowSpan span = row_span(p.positions[r], p.window, n_splits, W * kTileKeys);
+  const RowSpan span = row_span(p.positions[r], p.window, n_splits, min_chunks, W * kTileKeys);
   if (split >= span.active) return;  // the row is shorter than this split's chunk
   const int64_t begin = span.lo + int64_t{split} * span.chunk;
   const int64_t end = min(span.hi, begin + span.chunk);
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 
 template <int HD, int W>
 cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
-                       cudaStream_t stream) {
+                       int32_t min_chunks, cudaStream_t stream) {
   constexpr size_t bytes = smem_bytes<HD, W>();
   // Above 48 KB a kernel must opt in; not a stream operation, so capture-safe.
   if constexpr (bytes > 48 * 1024) {
@@ -428,14 +428,14 @@ cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
                   static_cast<unsigned>(p.n_kv_heads));
   return launch_kernel(attention_mma_kernel<HD, W>, grid, dim3(W * 32), bytes, stream, p, n_splits,
-                       early_triggers());
+                       min_chunks, early_triggers());
 }
 
 template <int HD>
-cudaError_t launch_mma_warps(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits, int warps,
-                             cudaStream_t stream) {
-  return warps == 2 ? launch_mma<HD, 2>(p, n_splits, stream)
-                    : launch_mma<HD, 4>(p, n_splits, stream);
+cudaError_t launch_mma_warps(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
+                             int32_t min_chunks, int warps, cudaStream_t stream) {
+  return warps == 2 ? launch_mma<HD, 2>(p, n_splits, min_chunks, stream)
+                    : launch_mma<HD, 4>(p, n_splits, min_chunks, stream);
 }
 
 }  // namespace
@@ -454,7 +454,7 @@ int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_hea
 }
 
 cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
-                                       cudaStream_t stream) {
+                                       int32_t min_chunks, cudaStream_t stream) {
   if (p.n_kv_heads > 65535 || p.n_heads / p.n_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
   if (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4) return cudaErrorInvalidValue;
   int warps = p.block_warps;
@@ -470,9 +470,9 @@ cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, 
   }
   switch (p.head_dim) {
     case 64:
-      return launch_mma_warps<64>(p, n_splits, warps, stream);
+      return launch_mma_warps<64>(p, n_splits, min_chunks, warps, stream);
     case 128:
-      return launch_mma_warps<128>(p, n_splits, warps, stream);
+      return launch_mma_warps<128>(p, n_splits, min_chunks, warps, stream);
     default:
       return cudaErrorInvalidValue;
   }

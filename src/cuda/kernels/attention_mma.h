@@ -21,6 +21,6 @@ namespace cellm::cuda::detail {
 int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads, int sm_count);
 
 cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
-                                       cudaStream_t stream);
+                                       int32_t min_chunks, cudaStream_t stream);
 
 }  // namespace cellm::cuda::detail
