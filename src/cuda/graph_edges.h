@@ -20,7 +20,10 @@ namespace cellm::cuda {
 // cudaLaunchAttributeProgrammaticStreamSerialization, so it waits for its predecessors)
 // whose upstream kernel was launched without programmatic launch (it entered the graph
 // behind ordinary edges only; a root is left alone) into one from the upstream's
-// launch-completion port. Returns how many edges it rewrote.
+// launch-completion port. Returns how many edges it rewrote. In a decode graph those
+// upstream kernels are cuBLASLt's and the embedding (behind the step's metadata copy,
+// a memcpy node): the rewrite is correct for any upstream, since the downstream kernel
+// waits for it to complete either way.
 Result<int> launch_after_foreign_start(cudaGraph_t graph);
 
 }  // namespace cellm::cuda
