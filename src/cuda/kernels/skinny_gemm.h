@@ -1,0 +1,60 @@
+// The product of a decode batch's rows, y = x · wᵀ (+ bias), for 9-64 rows: still bound
+// by reading the weights, where cuBLASLt's tiles leave SMs idle on the narrow projections
+// (8B at 64 rows: o 4096 x 4096 ran at 62% of the copy bandwidth, qkv at 70%).
+//
+// Each block streams 64 weight rows through a ring of shared-memory stages (cp.async,
+// kSkinnyStages - 1 stages in flight; the first ones before the programmatic wait, since
+// weights are never written by a step) with the same columns of every x row beside
+// them, and multiplies on tensor cores: warp w owns weight rows [16 w, 16 w + 16) of the
+// block (the M of bf16 mma.m16n8k16) and every x row (its N, 8 at a time), in f32. When n
+// alone gives too few blocks to fill the GPU, k is cut into `splits` ranges of whole
+// stages; each block of a split writes its f32 partial sums to the workspace and counts
+// itself in on its row tile's counter, and the last to arrive adds the partials in
+// order of split (and the bias) and writes y. The order of every sum depends on (m, n,
+// k, splits) only: every launch of a shape gives the same bits.
+//
+// Shapes (row-major, as PyTorch's Linear and launch_gemv): x [m, k] bf16, w [n, k] bf16,
+// bias [n] bf16 or null, y [m, n] of TOut (bf16 or f32, rounded once from f32).
+//
+// Workspace: int32 counters [kSkinnyCounters] (zeroed once when allocated; every
+// completed launch leaves them zero), and f32 partials [splits, m, n] in a second buffer
+// whose contents need no care. The launcher picks the splits that fit `partial_bytes`.
+//
+// The launcher enqueues one kernel on `stream` with programmatic dependent launch
+// (kernels/launch.cuh); it never allocates or synchronises, may be captured in a CUDA
+// graph, and returns cudaErrorInvalidValue (launching nothing) outside the REQUIRES.
+// Concurrent launches need distinct counters and partials.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cellm::cuda {
+
+inline constexpr int64_t kSkinnyMinRows = 9;   // fewer rows: the GEMVs (gemv.h)
+inline constexpr int64_t kSkinnyMaxRows = 64;  // x rows one launch serves
+inline constexpr int64_t kSkinnyKStep = 64;    // columns of a stage; k is a multiple of it
+inline constexpr int64_t kSkinnyCounters = 1024;
+
+// True when launch_skinny_gemm serves the shape: kSkinnyMinRows <= m <= kSkinnyMaxRows,
+// n >= 1, k a positive multiple of kSkinnyKStep below 2^24, x and w 16-byte aligned.
+bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w);
+
+// y = TOut(x · wᵀ (+ bias)). REQUIRES: skinny_gemm_supports(m, n, k, x, w); device
+// pointers; y overlapping no input; counters as above (kSkinnyCounters int32);
+// partials: partial_bytes of f32 scratch (0 bytes and nullptr allowed: then no split).
+template <typename TOut>
+cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
+                               int64_t n, const __nv_bfloat16* bias, TOut* y, int32_t* counters,
+                               float* partials, size_t partial_bytes, cudaStream_t stream);
+
+// The splits launch_skinny_gemm takes for a shape on a device of `sm_count` SMs that
+// holds `blocks_per_sm` of its blocks, with `partial_bytes` of partials (for tests and
+// benchmarks).
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm,
+                           size_t partial_bytes);
+
+}  // namespace cellm::cuda
