@@ -155,14 +155,16 @@ TEST(SkinnyGemmTest, LlamaEightBShapesMatchADoubleReference) {
   }
 }
 
-TEST(SkinnyGemmTest, SplitsFillOneWaveAndKeepTheRingFull) {
-  // Host-only: the split count of a shape (132 SMs, 2 blocks each, room for partials).
+TEST(SkinnyGemmTest, SplitsFillTheLastWaveForTheirPartials) {
+  // Host-only: the split count of a shape (132 SMs, 2 blocks each, room for partials):
+  // the fewest bytes over the fill of the last wave (weights, and 8 bytes a partial).
   constexpr size_t kRoom = size_t{64} << 20;
   EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 2, kRoom), 4);     // 64 tiles -> 256 blocks
-  EXPECT_EQ(skinny_gemm_splits(64, 6144, 4096, 132, 2, kRoom), 2);     // 96 tiles -> 192
+  EXPECT_EQ(skinny_gemm_splits(64, 6144, 4096, 132, 2, kRoom), 5);     // 96 tiles -> 480 of 528
+  EXPECT_EQ(skinny_gemm_splits(16, 6144, 4096, 132, 2, kRoom), 8);     // fewer partials: 768/792
   EXPECT_EQ(skinny_gemm_splits(64, 28672, 4096, 132, 2, kRoom), 1);    // 448 tiles: no split
   EXPECT_EQ(skinny_gemm_splits(64, 4096, 14336, 132, 2, kRoom), 4);    // down
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 320, 132, 2, kRoom), 1);      // 5 stages: one ring
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 320, 132, 2, kRoom), 1);      // 5 stages: too few
   EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 2, 0), 1);         // no room for partials
   EXPECT_EQ(skinny_gemm_splits(64, 200000, 4096, 1000, 2, kRoom), 1);  // tiles > counters
 }

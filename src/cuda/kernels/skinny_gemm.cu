@@ -1,164 +1,226 @@
 #include "cuda/kernels/skinny_gemm.h"
 
+#include <cuda.h>  // CUtensorMap and its enums (types only: no driver library is linked)
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <climits>
+#include <mutex>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/mma.cuh"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "skinny_gemm.cu needs sm_80 or newer (bf16 mma.sync, cp.async, ldmatrix)"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "skinny_gemm.cu needs sm_90 (TMA tensor copies, mbarrier transaction counts)"
 #endif
 
 namespace cellm::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-using detail::cp_async16;
-using detail::cp_async_commit;
-using detail::cp_async_wait;
 using detail::ldmatrix_x4;
 using detail::mma_16816;
+using detail::smem_addr;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kBlockRows = 16 * kWarps;  // weight rows of a block: warp w owns 16 of them
-constexpr int kKStep = static_cast<int>(kSkinnyKStep);
-constexpr int kStages = 5;             // ring slots; kStages - 1 stages in flight
-constexpr int kRowElems = kKStep + 8;  // bf16 a shared row: 36 words, so the 8 rows an
-                                       // ldmatrix phase reads start in distinct banks
-constexpr int kChunks = kKStep / 8;    // 16-byte copies a stage row
+// A block: kConsumers warps that multiply, each owning 16 of the block's kBlockRows weight
+// rows (the M of mma.m16n8k16) and every x row (its N, 8 at a time), and one producer warp
+// whose first lane issues the TMA copies. A stage is the block's weight rows and all x
+// rows over kKStep columns, two boxes of 128-byte rows stored with the 128-byte swizzle
+// (16-byte chunk c of row r at chunk c ^ (r % 8)), so the 8 rows an ldmatrix phase reads
+// fall in distinct banks without padding. Each stage has a `full` barrier (the producer
+// arms it with the stage's byte count; the copies complete it) and an `empty` one (each
+// consumer warp arrives when it has read the stage; the producer waits on it before it
+// refills the slot).
+constexpr int kConsumers = 4;
+constexpr int kThreads = (kConsumers + 1) * 32;
+constexpr int kBlockRows = 16 * kConsumers;
+constexpr int kKStep = static_cast<int>(kSkinnyKStep);  // 64 bf16: one 128-byte box row
+constexpr int kRowBytes = kKStep * 2;
+constexpr int kWeightBytes = kBlockRows * kRowBytes;  // 8 KB a stage
+constexpr int kSwizzleAlign = 1024;                   // the 128-byte swizzle's period
 
-// A stage: kBlockRows weight rows, then 8 MT x rows, kRowElems bf16 each.
+// MT: x tiles of 8 rows (m <= 8 MT). The x box of a stage is 8 MT rows (rows past m are
+// zero-filled by the copy), so a stage is 8 KB of weights and MT KB of x.
 template <int MT>
-constexpr int stage_elems() {
-  return (kBlockRows + 8 * MT) * kRowElems;
+constexpr int stage_bytes() {
+  return kWeightBytes + 8 * MT * kRowBytes;
+}
+// Stages in the ring: about 96 KB of them, so two blocks share an SM.
+template <int MT>
+constexpr int stages() {
+  return 96 * 1024 / stage_bytes<MT>();
 }
 template <int MT>
 constexpr size_t smem_bytes() {
-  return sizeof(bf16) * static_cast<size_t>(stage_elems<MT>()) * kStages;
+  return static_cast<size_t>(stage_bytes<MT>()) * stages<MT>() + kSwizzleAlign;  // + alignment
 }
 
 template <typename TOut>
 struct SkinnyParams {
-  const bf16* x;     // [m, k]
-  const bf16* w;     // [n, k]
-  const bf16* bias;  // [n] or null
-  TOut* y;           // [m, n]
+  CUtensorMap w_map;  // w [n, k]: boxes of kBlockRows rows x kKStep columns
+  CUtensorMap x_map;  // x [m, k]: boxes of 8 MT rows x kKStep columns
+  const bf16* bias;   // [n] or null
+  TOut* y;            // [m, n]
   int m;
-  int k;
   int64_t n;
   int splits;        // blocks along k per row tile (gridDim.y)
   int split_stages;  // stages of k a split covers (the last split may cover fewer)
+  int k_stages;      // k / kKStep
   int32_t* counters;
   float* partials;  // [splits, m, n] when splits > 1
 };
 
-// MT: x rows in tiles of 8 (m <= 8 MT), the MMA's N. Fragments as in attention_mma.cu
-// (PTX ISA, "Matrix Fragments for mma.m16n8k16"): lane = 4 g + q.
-//   A = 16 weight rows x 16 columns: ldmatrix.x4 of blocks (rows 0-7, cols +0), (rows
+// --- mbarrier and TMA (PTX ISA: "mbarrier", "cp.async.bulk.tensor") ---
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+// Arrives once and adds `bytes` to the transactions the current phase waits for.
+__device__ __forceinline__ void barrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// The box of `map` at (column col, row row) into shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int col, int row,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled box.
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+// Fragments as in attention_mma.cu (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
+// lane = 4 g + q.
+//   A = 16 weight rows x 16 columns: ldmatrix.x4 of blocks (rows 0-7, columns +0), (rows
 //     8-15, +0), (rows 0-7, +8), (rows 8-15, +8) gives a0..a3.
 //   B[c][t] = x[t][c] for 8 x rows t: ldmatrix.x4 (no transpose) of blocks (rows 0-7,
-//     cols +0), (rows 0-7, +8), (rows 8-15, +0), (rows 8-15, +8) gives b0, b1 of x tile
+//     columns +0), (rows 0-7, +8), (rows 8-15, +0), (rows 8-15, +8) gives b0, b1 of x tile
 //     2 t2, then of tile 2 t2 + 1.
 //   C[r][t] = acc[tile][c]: c0, c1 = (row g, x rows 2q, 2q + 1), c2, c3 = row g + 8.
 template <int MT, typename TOut>
-__global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const SkinnyParams<TOut> p) {
+__global__ void __launch_bounds__(kThreads)
+    skinny_gemm_kernel(const __grid_constant__ SkinnyParams<TOut> p) {
   static_assert(MT % 2 == 0, "x tiles go to ldmatrix in pairs");
-  constexpr int kTokens = 8 * MT;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* smem = reinterpret_cast<bf16*>(smem_raw);
+  constexpr int S = stages<MT>();
+  constexpr int kStageBytes = stage_bytes<MT>();
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ alignas(8) uint64_t full[S];
+  __shared__ alignas(8) uint64_t empty[S];
+  // The swizzle repeats every 1024 bytes from the box's start: align the ring to it.
+  unsigned char* ring =
+      smem_raw + ((kSwizzleAlign - smem_addr(smem_raw) % kSwizzleAlign) % kSwizzleAlign);
+
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int g = lane / 4;
-  const int q = lane % 4;
   const int64_t tile = blockIdx.x;
   const int split = static_cast<int>(blockIdx.y);
   const int64_t row0 = tile * kBlockRows;
   const int first = split * p.split_stages;  // first stage of k of this split
-  const int n_stages = min(p.split_stages, p.k / kKStep - first);
+  const int n_stages = min(p.split_stages, p.k_stages - first);
 
-  auto w_stage = [&](int stage) { return smem + (stage % kStages) * stage_elems<MT>(); };
-  auto x_stage = [&](int stage) { return w_stage(stage) + kBlockRows * kRowElems; };
-  // Copy c of a stage is row c / kChunks, 16-byte chunk c % kChunks; rows past n or m
-  // are zero (source size 0: nothing read).
-  auto load_w = [&](int stage) {
-    bf16* dst = w_stage(stage);
-    const int64_t col = int64_t{first + stage} * kKStep;
-#pragma unroll
-    for (int i = 0; i < kBlockRows * kChunks / kThreads; ++i) {
-      const int c = tid + i * kThreads;
-      const int r = c / kChunks;
-      const int ch = c % kChunks;
-      const bool ok = row0 + r < p.n;
-      cp_async16(dst + r * kRowElems + ch * 8, p.w + (ok ? row0 + r : 0) * p.k + col + ch * 8, ok);
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kConsumers);
     }
-  };
-  auto load_x = [&](int stage) {
-    bf16* dst = x_stage(stage);
-    const int64_t col = int64_t{first + stage} * kKStep;
-    for (int c = tid; c < kTokens * kChunks; c += kThreads) {
-      const int r = c / kChunks;
-      const int ch = c % kChunks;
-      const bool ok = r < p.m;
-      cp_async16(dst + r * kRowElems + ch * 8, p.x + int64_t{ok ? r : 0} * p.k + col + ch * 8, ok);
-    }
-  };
-
-  // The weights of the first stages go in flight before the wait (no step writes them);
-  // x, the counters and the partials come from the kernels before this one. Stage s's
-  // group holds x of stage s (group 0 also every early weight load).
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_stages) load_w(s);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  __syncthreads();
+
+  if (warp == kConsumers) {
+    // The producer. The weights of the first stages go in flight before the programmatic
+    // wait (no step writes them); x comes from the kernel before this one.
+    if (lane == 0) {
+      const int prologue = min(S, n_stages);
+      for (int s = 0; s < prologue; ++s) {
+        barrier_arrive_expect(&full[s], kStageBytes);
+        tma_load(ring + s * kStageBytes, &p.w_map, (first + s) * kKStep, static_cast<int>(row0),
+                 &full[s]);
+      }
+      detail::wait_for_prior_grids();
+      for (int s = 0; s < prologue; ++s) {
+        tma_load(ring + s * kStageBytes + kWeightBytes, &p.x_map, (first + s) * kKStep, 0,
+                 &full[s]);
+      }
+      for (int s = S; s < n_stages; ++s) {
+        const int slot = s % S;
+        barrier_wait(&empty[slot], static_cast<uint32_t>((s / S - 1) & 1));
+        unsigned char* stage = ring + slot * kStageBytes;
+        barrier_arrive_expect(&full[slot], kStageBytes);
+        tma_load(stage, &p.w_map, (first + s) * kKStep, static_cast<int>(row0), &full[slot]);
+        tma_load(stage + kWeightBytes, &p.x_map, (first + s) * kKStep, 0, &full[slot]);
+      }
+    }
+    return;  // the producer writes nothing; the consumers' results follow the copies
+  }
+
+  // A consumer: weight rows [16 warp, 16 warp + 16) of the tile, every x row.
   detail::wait_for_prior_grids();
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_stages) load_x(s);
-    cp_async_commit();
-  }
-
   float acc[MT][4];
 #pragma unroll
   for (int t = 0; t < MT; ++t) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[t][c] = 0.f;
   }
-  const int a_off = (warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowElems + (lane / 16) * 8;
-  const int b_off = ((lane / 16) * 8 + lane % 8) * kRowElems + ((lane / 8) % 2) * 8;
+  // Every row an ldmatrix lane addresses is 8-aligned plus lane % 8: its swizzle is lane % 8.
+  const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+  const int a_chunk = lane / 16;
+  const int b_row = (lane / 16) * 8 + lane % 8;
+  const int b_chunk = (lane / 8) % 2;
   for (int s = 0; s < n_stages; ++s) {
-    // Stage s has landed (its group and every earlier one), and every warp is done with
-    // the slot the refill below overwrites (stage s - 1's).
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (s + kStages - 1 < n_stages) {
-      load_w(s + kStages - 1);
-      load_x(s + kStages - 1);
-    }
-    cp_async_commit();  // an empty group keeps the count uniform
-    const bf16* ws = w_stage(s);
-    const bf16* xs = x_stage(s);
+    const int slot = s % S;
+    barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
+    const unsigned char* ws = ring + slot * kStageBytes;
+    const unsigned char* xs = ws + kWeightBytes;
 #pragma unroll
     for (int kk = 0; kk < kKStep / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, ws + a_off + kk * 16);
+      ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
 #pragma unroll
       for (int t2 = 0; t2 < MT / 2; ++t2) {
         uint32_t b[4];
-        ldmatrix_x4(b, xs + b_off + t2 * 16 * kRowElems + kk * 16);
+        ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
         mma_16816(acc[2 * t2], a, b[0], b[1]);
         mma_16816(acc[2 * t2 + 1], a, b[2], b[3]);
       }
     }
+    __syncwarp();
+    if (lane == 0) barrier_arrive(&empty[slot]);  // this warp is done with the slot
   }
   detail::allow_dependent_grids();
-  cp_async_wait<0>();
 
   // f(i, row, value) for each of this thread's sums inside y: element c of tile t is
   // weight row row0 + 16 warp + g + 8 (c / 2), x row 8 t + 2q + c % 2.
+  const int g = lane / 4;
+  const int q = lane % 4;
   const auto for_each_sum = [&](auto&& f) {
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
@@ -178,12 +240,14 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const SkinnyParam
     return;
   }
 
-  // A split: the partials, then the last block of the row tile adds them up.
+  // A split: the partials, then the last block of the row tile adds them up. Only the
+  // consumer warps take part (the producer has returned): named barrier 1 counts them.
   float* part = p.partials + int64_t{split} * p.m * p.n;
   for_each_sum([&](int i, int64_t row, float v) { part[int64_t{i} * p.n + row] = v; });
-  // Release (each thread's partials before thread 0's arrival), as attention_fold.cuh.
+  // Release (each thread's partials before the arrival), as attention_fold.cuh.
   __threadfence();
-  __syncthreads();
+  constexpr int kConsumerThreads = kConsumers * 32;
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
   __shared__ int s_last;
   if (tid == 0) {
     const int32_t arrived = atomicAdd(p.counters + tile, 1);
@@ -191,11 +255,11 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const SkinnyParam
     if (last) p.counters[tile] = 0;  // every other block of the tile has counted in
     s_last = last;
   }
-  __syncthreads();
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
   if (!s_last) return;
   __threadfence();  // acquire: the other blocks' partials, read through L2 (__ldcg)
   const int rows = static_cast<int>(min(int64_t{kBlockRows}, p.n - row0));
-  for (int o = tid; o < p.m * rows; o += kThreads) {
+  for (int o = tid; o < p.m * rows; o += kConsumerThreads) {
     const int i = o / rows;
     const int64_t row = row0 + o % rows;
     float v = 0.f;
@@ -207,18 +271,59 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const SkinnyParam
   }
 }
 
+// cuTensorMapEncodeTiled, from the driver the runtime already loaded (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }
+  });
+  return encode;
+}
+
+// A row-major bf16 matrix [rows, cols] as boxes of box_rows x kKStep, 128-byte swizzled;
+// rows past the matrix read as zeros.
+cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t cols, int box_rows,
+                       CUtensorMapL2promotion promotion) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * sizeof(bf16)};  // row pitch
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kKStep), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <int MT, typename TOut>
-cudaError_t launch_tiles(SkinnyParams<TOut> p, int64_t tiles, int64_t stages, size_t partial_bytes,
-                         cudaStream_t stream) {
+cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
+                         int64_t tiles, size_t partial_bytes, cudaStream_t stream) {
   constexpr size_t bytes = smem_bytes<MT>();
   auto* kernel = skinny_gemm_kernel<MT, TOut>;
-  if constexpr (bytes > 48 * 1024) {
-    // Not a stream operation: capture-safe.
-    if (const cudaError_t e = cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-        e != cudaSuccess) {
-      return e;
-    }
+  // Not stream operations: capture-safe.
+  if (const cudaError_t e = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      e != cudaSuccess) {
+    return e;
+  }
+  if (const cudaError_t e =
+          encode_map(&p.w_map, w, p.n, k, kBlockRows, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (const cudaError_t e =
+          encode_map(&p.x_map, x, p.m, k, 8 * MT, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+      e != cudaSuccess) {
+    return e;
   }
   int device = 0, sms = 0, per_sm = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -234,9 +339,9 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, int64_t tiles, int64_t stages, si
   const int32_t splits =
       p.counters == nullptr
           ? 1
-          : skinny_gemm_splits(p.m, p.n, p.k, sms, std::max(per_sm, 1), partial_bytes);
-  p.split_stages = static_cast<int>((stages + splits - 1) / splits);
-  p.splits = static_cast<int>((stages + p.split_stages - 1) / p.split_stages);  // with work
+          : skinny_gemm_splits(p.m, p.n, k, sms, std::max(per_sm, 1), partial_bytes);
+  p.split_stages = (p.k_stages + splits - 1) / splits;
+  p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
   return detail::launch_kernel(kernel,
                                dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.splits)),
                                dim3(kThreads), bytes, stream, p);
@@ -245,25 +350,41 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, int64_t tiles, int64_t stages, si
 }  // namespace
 
 bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w) {
-  return m >= kSkinnyMinRows && m <= kSkinnyMaxRows && n >= 1 && k > 0 && k % kSkinnyKStep == 0 &&
-         k < (int64_t{1} << 24) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  return m >= kSkinnyMinRows && m <= kSkinnyMaxRows && n >= 1 && n < (int64_t{1} << 31) && k > 0 &&
+         k % kSkinnyKStep == 0 && k < (int64_t{1} << 24) &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
 int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm,
                            size_t partial_bytes) {
-  // Doubled from 1 while the doubled grid still fits one wave, each split keeps at least
-  // kStages stages (the ring fills), the row tiles have counters, and the partials fit.
+  // The split count s in [1, 16] of the least estimated time: the bytes it moves (the
+  // weights, and for s > 1 the f32 partials written and read back) over the fraction of
+  // the grid's last wave its tiles x s blocks fill; a split keeps at least kMinSplitStages
+  // stages, the row tiles stay within the counters and the partials within partial_bytes.
+  // Another split must gain 2% (ties go to fewer partials).
+  constexpr int64_t kMinSplitStages = 8;
   const int64_t tiles = (n + kBlockRows - 1) / kBlockRows;
-  const int64_t stages = k / kSkinnyKStep;
-  const int64_t slots = int64_t{sm_count} * blocks_per_sm;
-  int32_t splits = 1;
-  while (splits < 16 && tiles <= kSkinnyCounters && tiles * 2 * splits <= slots &&
-         stages >= int64_t{2} * splits * kStages &&
-         sizeof(float) * static_cast<size_t>(2 * splits * m * n) <= partial_bytes) {
-    splits *= 2;
+  const int64_t k_stages = k / kSkinnyKStep;
+  const int64_t slots = int64_t{std::max(sm_count, 1)} * std::max(blocks_per_sm, 1);
+  const double weight_bytes = 2.0 * static_cast<double>(n) * static_cast<double>(k);
+  int32_t best = 1;
+  double best_cost = 0;
+  for (int32_t s = 1; s <= 16; ++s) {
+    if (s > 1 && (tiles > kSkinnyCounters || k_stages < kMinSplitStages * s ||
+                  sizeof(float) * static_cast<size_t>(s * m * n) > partial_bytes)) {
+      break;
+    }
+    const int64_t blocks = tiles * s;
+    const int64_t waves = (blocks + slots - 1) / slots;
+    const double fill = static_cast<double>(blocks) / static_cast<double>(waves * slots);
+    const double partials = s > 1 ? 8.0 * s * static_cast<double>(m) * static_cast<double>(n) : 0;
+    const double cost = (weight_bytes + partials) / fill;
+    if (s == 1 || cost < 0.98 * best_cost) {
+      best = s;
+      best_cost = cost;
+    }
   }
-  return splits;
+  return best;
 }
 
 template <typename TOut>
@@ -276,21 +397,18 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   }
   const int64_t tiles = (n + kBlockRows - 1) / kBlockRows;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
-  SkinnyParams<TOut> p{x,
-                       w,
-                       bias,
-                       y,
-                       static_cast<int>(m),
-                       static_cast<int>(k),
-                       n,
-                       1,
-                       0,
-                       partial_bytes > 0 ? counters : nullptr,
-                       partials};
-  const int64_t stages = k / kSkinnyKStep;
-  if (m <= 16) return launch_tiles<2>(p, tiles, stages, partial_bytes, stream);
-  if (m <= 32) return launch_tiles<4>(p, tiles, stages, partial_bytes, stream);
-  return launch_tiles<8>(p, tiles, stages, partial_bytes, stream);
+  SkinnyParams<TOut> p{};
+  p.bias = bias;
+  p.y = y;
+  p.m = static_cast<int>(m);
+  p.n = n;
+  p.splits = 1;
+  p.k_stages = static_cast<int>(k / kSkinnyKStep);
+  p.counters = partial_bytes > 0 ? counters : nullptr;
+  p.partials = partials;
+  if (m <= 16) return launch_tiles<2>(p, x, w, k, tiles, partial_bytes, stream);
+  if (m <= 32) return launch_tiles<4>(p, x, w, k, tiles, partial_bytes, stream);
+  return launch_tiles<8>(p, x, w, k, tiles, partial_bytes, stream);
 }
 
 template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,

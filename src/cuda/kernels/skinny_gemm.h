@@ -2,16 +2,23 @@
 // by reading the weights, where cuBLASLt's tiles leave SMs idle on the narrow projections
 // (8B at 64 rows: o 4096 x 4096 ran at 62% of the copy bandwidth, qkv at 70%).
 //
-// Each block streams 64 weight rows through a ring of shared-memory stages (cp.async,
-// kSkinnyStages - 1 stages in flight; the first ones before the programmatic wait, since
-// weights are never written by a step) with the same columns of every x row beside
-// them, and multiplies on tensor cores: warp w owns weight rows [16 w, 16 w + 16) of the
-// block (the M of bf16 mma.m16n8k16) and every x row (its N, 8 at a time), in f32. When n
+// Each block streams 64 weight rows through a ring of shared-memory stages filled by the
+// Hopper tensor memory accelerator: one warp issues a TMA copy of the block's weight box
+// (64 rows x 64 columns) and one of the x box (every x row, the same columns) per stage,
+// completing on the stage's mbarrier; the first stages' weights go in flight before the
+// programmatic wait, since weights are never written by a step. Four warps multiply on
+// tensor cores: warp w owns weight rows [16 w, 16 w + 16) of the block (the M of bf16
+// mma.m16n8k16) and every x row (its N, 8 at a time), in f32, reading the stages with
+// ldmatrix (the boxes are 128-byte swizzled). A warp that is done with a stage arrives on
+// its `empty` barrier, on which the copying warp waits before it refills the slot. When n
 // alone gives too few blocks to fill the GPU, k is cut into `splits` ranges of whole
-// stages; each block of a split writes its f32 partial sums to the workspace and counts
-// itself in on its row tile's counter, and the last to arrive adds the partials in
-// order of split (and the bias) and writes y. The order of every sum depends on (m, n,
-// k, splits) only: every launch of a shape gives the same bits.
+// stages (skinny_gemm_splits); each block of a split writes its f32 partial sums to the
+// workspace and counts itself in on its row tile's counter, and the last to arrive adds
+// the partials in order of split (and the bias) and writes y. The order of every sum
+// depends on (m, n, k, splits) only: every launch of a shape gives the same bits.
+//
+// Needs sm_90 (TMA, mbarrier transaction counts) and cuTensorMapEncodeTiled from the
+// driver (found through the runtime; launches return cudaErrorNotSupported without it).
 //
 // Shapes (row-major, as PyTorch's Linear and launch_gemv): x [m, k] bf16, w [n, k] bf16,
 // bias [n] bf16 or null, y [m, n] of TOut (bf16 or f32, rounded once from f32).
