@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <mutex>
 
 #include "cuda/kernels/common.cuh"
@@ -309,12 +310,36 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
                          int64_t tiles, size_t partial_bytes, cudaStream_t stream) {
   constexpr size_t bytes = smem_bytes<MT>();
   auto* kernel = skinny_gemm_kernel<MT, TOut>;
-  // Not stream operations: capture-safe.
-  if (const cudaError_t e = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  int device = 0, sms = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
       e != cudaSuccess) {
     return e;
   }
+  // Once per kernel and device (not stream operations: capture-safe): its shared memory,
+  // and how many of its blocks an SM holds.
+  struct Setup {
+    cudaError_t error = cudaSuccess;
+    int per_sm = 0;
+  };
+  static std::mutex mutex;
+  static std::map<int, Setup> setups;
+  Setup setup;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = setups.find(device);
+    if (it == setups.end()) {
+      Setup s;
+      s.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes));
+      if (s.error == cudaSuccess) {
+        s.error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.per_sm, kernel, kThreads, bytes);
+      }
+      it = setups.emplace(device, s).first;
+    }
+    setup = it->second;
+  }
+  if (setup.error != cudaSuccess) return setup.error;
   if (const cudaError_t e =
           encode_map(&p.w_map, w, p.n, k, kBlockRows, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
       e != cudaSuccess) {
@@ -325,21 +350,10 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
       e != cudaSuccess) {
     return e;
   }
-  int device = 0, sms = 0, per_sm = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      e != cudaSuccess) {
-    return e;
-  }
-  if (const cudaError_t e =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes);
-      e != cudaSuccess) {
-    return e;
-  }
   const int32_t splits =
       p.counters == nullptr
           ? 1
-          : skinny_gemm_splits(p.m, p.n, k, sms, std::max(per_sm, 1), partial_bytes);
+          : skinny_gemm_splits(p.m, p.n, k, sms, std::max(setup.per_sm, 1), partial_bytes);
   p.split_stages = (p.k_stages + splits - 1) / splits;
   p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
   return detail::launch_kernel(kernel,
