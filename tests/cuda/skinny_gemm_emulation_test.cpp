@@ -28,12 +28,9 @@ using testing::ldmatrix_x4;
 using testing::mma;
 using testing::to_bf16;
 
-// The kernel's constants (skinny_gemm.cu).
-constexpr int kConsumers = 4;
-constexpr int kBlockRows = 16 * kConsumers;
+// The kernel's constants (skinny_gemm.cu); its warps and rows a block follow m.
 constexpr int kKStep = static_cast<int>(kSkinnyKStep);
 constexpr int kRowBytes = kKStep * 2;
-constexpr int kWeightBytes = kBlockRows * kRowBytes;
 
 int swizzled(int row, int chunk) {  // bytes, as the kernel's
   return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
@@ -68,6 +65,9 @@ struct Case {
 // sum of the partials in split order.
 std::vector<float> emulate(const Case& c) {
   const int mt = c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8;
+  const int kBlockRows = static_cast<int>(skinny_gemm_block_rows(c.m));
+  const int kConsumers = kBlockRows / 16;
+  const int kWeightBytes = kBlockRows * kRowBytes;
   const int k_stages = static_cast<int>(c.k / kKStep);
   const int split_stages = (k_stages + c.splits - 1) / c.splits;
   const int splits = (k_stages + split_stages - 1) / split_stages;

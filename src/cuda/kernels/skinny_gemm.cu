@@ -33,19 +33,31 @@ using detail::smem_addr;
 // arms it with the stage's byte count; the copies complete it) and an `empty` one (each
 // consumer warp arrives when it has read the stage; the producer waits on it before it
 // refills the slot).
-constexpr int kConsumers = 4;
-constexpr int kThreads = (kConsumers + 1) * 32;
-constexpr int kBlockRows = 16 * kConsumers;
+//
+// kConsumers (kBlockRows = 16 kConsumers) is 4, and for more than 32 x rows
+// CELLM_SKINNY_WIDE_CONSUMERS (4 or 8; an experiment for bench/variant_visit.sh): every
+// block reads all of x each stage, so at 64 x rows 64-row blocks read as many bytes of x
+// from L2 as of weights; 128-row blocks half as many.
+#ifndef CELLM_SKINNY_WIDE_CONSUMERS
+#define CELLM_SKINNY_WIDE_CONSUMERS 4
+#endif
+static_assert(CELLM_SKINNY_WIDE_CONSUMERS == 4 || CELLM_SKINNY_WIDE_CONSUMERS == 8);
+constexpr int consumers_for(int mt) {
+  return mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
+}
 constexpr int kKStep = static_cast<int>(kSkinnyKStep);  // 64 bf16: one 128-byte box row
 constexpr int kRowBytes = kKStep * 2;
-constexpr int kWeightBytes = kBlockRows * kRowBytes;  // 8 KB a stage
-constexpr int kSwizzleAlign = 1024;                   // the 128-byte swizzle's period
+constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle's period
 
 // MT: x tiles of 8 rows (m <= 8 MT). The x box of a stage is 8 MT rows (rows past m are
-// zero-filled by the copy), so a stage is 8 KB of weights and MT KB of x.
+// zero-filled by the copy), so a stage is 2 W KB of weights and MT KB of x.
+template <int MT>
+constexpr int weight_bytes() {
+  return 16 * consumers_for(MT) * kRowBytes;
+}
 template <int MT>
 constexpr int stage_bytes() {
-  return kWeightBytes + 8 * MT * kRowBytes;
+  return weight_bytes<MT>() + 8 * MT * kRowBytes;
 }
 // Stages in the ring: about 96 KB of them, so two blocks share an SM.
 template <int MT>
@@ -59,7 +71,7 @@ constexpr size_t smem_bytes() {
 
 template <typename TOut>
 struct SkinnyParams {
-  CUtensorMap w_map;  // w [n, k]: boxes of kBlockRows rows x kKStep columns
+  CUtensorMap w_map;  // w [n, k]: boxes of 16 W rows x kKStep columns
   CUtensorMap x_map;  // x [m, k]: boxes of 8 MT rows x kKStep columns
   const bf16* bias;   // [n] or null
   TOut* y;            // [m, n]
@@ -126,9 +138,12 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 //     2 t2, then of tile 2 t2 + 1.
 //   C[r][t] = acc[tile][c]: c0, c1 = (row g, x rows 2q, 2q + 1), c2, c3 = row g + 8.
 template <int MT, typename TOut>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     skinny_gemm_kernel(const __grid_constant__ SkinnyParams<TOut> p) {
   static_assert(MT % 2 == 0, "x tiles go to ldmatrix in pairs");
+  constexpr int kConsumers = consumers_for(MT);
+  constexpr int kBlockRows = 16 * kConsumers;
+  constexpr int kWeightBytes = weight_bytes<MT>();
   constexpr int S = stages<MT>();
   constexpr int kStageBytes = stage_bytes<MT>();
   extern __shared__ unsigned char smem_raw[];
@@ -307,8 +322,10 @@ cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t
 
 template <int MT, typename TOut>
 cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
-                         int64_t tiles, size_t partial_bytes, cudaStream_t stream) {
+                         size_t partial_bytes, cudaStream_t stream) {
   constexpr size_t bytes = smem_bytes<MT>();
+  constexpr int kBlockRows = 16 * consumers_for(MT);
+  constexpr int kThreads = (consumers_for(MT) + 1) * 32;
   auto* kernel = skinny_gemm_kernel<MT, TOut>;
   int device = 0, sms = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -354,6 +371,8 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
       p.counters == nullptr
           ? 1
           : skinny_gemm_splits(p.m, p.n, k, sms, std::max(setup.per_sm, 1), partial_bytes);
+  const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
+  if (tiles > INT_MAX) return cudaErrorInvalidValue;
   p.split_stages = (p.k_stages + splits - 1) / splits;
   p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
   return detail::launch_kernel(kernel,
@@ -369,6 +388,10 @@ bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const 
          reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
+int64_t skinny_gemm_block_rows(int64_t m) {
+  return 16 * (m <= 16 ? consumers_for(2) : m <= 32 ? consumers_for(4) : consumers_for(8));
+}
+
 int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm,
                            size_t partial_bytes) {
   // The split count s in [1, 16] of the least estimated time: the bytes it moves (the
@@ -377,7 +400,8 @@ int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int bl
   // stages, the row tiles stay within the counters and the partials within partial_bytes.
   // Another split must gain 2% (ties go to fewer partials).
   constexpr int64_t kMinSplitStages = 8;
-  const int64_t tiles = (n + kBlockRows - 1) / kBlockRows;
+  const int64_t block_rows = skinny_gemm_block_rows(m);
+  const int64_t tiles = (n + block_rows - 1) / block_rows;
   const int64_t k_stages = k / kSkinnyKStep;
   const int64_t slots = int64_t{std::max(sm_count, 1)} * std::max(blocks_per_sm, 1);
   const double weight_bytes = 2.0 * static_cast<double>(n) * static_cast<double>(k);
@@ -409,8 +433,6 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   if (partial_bytes > 0 && (partials == nullptr || counters == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  const int64_t tiles = (n + kBlockRows - 1) / kBlockRows;
-  if (tiles > INT_MAX) return cudaErrorInvalidValue;
   SkinnyParams<TOut> p{};
   p.bias = bias;
   p.y = y;
@@ -420,9 +442,9 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.k_stages = static_cast<int>(k / kSkinnyKStep);
   p.counters = partial_bytes > 0 ? counters : nullptr;
   p.partials = partials;
-  if (m <= 16) return launch_tiles<2>(p, x, w, k, tiles, partial_bytes, stream);
-  if (m <= 32) return launch_tiles<4>(p, x, w, k, tiles, partial_bytes, stream);
-  return launch_tiles<8>(p, x, w, k, tiles, partial_bytes, stream);
+  if (m <= 16) return launch_tiles<2>(p, x, w, k, partial_bytes, stream);
+  if (m <= 32) return launch_tiles<4>(p, x, w, k, partial_bytes, stream);
+  return launch_tiles<8>(p, x, w, k, partial_bytes, stream);
 }
 
 template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,

@@ -2,11 +2,11 @@
 // by reading the weights, where cuBLASLt's tiles leave SMs idle on the narrow projections
 // (8B at 64 rows: o 4096 x 4096 ran at 62% of the copy bandwidth, qkv at 70%).
 //
-// Each block streams 64 weight rows through a ring of shared-memory stages filled by the
+// Each block streams 64 (or 128) weight rows through a ring of shared-memory stages filled by the
 // Hopper tensor memory accelerator: one warp issues a TMA copy of the block's weight box
-// (64 rows x 64 columns) and one of the x box (every x row, the same columns) per stage,
+// (its rows x 64 columns) and one of the x box (every x row, the same columns) per stage,
 // completing on the stage's mbarrier; the first stages' weights go in flight before the
-// programmatic wait, since weights are never written by a step. Four warps multiply on
+// programmatic wait, since weights are never written by a step. Four (or eight) warps multiply on
 // tensor cores: warp w owns weight rows [16 w, 16 w + 16) of the block (the M of bf16
 // mma.m16n8k16) and every x row (its N, 8 at a time), in f32, reading the stages with
 // ldmatrix (the boxes are 128-byte swizzled). A warp that is done with a stage arrives on
@@ -57,6 +57,10 @@ template <typename TOut>
 cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
                                int64_t n, const __nv_bfloat16* bias, TOut* y, int32_t* counters,
                                float* partials, size_t partial_bytes, cudaStream_t stream);
+
+// Weight rows a block of launch_skinny_gemm covers for m x rows (64, or 128 for more than
+// 32 rows when built with CELLM_SKINNY_WIDE_CONSUMERS=8).
+int64_t skinny_gemm_block_rows(int64_t m);
 
 // The splits launch_skinny_gemm takes for a shape on a device of `sm_count` SMs that
 // holds `blocks_per_sm` of its blocks, with `partial_bytes` of partials (for tests and
