@@ -99,10 +99,13 @@ __device__ __forceinline__ void barrier_arrive_expect(uint64_t* bar, uint32_t by
 __device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// Waits until the phase of parity `parity` has completed.
+// Waits until the phase of parity `parity` has completed. A wait that outlasts ~2^26
+// tries (seconds; a stage lands in microseconds) traps: a broken pipeline becomes a
+// launch error the caller sees, not a hung process.
 __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
-  while (!done) {
+  for (uint32_t tries = 0; !done; ++tries) {
+    if (tries == (1u << 26)) __trap();
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
