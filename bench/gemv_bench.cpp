@@ -204,22 +204,17 @@ void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Opt
   }
 }
 
-// launch_skinny_gemm against cuBLASLt at 16, 32 and 64 rows (its partials in a buffer of
-// cuBLASLt's workspace size, as Gemm gives it).
+// launch_skinny_gemm against cuBLASLt at 16, 32 and 64 rows.
 template <typename TOut>
 void bench_skinny(const char* name, const Operands& op, Gemm& cublaslt, const Options& o) {
   const int64_t k = op.k, n = op.n;
   constexpr int64_t kMaxRows = cellm::cuda::kSkinnyMaxRows;
   DeviceBuffer y_skinny = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
   DeviceBuffer y_lt = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
-  DeviceBuffer counters = allocate(cellm::cuda::kSkinnyCounters * 4);
-  check(cudaMemset(counters.get(), 0, counters.bytes()), "clear counters");
-  DeviceBuffer partials = allocate(int64_t{32} << 20);
   for (const int64_t m : {16, 32, 64}) {
     const auto skinny = [&](int i, cudaStream_t s) {
       check(cellm::cuda::launch_skinny_gemm<TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
-                                                  y_skinny.as<TOut>(), counters.as<int32_t>(),
-                                                  partials.as<float>(), partials.bytes(), s),
+                                                  y_skinny.as<TOut>(), s),
             "launch_skinny_gemm");
     };
     const auto lt = [&](int i, cudaStream_t s) {

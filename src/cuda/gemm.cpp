@@ -142,11 +142,6 @@ Result<Gemm> Gemm::create(size_t workspace_bytes, GemmPath path) {
   CELLM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&gemm.device_), "cudaGetDevice");
   CELLM_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm.handle_), "cublasLtCreate");
   CELLM_ASSIGN_OR_RETURN(gemm.workspace_, DeviceBuffer::allocate(workspace_bytes));
-  CELLM_ASSIGN_OR_RETURN(gemm.skinny_counters_,
-                         DeviceBuffer::allocate(sizeof(int32_t) * kSkinnyCounters));
-  CELLM_CUDA_RETURN_IF_ERROR(
-      cudaMemset(gemm.skinny_counters_.get(), 0, gemm.skinny_counters_.bytes()),
-      "clearing the skinny GEMM's counters");
   return gemm;
 }
 
@@ -156,7 +151,6 @@ Gemm::Gemm(Gemm&& other) noexcept
       tuning_(other.tuning_),
       handle_(std::exchange(other.handle_, nullptr)),
       workspace_(std::move(other.workspace_)),
-      skinny_counters_(std::move(other.skinny_counters_)),
       timer_(std::move(other.timer_)),
       plans_(std::move(other.plans_)) {}
 
@@ -169,7 +163,6 @@ Gemm& Gemm::operator=(Gemm&& other) noexcept {
     tuning_ = other.tuning_;
     handle_ = std::exchange(other.handle_, nullptr);
     workspace_ = std::move(other.workspace_);
-    skinny_counters_ = std::move(other.skinny_counters_);
     timer_ = std::move(other.timer_);
     plans_ = std::move(other.plans_);
   }
@@ -403,9 +396,7 @@ Status Gemm::enqueue_product(const Plan& plan, const GemmChoice& choice, const T
                              cudaStream_t stream) {
   if (choice.kernel == GemmKernel::kSkinny) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const cudaError_t err =
-          launch_skinny_gemm<TOut>(x, m, k, w, n, bias, y, skinny_counters_.as<int32_t>(),
-                                   workspace_.as<float>(), workspace_.bytes(), stream);
+      const cudaError_t err = launch_skinny_gemm<TOut>(x, m, k, w, n, bias, y, stream);
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_skinny_gemm " + describe(plan.key)).c_str());
       }

@@ -188,10 +188,6 @@ class Gemm {
   bool tuning_ = false;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
-  // launch_skinny_gemm's arrival counters (zeroed at create; its partials go to
-  // workspace_, which no cuBLASLt call uses at the same time: both run on the caller's
-  // stream, or the timer's while the caller waits).
-  DeviceBuffer skinny_counters_;
   std::unique_ptr<GemmTimer> timer_;  // while tuning, from the first timed key
   std::map<GemmKey, std::unique_ptr<Plan>> plans_;
 };

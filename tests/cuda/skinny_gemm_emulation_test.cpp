@@ -2,8 +2,8 @@
 // TMA boxes written into shared memory with the 128-byte swizzle (16-byte chunk c of box
 // row r at chunk c ^ (r % 8); rows past the matrix zero), the consumer warps' ldmatrix
 // addresses and mma.m16n8k16 fragments transcribed from the kernel and run on the
-// instruction models of mma_emulation.h, the split over k and the last block's sum of
-// the partials in split order, compared with a double reference. It checks the swizzle,
+// instruction models of mma_emulation.h, the split over k and the cluster's sum of the
+// splits' partial sums in split order, compared with a double reference. It checks the swizzle,
 // the fragment layouts and the tile, stage and split bookkeeping on machines without a
 // GPU (not the mbarrier pipeline: the order in which stages land changes no sum). When
 // the kernel's index math changes, change it here too.

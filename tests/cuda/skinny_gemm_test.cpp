@@ -1,9 +1,10 @@
 // Tests of launch_skinny_gemm (kernels/skinny_gemm.h) against a double-precision host
 // product of the same bf16 inputs, every element: row counts across the x tiles (9-64),
 // narrow and wide n (partial row tiles), k from one stage to the 8B down projection's,
-// with and without bias, both output types, with and without the split over k. Also: two
-// launches give the same bits, the counters end zero, nothing is written past y, a CUDA
-// graph replays it, and bad arguments are refused without a launch.
+// with and without bias, both output types, shapes that split k over a cluster (few row
+// tiles, many stages) and shapes that do not. Also: two launches give the same bits,
+// nothing is written past y, a CUDA graph replays it, and bad arguments are refused
+// without a launch.
 //
 // Tolerance, per element, as gemv_test.cpp: |got - want| <= rel * |want| + 1e-6 *
 // sum_c |x[i,c] w[j,c]| (products of bf16 are exact in f32; f32 sums err by ~2^-24 of
@@ -42,22 +43,7 @@ using testing::type_name;
 
 using Bf16 = __nv_bfloat16;
 
-constexpr int64_t kGuard = 64;                      // elements past y that keep their poison
-constexpr size_t kPartialBytes = size_t{64} << 20;  // room for every split of these shapes
-
-// Counters (zeroed) and partials of a workspace as the contract wants them.
-struct Workspace {
-  DeviceArray<int32_t> counters{static_cast<size_t>(kSkinnyCounters)};
-  DeviceArray<float> partials{kPartialBytes / sizeof(float)};
-  Workspace() { counters.fill_bytes(0); }
-
-  void expect_counters_zero() const {
-    const std::vector<int32_t> c = counters.download();
-    size_t nonzero = 0;
-    for (int32_t v : c) nonzero += v != 0 ? 1 : 0;
-    EXPECT_EQ(nonzero, 0u) << "counters left nonzero";
-  }
-};
+constexpr int64_t kGuard = 64;  // elements past y that keep their poison
 
 struct SkinnyCase {
   int64_t m, k, n;
@@ -77,21 +63,20 @@ struct SkinnyCase {
         dev_x(device_array<Bf16>(x)),
         want(host_product(x, w, m, k, n)) {}
 
-  std::string name(bool with_bias, bool split) const {
+  // The splits on an H200 (132 SMs, 2 blocks each), for the trace.
+  std::string name(bool with_bias) const {
     return "m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
-           (with_bias ? " +bias" : "") + (split ? " (split allowed)" : " (no split)");
+           (with_bias ? " +bias" : "") +
+           " (splits on 132 SMs: " + std::to_string(skinny_gemm_splits(m, n, k, 132, 2)) + ")";
   }
 
   template <typename TOut>
-  DeviceArray<TOut> run(bool with_bias, Workspace* ws, cudaStream_t stream = nullptr) const {
+  DeviceArray<TOut> run(bool with_bias, cudaStream_t stream = nullptr) const {
     DeviceArray<TOut> y(static_cast<size_t>(m * n + kGuard));
     poison(y);
     const cudaError_t err = launch_skinny_gemm<TOut>(
-        dev_x.get(), m, k, dev_w.get(), n, with_bias ? dev_bias.get() : nullptr, y.get(),
-        ws != nullptr ? ws->counters.get() : nullptr, ws != nullptr ? ws->partials.get() : nullptr,
-        ws != nullptr ? kPartialBytes : 0, stream);
-    EXPECT_EQ(err, cudaSuccess) << name(with_bias, ws != nullptr) << ": "
-                                << cudaGetErrorString(err);
+        dev_x.get(), m, k, dev_w.get(), n, with_bias ? dev_bias.get() : nullptr, y.get(), stream);
+    EXPECT_EQ(err, cudaSuccess) << name(with_bias) << ": " << cudaGetErrorString(err);
     return y;
   }
 
@@ -104,37 +89,32 @@ struct SkinnyCase {
 };
 
 template <typename TOut>
-void expect_case(const SkinnyCase& c, Workspace& ws) {
+void expect_case(const SkinnyCase& c) {
   for (const bool with_bias : {false, true}) {
-    for (const bool split : {false, true}) {
-      const std::string what = std::string(type_name<TOut>()) + " out " + c.name(with_bias, split);
-      SCOPED_TRACE(what);
-      const DeviceArray<TOut> y = c.run<TOut>(with_bias, split ? &ws : nullptr);
-      CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-      c.expect_output(y, with_bias, what);
-      if (split) {
-        ws.expect_counters_zero();
-        const DeviceArray<TOut> again = c.run<TOut>(with_bias, &ws);
-        CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-        EXPECT_TRUE(same_bits(y, again, c.m * c.n)) << "a second launch gave other bits";
-      }
-    }
+    const std::string what = std::string(type_name<TOut>()) + " out " + c.name(with_bias);
+    SCOPED_TRACE(what);
+    const DeviceArray<TOut> y = c.run<TOut>(with_bias);
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+    c.expect_output(y, with_bias, what);
+    const DeviceArray<TOut> again = c.run<TOut>(with_bias);
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(y, again, c.m * c.n)) << "a second launch gave other bits";
   }
 }
 
 TEST(SkinnyGemmTest, EveryShapeMatchesADoubleReference) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(91);
-  Workspace ws;
   // m: the first and last rows of each x tile size (16, 32, 64); n: one row, a partial
   // row tile, several tiles, a partial last tile of many; k: one stage, the pipeline's
-  // depth and past it, the 8B widths.
+  // depth and past it, the 8B widths. Splits on 132 SMs: 1 for k = 64 and 320, 2 for
+  // k = 1024, 4 for n = 4097, 8 for k = 14336.
   for (const int64_t m : {9, 16, 17, 32, 33, 64}) {
     for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{
              {64, 1}, {320, 37}, {1024, 200}, {4096, 4097}, {14336, 129}}) {
       const SkinnyCase c(rng, m, k, n);
-      expect_case<Bf16>(c, ws);
-      expect_case<float>(c, ws);
+      expect_case<Bf16>(c);
+      expect_case<float>(c);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
@@ -143,53 +123,49 @@ TEST(SkinnyGemmTest, EveryShapeMatchesADoubleReference) {
 TEST(SkinnyGemmTest, LlamaEightBShapesMatchADoubleReference) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(92);
-  Workspace ws;
   // qkv, o and down at the 8B widths, 16 and 64 rows (the split's shapes).
   for (const int64_t m : {16, 64}) {
     for (const auto& [k, n] :
          std::vector<std::pair<int64_t, int64_t>>{{4096, 6144}, {4096, 4096}, {14336, 4096}}) {
       const SkinnyCase c(rng, m, k, n);
-      expect_case<Bf16>(c, ws);
+      expect_case<Bf16>(c);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
 }
 
-TEST(SkinnyGemmTest, SplitsFillTheLastWaveForTheirPartials) {
-  // Host-only: the split count of a shape (132 SMs, 2 blocks each, room for partials):
-  // the fewest bytes over the fill of the last wave (weights, and 8 bytes a partial).
-  constexpr size_t kRoom = size_t{64} << 20;
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 2, kRoom), 4);     // 64 tiles -> 256 blocks
-  EXPECT_EQ(skinny_gemm_splits(64, 6144, 4096, 132, 2, kRoom), 5);     // 96 tiles -> 480 of 528
-  EXPECT_EQ(skinny_gemm_splits(16, 6144, 4096, 132, 2, kRoom), 8);     // fewer partials: 768/792
-  EXPECT_EQ(skinny_gemm_splits(64, 28672, 4096, 132, 2, kRoom), 1);    // 448 tiles: no split
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 14336, 132, 2, kRoom), 4);    // down
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 320, 132, 2, kRoom), 1);      // 5 stages: too few
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 2, 0), 1);         // no room for partials
-  EXPECT_EQ(skinny_gemm_splits(64, 200000, 4096, 1000, 2, kRoom), 1);  // tiles > counters
+TEST(SkinnyGemmTest, SplitsFillOneWave) {
+  // Host-only: the split count of a shape on 132 SMs holding 2 blocks each (264 slots):
+  // the most splits, up to 8, whose blocks fit one wave, each split >= 8 stages of k.
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 2), 4);   // o: 64 tiles -> 256 blocks
+  EXPECT_EQ(skinny_gemm_splits(64, 6144, 4096, 132, 2), 2);   // qkv: 96 tiles -> 192
+  EXPECT_EQ(skinny_gemm_splits(16, 6144, 4096, 132, 2), 2);   // (64-row blocks at any m)
+  EXPECT_EQ(skinny_gemm_splits(64, 28672, 4096, 132, 2), 1);  // gate_up: 448 tiles, no split
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 14336, 132, 2), 4);  // down
+  EXPECT_EQ(skinny_gemm_splits(16, 129, 14336, 132, 2), 8);   // 3 tiles: the cluster's most
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 320, 132, 2), 1);    // 5 stages: too few to split
+  EXPECT_EQ(skinny_gemm_splits(64, 64, 1024, 132, 2), 2);     // 16 stages: 2 splits of 8
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 1), 2);   // 1 block an SM: 128 of 132
 }
 
 TEST(SkinnyGemmTest, ACapturedGraphReplaysToTheSameBits) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(93);
-  Workspace ws;
   const SkinnyCase c(rng, 40, 4096, 1000);
-  const DeviceArray<float> eager = c.run<float>(true, &ws);
+  const DeviceArray<float> eager = c.run<float>(true);
   DeviceArray<float> replayed(static_cast<size_t>(c.m * c.n + kGuard));
   poison(replayed);
   Result<Stream> stream = Stream::create();
   ASSERT_TRUE(stream.ok()) << stream.status().to_string();
   GraphExec exec = capture_graph(stream->get(), [&] {
     EXPECT_EQ(launch_skinny_gemm<float>(c.dev_x.get(), c.m, c.k, c.dev_w.get(), c.n,
-                                        c.dev_bias.get(), replayed.get(), ws.counters.get(),
-                                        ws.partials.get(), kPartialBytes, stream->get()),
+                                        c.dev_bias.get(), replayed.get(), stream->get()),
               cudaSuccess);
   });
   ASSERT_NE(exec.get(), nullptr);
   for (int i = 0; i < 3; ++i) CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
   CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream->get()));
   EXPECT_TRUE(same_bits(eager, replayed, c.m * c.n));
-  ws.expect_counters_zero();
 }
 
 TEST(SkinnyGemmTest, BadArgumentsAreRefusedWithoutALaunch) {
@@ -197,22 +173,18 @@ TEST(SkinnyGemmTest, BadArgumentsAreRefusedWithoutALaunch) {
   std::mt19937 rng(94);
   const SkinnyCase c(rng, 16, 128, 8);
   DeviceArray<float> y(static_cast<size_t>(65 * 8));
-  Workspace ws;
-  const auto call = [&](int64_t m, int64_t k, const Bf16* x, const Bf16* w, float* out,
-                        float* partials, size_t bytes) {
-    return launch_skinny_gemm<float>(x, m, k, w, 8, nullptr, out, ws.counters.get(), partials,
-                                     bytes, nullptr);
+  const auto call = [&](int64_t m, int64_t k, const Bf16* x, const Bf16* w, float* out) {
+    return launch_skinny_gemm<float>(x, m, k, w, 8, nullptr, out, nullptr);
   };
   const Bf16* x = c.dev_x.get();
   const Bf16* w = c.dev_w.get();
-  EXPECT_EQ(call(8, 128, x, w, y.get(), nullptr, 0), cudaErrorInvalidValue);       // m < 9
-  EXPECT_EQ(call(65, 128, x, w, y.get(), nullptr, 0), cudaErrorInvalidValue);      // m > 64
-  EXPECT_EQ(call(16, 96, x, w, y.get(), nullptr, 0), cudaErrorInvalidValue);       // k % 64
-  EXPECT_EQ(call(16, 128, x + 1, w, y.get(), nullptr, 0), cudaErrorInvalidValue);  // aligned x
-  EXPECT_EQ(call(16, 128, x, w + 1, y.get(), nullptr, 0), cudaErrorInvalidValue);  // aligned w
-  EXPECT_EQ(call(16, 128, x, w, nullptr, nullptr, 0), cudaErrorInvalidValue);      // no y
-  EXPECT_EQ(call(16, 128, x, w, y.get(), nullptr, 1024), cudaErrorInvalidValue);   // no partials
-  EXPECT_FALSE(skinny_gemm_supports(16, 0, 128, x, w));                            // n = 0
+  EXPECT_EQ(call(8, 128, x, w, y.get()), cudaErrorInvalidValue);       // m < 9
+  EXPECT_EQ(call(65, 128, x, w, y.get()), cudaErrorInvalidValue);      // m > 64
+  EXPECT_EQ(call(16, 96, x, w, y.get()), cudaErrorInvalidValue);       // k % 64
+  EXPECT_EQ(call(16, 128, x + 1, w, y.get()), cudaErrorInvalidValue);  // aligned x
+  EXPECT_EQ(call(16, 128, x, w + 1, y.get()), cudaErrorInvalidValue);  // aligned w
+  EXPECT_EQ(call(16, 128, x, w, nullptr), cudaErrorInvalidValue);      // no y
+  EXPECT_FALSE(skinny_gemm_supports(16, 0, 128, x, w));                // n = 0
   CELLM_ASSERT_CUDA(cudaGetLastError());
 }
 

@@ -1,5 +1,6 @@
 #include "cuda/kernels/skinny_gemm.h"
 
+#include <cooperative_groups.h>
 #include <cuda.h>  // CUtensorMap and its enums (types only: no driver library is linked)
 #include <cudaTypedefs.h>
 
@@ -77,11 +78,9 @@ struct SkinnyParams {
   TOut* y;            // [m, n]
   int m;
   int64_t n;
-  int splits;        // blocks along k per row tile (gridDim.y)
+  int splits;        // blocks along k per row tile (gridDim.y, one cluster)
   int split_stages;  // stages of k a split covers (the last split may cover fewer)
   int k_stages;      // k / kKStep
-  int32_t* counters;
-  float* partials;  // [splits, m, n] when splits > 1
 };
 
 // --- mbarrier and TMA (PTX ISA: "mbarrier", "cp.async.bulk.tensor") ---
@@ -198,43 +197,49 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
         tma_load(stage + kWeightBytes, &p.x_map, (first + s) * kKStep, 0, &full[slot]);
       }
     }
-    return;  // the producer writes nothing; the consumers' results follow the copies
+    // The producer writes nothing; with splits it still takes part in the cluster's
+    // barriers and in writing y, after the programmatic wait as every writer.
+    if (p.splits == 1) return;
+    detail::wait_for_prior_grids();
   }
 
   // A consumer: weight rows [16 warp, 16 warp + 16) of the tile, every x row.
-  detail::wait_for_prior_grids();
+  const bool consumer = warp < kConsumers;
   float acc[MT][4];
 #pragma unroll
   for (int t = 0; t < MT; ++t) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[t][c] = 0.f;
   }
-  // Every row an ldmatrix lane addresses is 8-aligned plus lane % 8: its swizzle is lane % 8.
-  const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-  const int a_chunk = lane / 16;
-  const int b_row = (lane / 16) * 8 + lane % 8;
-  const int b_chunk = (lane / 8) % 2;
-  for (int s = 0; s < n_stages; ++s) {
-    const int slot = s % S;
-    barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
-    const unsigned char* ws = ring + slot * kStageBytes;
-    const unsigned char* xs = ws + kWeightBytes;
+  if (consumer) {
+    detail::wait_for_prior_grids();
+    // Every row an ldmatrix lane addresses is 8-aligned plus lane % 8: its swizzle is lane % 8.
+    const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+    const int a_chunk = lane / 16;
+    const int b_row = (lane / 16) * 8 + lane % 8;
+    const int b_chunk = (lane / 8) % 2;
+    for (int s = 0; s < n_stages; ++s) {
+      const int slot = s % S;
+      barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
+      const unsigned char* ws = ring + slot * kStageBytes;
+      const unsigned char* xs = ws + kWeightBytes;
 #pragma unroll
-    for (int kk = 0; kk < kKStep / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
+      for (int kk = 0; kk < kKStep / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
 #pragma unroll
-      for (int t2 = 0; t2 < MT / 2; ++t2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
-        mma_16816(acc[2 * t2], a, b[0], b[1]);
-        mma_16816(acc[2 * t2 + 1], a, b[2], b[3]);
+        for (int t2 = 0; t2 < MT / 2; ++t2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
+          mma_16816(acc[2 * t2], a, b[0], b[1]);
+          mma_16816(acc[2 * t2 + 1], a, b[2], b[3]);
+        }
       }
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&empty[slot]);  // this warp is done with the slot
     }
-    __syncwarp();
-    if (lane == 0) barrier_arrive(&empty[slot]);  // this warp is done with the slot
+    detail::allow_dependent_grids();
   }
-  detail::allow_dependent_grids();
 
   // f(i, row, value) for each of this thread's sums inside y: element c of tile t is
   // weight row row0 + 16 warp + g + 8 (c / 2), x row 8 t + 2q + c % 2.
@@ -259,35 +264,42 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     return;
   }
 
-  // A split: the partials, then the last block of the row tile adds them up. Only the
-  // consumer warps take part (the producer has returned): named barrier 1 counts them.
-  float* part = p.partials + int64_t{split} * p.m * p.n;
-  for_each_sum([&](int i, int64_t row, float v) { part[int64_t{i} * p.n + row] = v; });
-  // Release (each thread's partials before the arrival), as attention_fold.cuh.
-  __threadfence();
-  constexpr int kConsumerThreads = kConsumers * 32;
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
-  __shared__ int s_last;
-  if (tid == 0) {
-    const int32_t arrived = atomicAdd(p.counters + tile, 1);
-    const bool last = arrived == p.splits - 1;
-    if (last) p.counters[tile] = 0;  // every other block of the tile has counted in
-    s_last = last;
+  // Splits: the tile's blocks form one cluster. Each puts its sums in its own shared
+  // memory (the ring, once every consumer warp is past its last stage: the copies into it
+  // have all completed), and after the cluster's barrier block j adds up its share of
+  // the tile's outputs from every block's shared memory in order of split (distributed
+  // shared memory), adds the bias and writes y. The second barrier keeps each block's
+  // shared memory alive until the others have read it.
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  // sums[i][r]: x row i, weight row row0 + r; rows padded by 4 floats, so the lanes of a
+  // store (8 weight rows, 4 x rows 2 apart) hit 32 distinct banks.
+  constexpr int kSumsPitch = kBlockRows + 4;
+  static_assert(8 * MT * kSumsPitch * sizeof(float) <= S * kStageBytes, "the sums fit the ring");
+  float* sums = reinterpret_cast<float*>(ring);
+  if (consumer) {
+    constexpr int kConsumerThreads = kConsumers * 32;
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+    for_each_sum([&](int i, int64_t row, float v) { sums[i * kSumsPitch + (row - row0)] = v; });
   }
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
-  if (!s_last) return;
-  __threadfence();  // acquire: the other blocks' partials, read through L2 (__ldcg)
+  cluster.sync();
+  constexpr int kThreads = (kConsumers + 1) * 32;
   const int rows = static_cast<int>(min(int64_t{kBlockRows}, p.n - row0));
-  for (int o = tid; o < p.m * rows; o += kConsumerThreads) {
-    const int i = o / rows;
-    const int64_t row = row0 + o % rows;
+  const int outputs = p.m * kBlockRows;
+  const int share = (outputs + p.splits - 1) / p.splits;
+  const int begin = static_cast<int>(cluster.block_rank()) * share;
+  const int end = min(outputs, begin + share);
+  for (int o = begin + tid; o < end; o += kThreads) {
+    const int r = o % kBlockRows;
+    if (r >= rows) continue;
+    const int at = (o / kBlockRows) * kSumsPitch + r;
     float v = 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-      v += __ldcg(p.partials + (int64_t{s} * p.m + i) * p.n + row);
-    }
+    for (int s = 0; s < p.splits; ++s) v += cluster.map_shared_rank(sums, s)[at];
+    const int64_t row = row0 + r;
     if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
-    p.y[int64_t{i} * p.n + row] = detail::from_float<TOut>(v);
+    p.y[int64_t{o / kBlockRows} * p.n + row] = detail::from_float<TOut>(v);
   }
+  cluster.sync();
 }
 
 // cuTensorMapEncodeTiled, from the driver the runtime already loaded (no link to libcuda).
@@ -325,7 +337,7 @@ cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t
 
 template <int MT, typename TOut>
 cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
-                         size_t partial_bytes, cudaStream_t stream) {
+                         cudaStream_t stream) {
   constexpr size_t bytes = smem_bytes<MT>();
   constexpr int kBlockRows = 16 * consumers_for(MT);
   constexpr int kThreads = (consumers_for(MT) + 1) * 32;
@@ -370,17 +382,15 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
       e != cudaSuccess) {
     return e;
   }
-  const int32_t splits =
-      p.counters == nullptr
-          ? 1
-          : skinny_gemm_splits(p.m, p.n, k, sms, std::max(setup.per_sm, 1), partial_bytes);
+  const int32_t splits = skinny_gemm_splits(p.m, p.n, k, sms, std::max(setup.per_sm, 1));
   const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
   p.split_stages = (p.k_stages + splits - 1) / splits;
   p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
-  return detail::launch_kernel(kernel,
-                               dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.splits)),
-                               dim3(kThreads), bytes, stream, p);
+  const auto splits_now = static_cast<unsigned>(p.splits);
+  return detail::launch_kernel_in_clusters(kernel, dim3(static_cast<unsigned>(tiles), splits_now),
+                                           dim3(kThreads), bytes, stream, dim3(1, splits_now, 1),
+                                           p);
 }
 
 }  // namespace
@@ -395,47 +405,28 @@ int64_t skinny_gemm_block_rows(int64_t m) {
   return 16 * (m <= 16 ? consumers_for(2) : m <= 32 ? consumers_for(4) : consumers_for(8));
 }
 
-int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm,
-                           size_t partial_bytes) {
-  // The split count s in [1, 16] of the least estimated time: the bytes it moves (the
-  // weights, and for s > 1 the f32 partials written and read back) over the fraction of
-  // the grid's last wave its tiles x s blocks fill; a split keeps at least kMinSplitStages
-  // stages, the row tiles stay within the counters and the partials within partial_bytes.
-  // Another split must gain 2% (ties go to fewer partials).
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm) {
+  // The most splits (up to kSkinnyMaxSplits, a cluster's portable size) whose blocks all
+  // fit one wave, each split keeping at least kMinSplitStages stages. A block streams its
+  // range of k through a ring deep enough to cover the memory latency, so a grid that
+  // holds every SM in one wave streams at the rate of all of them; another wave would add
+  // a ramp of latency, and more splits mean more, shorter blocks.
   constexpr int64_t kMinSplitStages = 8;
-  const int64_t block_rows = skinny_gemm_block_rows(m);
-  const int64_t tiles = (n + block_rows - 1) / block_rows;
+  const int64_t tiles = (n + skinny_gemm_block_rows(m) - 1) / skinny_gemm_block_rows(m);
   const int64_t k_stages = k / kSkinnyKStep;
   const int64_t slots = int64_t{std::max(sm_count, 1)} * std::max(blocks_per_sm, 1);
-  const double weight_bytes = 2.0 * static_cast<double>(n) * static_cast<double>(k);
   int32_t best = 1;
-  double best_cost = 0;
-  for (int32_t s = 1; s <= 16; ++s) {
-    if (s > 1 && (tiles > kSkinnyCounters || k_stages < kMinSplitStages * s ||
-                  sizeof(float) * static_cast<size_t>(s * m * n) > partial_bytes)) {
-      break;
-    }
-    const int64_t blocks = tiles * s;
-    const int64_t waves = (blocks + slots - 1) / slots;
-    const double fill = static_cast<double>(blocks) / static_cast<double>(waves * slots);
-    const double partials = s > 1 ? 8.0 * s * static_cast<double>(m) * static_cast<double>(n) : 0;
-    const double cost = (weight_bytes + partials) / fill;
-    if (s == 1 || cost < 0.98 * best_cost) {
-      best = s;
-      best_cost = cost;
-    }
+  for (int32_t s = 2; s <= kSkinnyMaxSplits; ++s) {
+    if (tiles * s > slots || k_stages < kMinSplitStages * s) break;
+    best = s;
   }
   return best;
 }
 
 template <typename TOut>
 cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* w, int64_t n,
-                               const bf16* bias, TOut* y, int32_t* counters, float* partials,
-                               size_t partial_bytes, cudaStream_t stream) {
+                               const bf16* bias, TOut* y, cudaStream_t stream) {
   if (!skinny_gemm_supports(m, n, k, x, w) || y == nullptr) return cudaErrorInvalidValue;
-  if (partial_bytes > 0 && (partials == nullptr || counters == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
   SkinnyParams<TOut> p{};
   p.bias = bias;
   p.y = y;
@@ -443,18 +434,15 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.n = n;
   p.splits = 1;
   p.k_stages = static_cast<int>(k / kSkinnyKStep);
-  p.counters = partial_bytes > 0 ? counters : nullptr;
-  p.partials = partials;
-  if (m <= 16) return launch_tiles<2>(p, x, w, k, partial_bytes, stream);
-  if (m <= 32) return launch_tiles<4>(p, x, w, k, partial_bytes, stream);
-  return launch_tiles<8>(p, x, w, k, partial_bytes, stream);
+  if (m <= 16) return launch_tiles<2>(p, x, w, k, stream);
+  if (m <= 32) return launch_tiles<4>(p, x, w, k, stream);
+  return launch_tiles<8>(p, x, w, k, stream);
 }
 
 template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,
                                                        int64_t, const bf16*, __nv_bfloat16*,
-                                                       int32_t*, float*, size_t, cudaStream_t);
+                                                       cudaStream_t);
 template cudaError_t launch_skinny_gemm<float>(const bf16*, int64_t, int64_t, const bf16*, int64_t,
-                                               const bf16*, float*, int32_t*, float*, size_t,
-                                               cudaStream_t);
+                                               const bf16*, float*, cudaStream_t);
 
 }  // namespace cellm::cuda

@@ -12,10 +12,11 @@
 // ldmatrix (the boxes are 128-byte swizzled). A warp that is done with a stage arrives on
 // its `empty` barrier, on which the copying warp waits before it refills the slot. When n
 // alone gives too few blocks to fill the GPU, k is cut into `splits` ranges of whole
-// stages (skinny_gemm_splits); each block of a split writes its f32 partial sums to the
-// workspace and counts itself in on its row tile's counter, and the last to arrive adds
-// the partials in order of split (and the bias) and writes y. The order of every sum
-// depends on (m, n, k, splits) only: every launch of a shape gives the same bits.
+// stages (skinny_gemm_splits) and a row tile's splits run as one thread block cluster:
+// each block leaves its f32 sums in its shared memory, and block j of the cluster adds
+// up the j-th share of the tile's outputs from all of them (distributed shared memory) in
+// order of split, adds the bias and writes y. No workspace, no second pass. The order of
+// every sum depends on (m, n, k, splits) only: every launch of a shape gives the same bits.
 //
 // Needs sm_90 (TMA, mbarrier transaction counts) and cuTensorMapEncodeTiled from the
 // driver (found through the runtime; launches return cudaErrorNotSupported without it).
@@ -23,14 +24,9 @@
 // Shapes (row-major, as PyTorch's Linear and launch_gemv): x [m, k] bf16, w [n, k] bf16,
 // bias [n] bf16 or null, y [m, n] of TOut (bf16 or f32, rounded once from f32).
 //
-// Workspace: int32 counters [kSkinnyCounters] (zeroed once when allocated; every
-// completed launch leaves them zero), and f32 partials [splits, m, n] in a second buffer
-// whose contents need no care. The launcher picks the splits that fit `partial_bytes`.
-//
 // The launcher enqueues one kernel on `stream` with programmatic dependent launch
 // (kernels/launch.cuh); it never allocates or synchronises, may be captured in a CUDA
 // graph, and returns cudaErrorInvalidValue (launching nothing) outside the REQUIRES.
-// Concurrent launches need distinct counters and partials.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,31 +37,27 @@
 
 namespace cellm::cuda {
 
-inline constexpr int64_t kSkinnyMinRows = 9;   // fewer rows: the GEMVs (gemv.h)
-inline constexpr int64_t kSkinnyMaxRows = 64;  // x rows one launch serves
-inline constexpr int64_t kSkinnyKStep = 64;    // columns of a stage; k is a multiple of it
-inline constexpr int64_t kSkinnyCounters = 1024;
+inline constexpr int64_t kSkinnyMinRows = 9;    // fewer rows: the GEMVs (gemv.h)
+inline constexpr int64_t kSkinnyMaxRows = 64;   // x rows one launch serves
+inline constexpr int64_t kSkinnyKStep = 64;     // columns of a stage; k is a multiple of it
+inline constexpr int32_t kSkinnyMaxSplits = 8;  // blocks of a cluster (the portable most)
 
 // True when launch_skinny_gemm serves the shape: kSkinnyMinRows <= m <= kSkinnyMaxRows,
 // n >= 1, k a positive multiple of kSkinnyKStep below 2^24, x and w 16-byte aligned.
 bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w);
 
 // y = TOut(x · wᵀ (+ bias)). REQUIRES: skinny_gemm_supports(m, n, k, x, w); device
-// pointers; y overlapping no input; counters as above (kSkinnyCounters int32);
-// partials: partial_bytes of f32 scratch (0 bytes and nullptr allowed: then no split).
+// pointers; y overlapping no input.
 template <typename TOut>
 cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
-                               int64_t n, const __nv_bfloat16* bias, TOut* y, int32_t* counters,
-                               float* partials, size_t partial_bytes, cudaStream_t stream);
+                               int64_t n, const __nv_bfloat16* bias, TOut* y, cudaStream_t stream);
 
 // Weight rows a block of launch_skinny_gemm covers for m x rows (64, or 128 for more than
 // 32 rows when built with CELLM_SKINNY_WIDE_CONSUMERS=8).
 int64_t skinny_gemm_block_rows(int64_t m);
 
 // The splits launch_skinny_gemm takes for a shape on a device of `sm_count` SMs that
-// holds `blocks_per_sm` of its blocks, with `partial_bytes` of partials (for tests and
-// benchmarks).
-int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm,
-                           size_t partial_bytes);
+// holds `blocks_per_sm` of its blocks (for tests and benchmarks).
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm);
 
 }  // namespace cellm::cuda
