@@ -161,6 +161,7 @@ double max_rel_diff(const DeviceBuffer& a, const DeviceBuffer& b, int64_t elemen
 struct Options {
   int iters = 200;
   double peak_gbs = 4250;
+  bool skinny_only = false;  // --skinny-only: the skinny GEMM's table alone
 };
 
 template <typename TOut>
@@ -287,8 +288,10 @@ int main(int argc, char** argv) {
       o.iters = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--peak-gbs" && i + 1 < argc) {
       o.peak_gbs = std::atof(argv[++i]);
+    } else if (a == "--skinny-only") {
+      o.skinny_only = true;
     } else {
-      std::fprintf(stderr, "usage: gemv_bench [--iters N] [--peak-gbs G]\n");
+      std::fprintf(stderr, "usage: gemv_bench [--iters N] [--peak-gbs G] [--skinny-only]\n");
       return 2;
     }
   }
@@ -303,6 +306,15 @@ int main(int argc, char** argv) {
   cellm::Result<Gemm> cublaslt = Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly);
   check(cublaslt.status());
   std::mt19937 rng(1);
+  if (o.skinny_only) {
+    std::printf("%-22s  m | skinny us %%peak | cuBLASLt  %%peak | speedup | max rel diff\n",
+                "shape (k -> n)");
+    bench_skinny<Bf16>("qkv 4096->6144", Operands(rng, 4096, 6144), *cublaslt, o);
+    bench_skinny<Bf16>("o 4096->4096", Operands(rng, 4096, 4096), *cublaslt, o);
+    bench_skinny<Bf16>("gate_up 4096->28672", Operands(rng, 4096, 28672), *cublaslt, o);
+    bench_skinny<Bf16>("down 14336->4096", Operands(rng, 14336, 4096), *cublaslt, o);
+    return 0;
+  }
   std::printf(
       "%-22s  m |  mma us  %%peak |  rows us  %%peak | cuBLASLt  %%peak | best gemv | "
       "max rel diff (mma, rows)\n",
