@@ -63,11 +63,9 @@ struct SkinnyCase {
         dev_x(device_array<Bf16>(x)),
         want(host_product(x, w, m, k, n)) {}
 
-  // The splits on an H200 (132 SMs, 2 blocks each), for the trace.
   std::string name(bool with_bias) const {
     return "m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
-           (with_bias ? " +bias" : "") +
-           " (splits on 132 SMs: " + std::to_string(skinny_gemm_splits(m, n, k, 132, 2)) + ")";
+           (with_bias ? " +bias" : "");
   }
 
   template <typename TOut>
@@ -107,8 +105,8 @@ TEST(SkinnyGemmTest, EveryShapeMatchesADoubleReference) {
   std::mt19937 rng(91);
   // m: the first and last rows of each x tile size (16, 32, 64); n: one row, a partial
   // row tile, several tiles, a partial last tile of many; k: one stage, the pipeline's
-  // depth and past it, the 8B widths. Splits on 132 SMs: 1 for k = 64 and 320, 2 for
-  // k = 1024, 4 for n = 4097, 8 for k = 14336.
+  // depth and past it, the 8B widths. On an H200: no split at k = 64 and 320 or at
+  // n = 4097 and 64 x rows, 2-8 splits for the rest (8 at k = 14336).
   for (const int64_t m : {9, 16, 17, 32, 33, 64}) {
     for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{
              {64, 1}, {320, 37}, {1024, 200}, {4096, 4097}, {14336, 129}}) {
@@ -134,18 +132,22 @@ TEST(SkinnyGemmTest, LlamaEightBShapesMatchADoubleReference) {
   }
 }
 
-TEST(SkinnyGemmTest, SplitsFillOneWave) {
-  // Host-only: the split count of a shape on 132 SMs holding 2 blocks each (264 slots):
-  // the most splits, up to 8, whose blocks fit one wave, each split >= 8 stages of k.
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 2), 4);   // o: 64 tiles -> 256 blocks
-  EXPECT_EQ(skinny_gemm_splits(64, 6144, 4096, 132, 2), 2);   // qkv: 96 tiles -> 192
-  EXPECT_EQ(skinny_gemm_splits(16, 6144, 4096, 132, 2), 2);   // (64-row blocks at any m)
-  EXPECT_EQ(skinny_gemm_splits(64, 28672, 4096, 132, 2), 1);  // gate_up: 448 tiles, no split
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 14336, 132, 2), 4);  // down
-  EXPECT_EQ(skinny_gemm_splits(16, 129, 14336, 132, 2), 8);   // 3 tiles: the cluster's most
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 320, 132, 2), 1);    // 5 stages: too few to split
-  EXPECT_EQ(skinny_gemm_splits(64, 64, 1024, 132, 2), 2);     // 16 stages: 2 splits of 8
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, 132, 1), 2);   // 1 block an SM: 128 of 132
+TEST(SkinnyGemmTest, SplitsFitOneWaveOfClusters) {
+  // Host-only: the split count of a shape on a device that runs clusters[s - 1] clusters of
+  // s blocks at once (an H200-like table: 62 clusters of 4 measured for 64-row blocks, not
+  // the 66 that 132 SMs x 2 blocks / 4 would give): the most splits, up to 8, whose
+  // clusters all run at once, each split >= 8 stages of k.
+  const SkinnyClusters clusters = {264, 128, 84, 62, 48, 40, 32, 30};
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, clusters), 3);   // o: 64 tiles; 4 -> 62 < 64
+  EXPECT_EQ(skinny_gemm_splits(64, 6144, 4096, clusters), 2);   // qkv: 96 tiles
+  EXPECT_EQ(skinny_gemm_splits(16, 6144, 4096, clusters), 2);   // (64-row blocks at any m)
+  EXPECT_EQ(skinny_gemm_splits(64, 28672, 4096, clusters), 1);  // gate_up: 448 tiles, no split
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 14336, clusters), 3);  // down
+  EXPECT_EQ(skinny_gemm_splits(16, 129, 14336, clusters), 8);   // 3 tiles: the cluster's most
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 320, clusters), 1);    // 5 stages: too few to split
+  EXPECT_EQ(skinny_gemm_splits(64, 64, 1024, clusters), 2);     // 16 stages: 2 splits of 8
+  const SkinnyClusters one_sm = {1, 0, 0, 0, 0, 0, 0, 0};       // clusters do not fit
+  EXPECT_EQ(skinny_gemm_splits(16, 64, 4096, one_sm), 1);
 }
 
 TEST(SkinnyGemmTest, ACapturedGraphReplaysToTheSameBits) {

@@ -164,6 +164,10 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   const int first = split * p.split_stages;  // first stage of k of this split
   const int n_stages = min(p.split_stages, p.k_stages - first);
 
+  if (warp == kConsumers && lane == 0) {  // the producer's descriptors, while barriers start
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.w_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.x_map)) : "memory");
+  }
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       barrier_init(&full[s], 1);
@@ -335,6 +339,15 @@ cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// How L2 fetches the weight rows (128 bytes a box row): CELLM_SKINNY_PROMOTION=0 for
+// none, an experiment for bench/variant_visit.sh.
+#ifndef CELLM_SKINNY_PROMOTION
+#define CELLM_SKINNY_PROMOTION 256
+#endif
+constexpr CUtensorMapL2promotion kWeightPromotion = CELLM_SKINNY_PROMOTION == 0
+                                                        ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                                        : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+
 template <int MT, typename TOut>
 cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
                          cudaStream_t stream) {
@@ -342,17 +355,14 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
   constexpr int kBlockRows = 16 * consumers_for(MT);
   constexpr int kThreads = (consumers_for(MT) + 1) * 32;
   auto* kernel = skinny_gemm_kernel<MT, TOut>;
-  int device = 0, sms = 0;
+  int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      e != cudaSuccess) {
-    return e;
-  }
   // Once per kernel and device (not stream operations: capture-safe): its shared memory,
-  // and how many of its blocks an SM holds.
+  // and how many clusters of each split count the device holds at once (clusters stay
+  // inside a GPC, so this is less than the SMs' blocks over the cluster size).
   struct Setup {
     cudaError_t error = cudaSuccess;
-    int per_sm = 0;
+    SkinnyClusters clusters{};
   };
   static std::mutex mutex;
   static std::map<int, Setup> setups;
@@ -364,16 +374,26 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
       Setup s;
       s.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(bytes));
-      if (s.error == cudaSuccess) {
-        s.error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&s.per_sm, kernel, kThreads, bytes);
+      for (int32_t splits = 1; splits <= kSkinnyMaxSplits && s.error == cudaSuccess; ++splits) {
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(1, static_cast<unsigned>(splits));
+        config.blockDim = dim3(kThreads);
+        config.dynamicSmemBytes = bytes;
+        cudaLaunchAttribute cluster{};
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = 1;
+        cluster.val.clusterDim.y = static_cast<unsigned>(splits);
+        cluster.val.clusterDim.z = 1;
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        s.error = cudaOccupancyMaxActiveClusters(&s.clusters[splits - 1], kernel, &config);
       }
       it = setups.emplace(device, s).first;
     }
     setup = it->second;
   }
   if (setup.error != cudaSuccess) return setup.error;
-  if (const cudaError_t e =
-          encode_map(&p.w_map, w, p.n, k, kBlockRows, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  if (const cudaError_t e = encode_map(&p.w_map, w, p.n, k, kBlockRows, kWeightPromotion);
       e != cudaSuccess) {
     return e;
   }
@@ -382,7 +402,7 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
       e != cudaSuccess) {
     return e;
   }
-  const int32_t splits = skinny_gemm_splits(p.m, p.n, k, sms, std::max(setup.per_sm, 1));
+  const int32_t splits = skinny_gemm_splits(p.m, p.n, k, setup.clusters);
   const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
   p.split_stages = (p.k_stages + splits - 1) / splits;
@@ -405,8 +425,8 @@ int64_t skinny_gemm_block_rows(int64_t m) {
   return 16 * (m <= 16 ? consumers_for(2) : m <= 32 ? consumers_for(4) : consumers_for(8));
 }
 
-int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm) {
-  // The most splits (up to kSkinnyMaxSplits, a cluster's portable size) whose blocks all
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters) {
+  // The most splits (up to kSkinnyMaxSplits, a cluster's portable size) whose clusters all
   // fit one wave, each split keeping at least kMinSplitStages stages. A block streams its
   // range of k through a ring deep enough to cover the memory latency, so a grid that
   // holds every SM in one wave streams at the rate of all of them; another wave would add
@@ -414,11 +434,10 @@ int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int bl
   constexpr int64_t kMinSplitStages = 8;
   const int64_t tiles = (n + skinny_gemm_block_rows(m) - 1) / skinny_gemm_block_rows(m);
   const int64_t k_stages = k / kSkinnyKStep;
-  const int64_t slots = int64_t{std::max(sm_count, 1)} * std::max(blocks_per_sm, 1);
   int32_t best = 1;
   for (int32_t s = 2; s <= kSkinnyMaxSplits; ++s) {
-    if (tiles * s > slots || k_stages < kMinSplitStages * s) break;
-    best = s;
+    if (k_stages < kMinSplitStages * s) break;
+    if (tiles <= clusters[s - 1]) best = s;
   }
   return best;
 }

@@ -32,6 +32,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -56,8 +57,13 @@ cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, con
 // 32 rows when built with CELLM_SKINNY_WIDE_CONSUMERS=8).
 int64_t skinny_gemm_block_rows(int64_t m);
 
-// The splits launch_skinny_gemm takes for a shape on a device of `sm_count` SMs that
-// holds `blocks_per_sm` of its blocks (for tests and benchmarks).
-int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, int sm_count, int blocks_per_sm);
+// clusters[s - 1]: how many clusters of s blocks of the kernel a device runs at once
+// (cudaOccupancyMaxActiveClusters; for s = 1, blocks).
+using SkinnyClusters = std::array<int, kSkinnyMaxSplits>;
+
+// The splits launch_skinny_gemm takes for a shape on a device that holds `clusters` (for
+// tests and benchmarks): the most, each over at least 8 stages of k, whose row tiles'
+// clusters all run at once.
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters);
 
 }  // namespace cellm::cuda
