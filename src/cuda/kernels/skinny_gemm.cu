@@ -48,22 +48,39 @@ constexpr int consumers_for(int mt) {
 }
 constexpr int kKStep = static_cast<int>(kSkinnyKStep);  // 64 bf16: one 128-byte box row
 constexpr int kRowBytes = kKStep * 2;
+// Boxes a stage takes side by side along k (CELLM_SKINNY_BOXES, 1, 2 or 4; an experiment
+// for bench/variant_visit.sh): each weight row then gives 128 x kBoxes contiguous bytes a
+// stage, in kBoxes copies issued together.
+#ifndef CELLM_SKINNY_BOXES
+#define CELLM_SKINNY_BOXES 1
+#endif
+constexpr int kBoxes = CELLM_SKINNY_BOXES;
+static_assert(kBoxes == 1 || kBoxes == 2 || kBoxes == 4);
+constexpr int kStageCols = kKStep * kBoxes;
 constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle's period
 
 // MT: x tiles of 8 rows (m <= 8 MT). The x box of a stage is 8 MT rows (rows past m are
 // zero-filled by the copy), so a stage is 2 W KB of weights and MT KB of x.
 template <int MT>
-constexpr int weight_bytes() {
+constexpr int weight_box_bytes() {
   return 16 * consumers_for(MT) * kRowBytes;
 }
 template <int MT>
-constexpr int stage_bytes() {
-  return weight_bytes<MT>() + 8 * MT * kRowBytes;
+constexpr int x_box_bytes() {
+  return 8 * MT * kRowBytes;
 }
-// Stages in the ring: about 96 KB of them, so two blocks share an SM.
+template <int MT>
+constexpr int weight_bytes() {
+  return kBoxes * weight_box_bytes<MT>();
+}
+template <int MT>
+constexpr int stage_bytes() {
+  return weight_bytes<MT>() + kBoxes * x_box_bytes<MT>();
+}
+// Stages in the ring: about 96 KB of them, so two blocks share an SM (at least two).
 template <int MT>
 constexpr int stages() {
-  return 96 * 1024 / stage_bytes<MT>();
+  return std::max(96 * 1024 / stage_bytes<MT>(), 2);
 }
 template <int MT>
 constexpr size_t smem_bytes() {
@@ -80,7 +97,7 @@ struct SkinnyParams {
   int64_t n;
   int splits;        // blocks along k per row tile (gridDim.y, one cluster)
   int split_stages;  // stages of k a split covers (the last split may cover fewer)
-  int k_stages;      // k / kKStep
+  int k_stages;      // k / kStageCols
 };
 
 // --- mbarrier and TMA (PTX ISA: "mbarrier", "cp.async.bulk.tensor") ---
@@ -182,23 +199,32 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     // wait (no step writes them); x comes from the kernel before this one.
     if (lane == 0) {
       const int prologue = min(S, n_stages);
+      // Box b of stage s: columns (first + s) kStageCols + b kKStep.
+      const auto load_weights = [&](unsigned char* stage, int s, uint64_t* bar) {
+        for (int b = 0; b < kBoxes; ++b) {
+          tma_load(stage + b * weight_box_bytes<MT>(), &p.w_map,
+                   (first + s) * kStageCols + b * kKStep, static_cast<int>(row0), bar);
+        }
+      };
+      const auto load_x = [&](unsigned char* stage, int s, uint64_t* bar) {
+        for (int b = 0; b < kBoxes; ++b) {
+          tma_load(stage + kWeightBytes + b * x_box_bytes<MT>(), &p.x_map,
+                   (first + s) * kStageCols + b * kKStep, 0, bar);
+        }
+      };
       for (int s = 0; s < prologue; ++s) {
         barrier_arrive_expect(&full[s], kStageBytes);
-        tma_load(ring + s * kStageBytes, &p.w_map, (first + s) * kKStep, static_cast<int>(row0),
-                 &full[s]);
+        load_weights(ring + s * kStageBytes, s, &full[s]);
       }
       detail::wait_for_prior_grids();
-      for (int s = 0; s < prologue; ++s) {
-        tma_load(ring + s * kStageBytes + kWeightBytes, &p.x_map, (first + s) * kKStep, 0,
-                 &full[s]);
-      }
+      for (int s = 0; s < prologue; ++s) load_x(ring + s * kStageBytes, s, &full[s]);
       for (int s = S; s < n_stages; ++s) {
         const int slot = s % S;
         barrier_wait(&empty[slot], static_cast<uint32_t>((s / S - 1) & 1));
         unsigned char* stage = ring + slot * kStageBytes;
         barrier_arrive_expect(&full[slot], kStageBytes);
-        tma_load(stage, &p.w_map, (first + s) * kKStep, static_cast<int>(row0), &full[slot]);
-        tma_load(stage + kWeightBytes, &p.x_map, (first + s) * kKStep, 0, &full[slot]);
+        load_weights(stage, s, &full[slot]);
+        load_x(stage, s, &full[slot]);
       }
     }
     // The producer writes nothing; with splits it still takes part in the cluster's
@@ -225,18 +251,22 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     for (int s = 0; s < n_stages; ++s) {
       const int slot = s % S;
       barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
-      const unsigned char* ws = ring + slot * kStageBytes;
-      const unsigned char* xs = ws + kWeightBytes;
 #pragma unroll
-      for (int kk = 0; kk < kKStep / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
+      for (int box = 0; box < kBoxes; ++box) {
+        const unsigned char* ws = ring + slot * kStageBytes + box * weight_box_bytes<MT>();
+        const unsigned char* xs =
+            ring + slot * kStageBytes + kWeightBytes + box * x_box_bytes<MT>();
 #pragma unroll
-        for (int t2 = 0; t2 < MT / 2; ++t2) {
-          uint32_t b[4];
-          ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
-          mma_16816(acc[2 * t2], a, b[0], b[1]);
-          mma_16816(acc[2 * t2 + 1], a, b[2], b[3]);
+        for (int kk = 0; kk < kKStep / 16; ++kk) {
+          uint32_t a[4];
+          ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
+#pragma unroll
+          for (int t2 = 0; t2 < MT / 2; ++t2) {
+            uint32_t b[4];
+            ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
+            mma_16816(acc[2 * t2], a, b[0], b[1]);
+            mma_16816(acc[2 * t2 + 1], a, b[2], b[3]);
+          }
         }
       }
       __syncwarp();
@@ -342,7 +372,7 @@ cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t
 // How L2 fetches the weight rows (128 bytes a box row): CELLM_SKINNY_PROMOTION=0 for
 // none, an experiment for bench/variant_visit.sh.
 #ifndef CELLM_SKINNY_PROMOTION
-#define CELLM_SKINNY_PROMOTION 256
+#define CELLM_SKINNY_PROMOTION 0
 #endif
 constexpr CUtensorMapL2promotion kWeightPromotion = CELLM_SKINNY_PROMOTION == 0
                                                         ? CU_TENSOR_MAP_L2_PROMOTION_NONE
@@ -417,7 +447,7 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
 
 bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w) {
   return m >= kSkinnyMinRows && m <= kSkinnyMaxRows && n >= 1 && n < (int64_t{1} << 31) && k > 0 &&
-         k % kSkinnyKStep == 0 && k < (int64_t{1} << 24) &&
+         k % kStageCols == 0 && k < (int64_t{1} << 24) &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
@@ -431,9 +461,9 @@ int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters
   // range of k through a ring deep enough to cover the memory latency, so a grid that
   // holds every SM in one wave streams at the rate of all of them; another wave would add
   // a ramp of latency, and more splits mean more, shorter blocks.
-  constexpr int64_t kMinSplitStages = 8;
+  constexpr int64_t kMinSplitStages = std::max(8 / kBoxes, 2);
   const int64_t tiles = (n + skinny_gemm_block_rows(m) - 1) / skinny_gemm_block_rows(m);
-  const int64_t k_stages = k / kSkinnyKStep;
+  const int64_t k_stages = k / kStageCols;
   int32_t best = 1;
   for (int32_t s = 2; s <= kSkinnyMaxSplits; ++s) {
     if (k_stages < kMinSplitStages * s) break;
@@ -452,7 +482,7 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.m = static_cast<int>(m);
   p.n = n;
   p.splits = 1;
-  p.k_stages = static_cast<int>(k / kSkinnyKStep);
+  p.k_stages = static_cast<int>(k / kStageCols);
   if (m <= 16) return launch_tiles<2>(p, x, w, k, stream);
   if (m <= 32) return launch_tiles<4>(p, x, w, k, stream);
   return launch_tiles<8>(p, x, w, k, stream);
