@@ -29,7 +29,9 @@ using testing::mma;
 using testing::to_bf16;
 
 // The kernel's constants (skinny_gemm.cu); its warps and rows a block follow m.
-constexpr int kKStep = static_cast<int>(kSkinnyKStep);
+constexpr int kKStep = 64;  // columns of a box; a stage is kBoxes boxes side by side
+constexpr int kStageCols = static_cast<int>(kSkinnyKStep);
+constexpr int kBoxes = kStageCols / kKStep;
 constexpr int kRowBytes = kKStep * 2;
 
 int swizzled(int row, int chunk) {  // bytes, as the kernel's
@@ -67,13 +69,15 @@ std::vector<float> emulate(const Case& c) {
   const int mt = c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8;
   const int kBlockRows = static_cast<int>(skinny_gemm_block_rows(c.m));
   const int kConsumers = kBlockRows / 16;
-  const int kWeightBytes = kBlockRows * kRowBytes;
-  const int k_stages = static_cast<int>(c.k / kKStep);
+  const int kWeightBoxBytes = kBlockRows * kRowBytes;
+  const int kXBoxBytes = 8 * mt * kRowBytes;
+  const int kWeightBytes = kBoxes * kWeightBoxBytes;
+  const int k_stages = static_cast<int>(c.k / kStageCols);
   const int split_stages = (k_stages + c.splits - 1) / c.splits;
   const int splits = (k_stages + split_stages - 1) / split_stages;
   const int64_t tiles = (c.n + kBlockRows - 1) / kBlockRows;
   std::vector<float> partials(static_cast<size_t>(splits * c.m * c.n), 0.f);
-  const size_t stage_elems = static_cast<size_t>(kWeightBytes + 8 * mt * kRowBytes) / 2;
+  const size_t stage_elems = static_cast<size_t>(kWeightBytes + kBoxes * kXBoxBytes) / 2;
   std::vector<uint16_t> smem(stage_elems);
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t row0 = tile * kBlockRows;
@@ -87,21 +91,27 @@ std::vector<float> emulate(const Case& c) {
         }
       }
       for (int s = 0; s < n_stages; ++s) {
-        const int col = (first + s) * kKStep;
-        tma_box(smem, 0, c.w, c.n, c.k, col, row0, kBlockRows);
-        tma_box(smem, kWeightBytes / 2, c.x, c.m, c.k, col, 0, 8 * mt);
+        for (int box = 0; box < kBoxes; ++box) {
+          const int col = (first + s) * kStageCols + box * kKStep;
+          tma_box(smem, static_cast<size_t>(box * kWeightBoxBytes / 2), c.w, c.n, c.k, col, row0,
+                  kBlockRows);
+          tma_box(smem, static_cast<size_t>((kWeightBytes + box * kXBoxBytes) / 2), c.x, c.m, c.k,
+                  col, 0, 8 * mt);
+        }
         for (int warp = 0; warp < kConsumers; ++warp) {
-          for (int kk = 0; kk < kKStep / 16; ++kk) {
+          for (int kk = 0; kk < kBoxes * kKStep / 16; ++kk) {
+            const int box = kk / (kKStep / 16);  // kk of the box: kk % 4
+            const int a_base = box * kWeightBoxBytes / 2;
+            const int b_base = (kWeightBytes + box * kXBoxBytes) / 2;
             Lanes<int> a_addr, b_addr[4];
             for (int lane = 0; lane < 32; ++lane) {
               const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
               const int a_chunk = lane / 16;
-              a_addr[lane] = swizzled(a_row, 2 * kk + a_chunk) / 2;
+              a_addr[lane] = a_base + swizzled(a_row, 2 * (kk % 4) + a_chunk) / 2;
               const int b_row = (lane / 16) * 8 + lane % 8;
               const int b_chunk = (lane / 8) % 2;
               for (int t2 = 0; t2 < mt / 2; ++t2) {
-                b_addr[t2][lane] =
-                    kWeightBytes / 2 + swizzled(16 * t2 + b_row, 2 * kk + b_chunk) / 2;
+                b_addr[t2][lane] = b_base + swizzled(16 * t2 + b_row, 2 * (kk % 4) + b_chunk) / 2;
               }
             }
             const testing::Frag4 a = ldmatrix_x4(smem, a_addr, false);
@@ -153,9 +163,9 @@ TEST(SkinnyGemmEmulationTest, SwizzledTmaBoxesAndFragmentsGiveTheProduct) {
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   // m across the three x tile sizes; n with a partial tile; k of one stage and several;
   // splits that divide the stages and one that does not.
-  const Case shapes[] = {{9, 70, 128, 1, {}, {}},   {16, 64, 64, 1, {}, {}},
-                         {17, 130, 192, 2, {}, {}}, {32, 64, 256, 3, {}, {}},
-                         {33, 96, 128, 2, {}, {}},  {64, 64, 192, 1, {}, {}}};
+  const Case shapes[] = {{9, 70, 256, 1, {}, {}},   {16, 64, 128, 1, {}, {}},
+                         {17, 130, 384, 2, {}, {}}, {32, 64, 512, 3, {}, {}},
+                         {33, 96, 256, 2, {}, {}},  {64, 200, 384, 1, {}, {}}};
   for (Case c : shapes) {
     const std::string what = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
                              " k=" + std::to_string(c.k) + " splits=" + std::to_string(c.splits);

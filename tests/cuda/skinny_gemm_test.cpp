@@ -105,11 +105,11 @@ TEST(SkinnyGemmTest, EveryShapeMatchesADoubleReference) {
   std::mt19937 rng(91);
   // m: the first and last rows of each x tile size (16, 32, 64); n: one row, a partial
   // row tile, several tiles, a partial last tile of many; k: one stage, the pipeline's
-  // depth and past it, the 8B widths. On an H200: no split at k = 64 and 320 or at
+  // depth and past it, the 8B widths. On an H200: no split at k = 128 and 640 or at
   // n = 4097 and 64 x rows, 2-8 splits for the rest (8 at k = 14336).
   for (const int64_t m : {9, 16, 17, 32, 33, 64}) {
     for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{
-             {64, 1}, {320, 37}, {1024, 200}, {4096, 4097}, {14336, 129}}) {
+             {128, 1}, {640, 37}, {2048, 200}, {4096, 4097}, {14336, 129}}) {
       const SkinnyCase c(rng, m, k, n);
       expect_case<Bf16>(c);
       expect_case<float>(c);
@@ -136,16 +136,16 @@ TEST(SkinnyGemmTest, SplitsFitOneWaveOfClusters) {
   // Host-only: the split count of a shape on a device that runs clusters[s - 1] clusters of
   // s blocks at once (an H200-like table: 62 clusters of 4 measured for 64-row blocks, not
   // the 66 that 132 SMs x 2 blocks / 4 would give): the most splits, up to 8, whose
-  // clusters all run at once, each split >= 8 stages of k.
+  // clusters all run at once, each split >= 512 columns of k (4 stages).
   const SkinnyClusters clusters = {264, 128, 84, 62, 48, 40, 32, 30};
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, clusters), 3);   // o: 64 tiles; 4 -> 62 < 64
-  EXPECT_EQ(skinny_gemm_splits(64, 6144, 4096, clusters), 2);   // qkv: 96 tiles
-  EXPECT_EQ(skinny_gemm_splits(16, 6144, 4096, clusters), 2);   // (64-row blocks at any m)
-  EXPECT_EQ(skinny_gemm_splits(64, 28672, 4096, clusters), 1);  // gate_up: 448 tiles, no split
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 14336, clusters), 3);  // down
+  EXPECT_EQ(skinny_gemm_splits(16, 4096, 4096, clusters), 3);   // o: 64 tiles; 4 -> 62 < 64
+  EXPECT_EQ(skinny_gemm_splits(16, 6144, 4096, clusters), 2);   // qkv: 96 tiles
+  EXPECT_EQ(skinny_gemm_splits(64, 4096, 4096, clusters), 7);   // 128-row blocks: 32 tiles
+  EXPECT_EQ(skinny_gemm_splits(16, 28672, 4096, clusters), 1);  // gate_up: 448 tiles, no split
+  EXPECT_EQ(skinny_gemm_splits(16, 4096, 14336, clusters), 3);  // down
   EXPECT_EQ(skinny_gemm_splits(16, 129, 14336, clusters), 8);   // 3 tiles: the cluster's most
-  EXPECT_EQ(skinny_gemm_splits(64, 4096, 320, clusters), 1);    // 5 stages: too few to split
-  EXPECT_EQ(skinny_gemm_splits(64, 64, 1024, clusters), 2);     // 16 stages: 2 splits of 8
+  EXPECT_EQ(skinny_gemm_splits(16, 4096, 640, clusters), 1);    // 5 stages: too few to split
+  EXPECT_EQ(skinny_gemm_splits(16, 64, 1024, clusters), 2);     // 8 stages: 2 splits of 4
   const SkinnyClusters one_sm = {1, 0, 0, 0, 0, 0, 0, 0};       // clusters do not fit
   EXPECT_EQ(skinny_gemm_splits(16, 64, 4096, one_sm), 1);
 }
@@ -182,7 +182,8 @@ TEST(SkinnyGemmTest, BadArgumentsAreRefusedWithoutALaunch) {
   const Bf16* w = c.dev_w.get();
   EXPECT_EQ(call(8, 128, x, w, y.get()), cudaErrorInvalidValue);       // m < 9
   EXPECT_EQ(call(65, 128, x, w, y.get()), cudaErrorInvalidValue);      // m > 64
-  EXPECT_EQ(call(16, 96, x, w, y.get()), cudaErrorInvalidValue);       // k % 64
+  EXPECT_EQ(call(16, 96, x, w, y.get()), cudaErrorInvalidValue);       // k % 128
+  EXPECT_EQ(call(16, 64, x, w, y.get()), cudaErrorInvalidValue);       // k % 128
   EXPECT_EQ(call(16, 128, x + 1, w, y.get()), cudaErrorInvalidValue);  // aligned x
   EXPECT_EQ(call(16, 128, x, w + 1, y.get()), cudaErrorInvalidValue);  // aligned w
   EXPECT_EQ(call(16, 128, x, w, nullptr), cudaErrorInvalidValue);      // no y

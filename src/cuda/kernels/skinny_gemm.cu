@@ -28,35 +28,31 @@ using detail::smem_addr;
 // A block: kConsumers warps that multiply, each owning 16 of the block's kBlockRows weight
 // rows (the M of mma.m16n8k16) and every x row (its N, 8 at a time), and one producer warp
 // whose first lane issues the TMA copies. A stage is the block's weight rows and all x
-// rows over kKStep columns, two boxes of 128-byte rows stored with the 128-byte swizzle
-// (16-byte chunk c of row r at chunk c ^ (r % 8)), so the 8 rows an ldmatrix phase reads
-// fall in distinct banks without padding. Each stage has a `full` barrier (the producer
-// arms it with the stage's byte count; the copies complete it) and an `empty` one (each
-// consumer warp arrives when it has read the stage; the producer waits on it before it
-// refills the slot).
+// rows over kStageCols columns: kBoxes weight boxes and kBoxes x boxes, each of 128-byte
+// rows (kBoxCols columns) stored with the 128-byte swizzle (16-byte chunk c of row r at
+// chunk c ^ (r % 8)), so the 8 rows an ldmatrix phase reads fall in distinct banks
+// without padding. Two boxes side by side give each weight row 256 contiguous bytes a
+// stage (measured: 3-10% faster than one box at 16-32 rows, four boxes no better). Each stage has a
+// `full` barrier (the producer arms it with the stage's byte count; the copies complete it) and an
+// `empty` one (each consumer warp arrives when it has read the stage; the producer waits on it
+// before it refills the slot).
 //
 // kConsumers (kBlockRows = 16 kConsumers) is 4, and for more than 32 x rows
-// CELLM_SKINNY_WIDE_CONSUMERS (4 or 8; an experiment for bench/variant_visit.sh): every
-// block reads all of x each stage, so at 64 x rows 64-row blocks read as many bytes of x
-// from L2 as of weights; 128-row blocks half as many.
+// CELLM_SKINNY_WIDE_CONSUMERS (8, or 4 for bench/variant_visit.sh): every block reads all
+// of x each stage, so at 64 x rows 64-row blocks would read as many bytes of x from L2 as
+// of weights; 128-row blocks read half as many (measured 4-25% faster at 64 rows).
 #ifndef CELLM_SKINNY_WIDE_CONSUMERS
-#define CELLM_SKINNY_WIDE_CONSUMERS 4
+#define CELLM_SKINNY_WIDE_CONSUMERS 8
 #endif
 static_assert(CELLM_SKINNY_WIDE_CONSUMERS == 4 || CELLM_SKINNY_WIDE_CONSUMERS == 8);
 constexpr int consumers_for(int mt) {
   return mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
 }
-constexpr int kKStep = static_cast<int>(kSkinnyKStep);  // 64 bf16: one 128-byte box row
-constexpr int kRowBytes = kKStep * 2;
-// Boxes a stage takes side by side along k (CELLM_SKINNY_BOXES, 1, 2 or 4; an experiment
-// for bench/variant_visit.sh): each weight row then gives 128 x kBoxes contiguous bytes a
-// stage, in kBoxes copies issued together.
-#ifndef CELLM_SKINNY_BOXES
-#define CELLM_SKINNY_BOXES 1
-#endif
-constexpr int kBoxes = CELLM_SKINNY_BOXES;
-static_assert(kBoxes == 1 || kBoxes == 2 || kBoxes == 4);
-constexpr int kStageCols = kKStep * kBoxes;
+constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
+constexpr int kRowBytes = kBoxCols * 2;
+constexpr int kStageCols = static_cast<int>(kSkinnyKStep);
+constexpr int kBoxes = kStageCols / kBoxCols;
+static_assert(kStageCols % kBoxCols == 0);
 constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle's period
 
 // MT: x tiles of 8 rows (m <= 8 MT). The x box of a stage is 8 MT rows (rows past m are
@@ -89,8 +85,8 @@ constexpr size_t smem_bytes() {
 
 template <typename TOut>
 struct SkinnyParams {
-  CUtensorMap w_map;  // w [n, k]: boxes of 16 W rows x kKStep columns
-  CUtensorMap x_map;  // x [m, k]: boxes of 8 MT rows x kKStep columns
+  CUtensorMap w_map;  // w [n, k]: boxes of 16 W rows x kBoxCols columns
+  CUtensorMap x_map;  // x [m, k]: boxes of 8 MT rows x kBoxCols columns
   const bf16* bias;   // [n] or null
   TOut* y;            // [m, n]
   int m;
@@ -199,17 +195,17 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     // wait (no step writes them); x comes from the kernel before this one.
     if (lane == 0) {
       const int prologue = min(S, n_stages);
-      // Box b of stage s: columns (first + s) kStageCols + b kKStep.
+      // Box b of stage s: columns (first + s) kStageCols + b kBoxCols.
       const auto load_weights = [&](unsigned char* stage, int s, uint64_t* bar) {
         for (int b = 0; b < kBoxes; ++b) {
           tma_load(stage + b * weight_box_bytes<MT>(), &p.w_map,
-                   (first + s) * kStageCols + b * kKStep, static_cast<int>(row0), bar);
+                   (first + s) * kStageCols + b * kBoxCols, static_cast<int>(row0), bar);
         }
       };
       const auto load_x = [&](unsigned char* stage, int s, uint64_t* bar) {
         for (int b = 0; b < kBoxes; ++b) {
           tma_load(stage + kWeightBytes + b * x_box_bytes<MT>(), &p.x_map,
-                   (first + s) * kStageCols + b * kKStep, 0, bar);
+                   (first + s) * kStageCols + b * kBoxCols, 0, bar);
         }
       };
       for (int s = 0; s < prologue; ++s) {
@@ -257,7 +253,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
         const unsigned char* xs =
             ring + slot * kStageBytes + kWeightBytes + box * x_box_bytes<MT>();
 #pragma unroll
-        for (int kk = 0; kk < kKStep / 16; ++kk) {
+        for (int kk = 0; kk < kBoxCols / 16; ++kk) {
           uint32_t a[4];
           ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
 #pragma unroll
@@ -352,7 +348,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// A row-major bf16 matrix [rows, cols] as boxes of box_rows x kKStep, 128-byte swizzled;
+// A row-major bf16 matrix [rows, cols] as boxes of box_rows x kBoxCols, 128-byte swizzled;
 // rows past the matrix read as zeros.
 cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t cols, int box_rows,
                        CUtensorMapL2promotion promotion) {
@@ -360,7 +356,7 @@ cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t
   if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * sizeof(bf16)};  // row pitch
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kKStep), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBoxCols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
@@ -461,7 +457,7 @@ int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters
   // range of k through a ring deep enough to cover the memory latency, so a grid that
   // holds every SM in one wave streams at the rate of all of them; another wave would add
   // a ramp of latency, and more splits mean more, shorter blocks.
-  constexpr int64_t kMinSplitStages = std::max(8 / kBoxes, 2);
+  constexpr int64_t kMinSplitStages = 512 / kStageCols;  // 512 columns of k
   const int64_t tiles = (n + skinny_gemm_block_rows(m) - 1) / skinny_gemm_block_rows(m);
   const int64_t k_stages = k / kStageCols;
   int32_t best = 1;

@@ -3,8 +3,8 @@
 // (8B at 64 rows: o 4096 x 4096 ran at 62% of the copy bandwidth, qkv at 70%).
 //
 // Each block streams 64 (or 128) weight rows through a ring of shared-memory stages filled by the
-// Hopper tensor memory accelerator: one warp issues a TMA copy of the block's weight box
-// (its rows x 64 columns) and one of the x box (every x row, the same columns) per stage,
+// Hopper tensor memory accelerator: one warp issues TMA copies of the block's weight boxes
+// (its rows x 2 x 64 columns) and of the x boxes (every x row, the same columns) per stage,
 // completing on the stage's mbarrier; the first stages' weights go in flight before the
 // programmatic wait, since weights are never written by a step. Four (or eight) warps multiply on
 // tensor cores: warp w owns weight rows [16 w, 16 w + 16) of the block (the M of bf16
@@ -40,7 +40,7 @@ namespace cellm::cuda {
 
 inline constexpr int64_t kSkinnyMinRows = 9;    // fewer rows: the GEMVs (gemv.h)
 inline constexpr int64_t kSkinnyMaxRows = 64;   // x rows one launch serves
-inline constexpr int64_t kSkinnyKStep = 64;     // columns of a stage; k is a multiple of it
+inline constexpr int64_t kSkinnyKStep = 128;    // columns of a stage; k is a multiple of it
 inline constexpr int32_t kSkinnyMaxSplits = 8;  // blocks of a cluster (the portable most)
 
 // True when launch_skinny_gemm serves the shape: kSkinnyMinRows <= m <= kSkinnyMaxRows,
