@@ -14,7 +14,8 @@
 // cuBLASLt. The last columns give the largest relative difference between each GEMV
 // kernel's and cuBLASLt's outputs (a sanity check; the tests hold the tolerances). The
 // GEMV kernels are launched with programmatic dependent launch, so consecutive calls
-// overlap as they do in a decode step.
+// overlap as they do in a decode step. Last, the skinny GEMM (launch_skinny_gemm,
+// kernels/skinny_gemm.h) against cuBLASLt at 16, 32 and 64 rows on the same 8B shapes.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +35,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels/gemv.h"
+#include "cuda/kernels/skinny_gemm.h"
 #include "cuda/kernels/swiglu.h"
 
 namespace {
@@ -125,7 +127,7 @@ struct Operands {
   Operands(std::mt19937& rng, int64_t k_, int64_t n_)
       : k(k_), n(n_), copies(std::max<int64_t>(2, (kRotationBytes + n * k * 2 - 1) / (n * k * 2))) {
     w = random_bf16(rng, copies * n * k);
-    x = random_bf16(rng, cellm::cuda::kGemvMaxRows * k);
+    x = random_bf16(rng, cellm::cuda::kSkinnyMaxRows * k);
     gate_up = random_bf16(rng, cellm::cuda::kGemvMaxRows * 2 * k);
     act = allocate(cellm::cuda::kGemvMaxRows * k * 2);
   }
@@ -159,6 +161,7 @@ double max_rel_diff(const DeviceBuffer& a, const DeviceBuffer& b, int64_t elemen
 struct Options {
   int iters = 200;
   double peak_gbs = 4250;
+  bool skinny_only = false;  // --skinny-only: the skinny GEMM's table alone
 };
 
 template <typename TOut>
@@ -199,6 +202,38 @@ void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Opt
                 name, static_cast<long>(m), us_gemv, 100 * gbs(us_gemv) / o.peak_gbs, us_rows,
                 100 * gbs(us_rows) / o.peak_gbs, us_lt, 100 * gbs(us_lt) / o.peak_gbs,
                 us_lt / std::min(us_gemv, us_rows), diff, diff_rows);
+  }
+}
+
+// launch_skinny_gemm against cuBLASLt at 16, 32 and 64 rows.
+template <typename TOut>
+void bench_skinny(const char* name, const Operands& op, Gemm& cublaslt, const Options& o) {
+  const int64_t k = op.k, n = op.n;
+  constexpr int64_t kMaxRows = cellm::cuda::kSkinnyMaxRows;
+  DeviceBuffer y_skinny = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
+  DeviceBuffer y_lt = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
+  for (const int64_t m : {16, 32, 64}) {
+    const auto skinny = [&](int i, cudaStream_t s) {
+      check(cellm::cuda::launch_skinny_gemm<TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
+                                                  y_skinny.as<TOut>(), s),
+            "launch_skinny_gemm");
+    };
+    const auto lt = [&](int i, cudaStream_t s) {
+      check(cublaslt.run<Bf16, TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
+                                     y_lt.as<TOut>(), s));
+    };
+    for (int i = 0; i < op.copies; ++i) lt(i, nullptr);  // plans, outside capture
+    skinny(0, nullptr);
+    lt(0, nullptr);
+    check(cudaDeviceSynchronize(), "sync");
+    const double diff = max_rel_diff<TOut>(y_skinny, y_lt, m * n);
+    const double bytes = double(n * k * 2 + m * k * 2 + m * n * int64_t{sizeof(TOut)});
+    const double us_skinny = time_per_call(o.iters, skinny);
+    const double us_lt = time_per_call(o.iters, lt);
+    const auto pct = [&](double us) { return 100 * bytes / us / 1e3 / o.peak_gbs; };
+    std::printf("%-22s %2ld | %8.2f %5.1f%% | %8.2f %5.1f%% | %5.2fx | %.1e\n", name,
+                static_cast<long>(m), us_skinny, pct(us_skinny), us_lt, pct(us_lt),
+                us_lt / us_skinny, diff);
   }
 }
 
@@ -253,8 +288,10 @@ int main(int argc, char** argv) {
       o.iters = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--peak-gbs" && i + 1 < argc) {
       o.peak_gbs = std::atof(argv[++i]);
+    } else if (a == "--skinny-only") {
+      o.skinny_only = true;
     } else {
-      std::fprintf(stderr, "usage: gemv_bench [--iters N] [--peak-gbs G]\n");
+      std::fprintf(stderr, "usage: gemv_bench [--iters N] [--peak-gbs G] [--skinny-only]\n");
       return 2;
     }
   }
@@ -269,6 +306,15 @@ int main(int argc, char** argv) {
   cellm::Result<Gemm> cublaslt = Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly);
   check(cublaslt.status());
   std::mt19937 rng(1);
+  if (o.skinny_only) {
+    std::printf("%-22s  m | skinny us %%peak | cuBLASLt  %%peak | speedup | max rel diff\n",
+                "shape (k -> n)");
+    bench_skinny<Bf16>("qkv 4096->6144", Operands(rng, 4096, 6144), *cublaslt, o);
+    bench_skinny<Bf16>("o 4096->4096", Operands(rng, 4096, 4096), *cublaslt, o);
+    bench_skinny<Bf16>("gate_up 4096->28672", Operands(rng, 4096, 28672), *cublaslt, o);
+    bench_skinny<Bf16>("down 14336->4096", Operands(rng, 14336, 4096), *cublaslt, o);
+    return 0;
+  }
   std::printf(
       "%-22s  m |  mma us  %%peak |  rows us  %%peak | cuBLASLt  %%peak | best gemv | "
       "max rel diff (mma, rows)\n",
@@ -286,6 +332,12 @@ int main(int argc, char** argv) {
     bench_shape<float>("lm_head 4096->128256 f32", head, *cublaslt, o);
   }
   bench_swiglu_down(down, *cublaslt, o);
+  std::printf("\n%-22s  m | skinny us %%peak | cuBLASLt  %%peak | speedup | max rel diff\n",
+              "shape (k -> n)");
+  bench_skinny<Bf16>("qkv 4096->6144", qkv, *cublaslt, o);
+  bench_skinny<Bf16>("o 4096->4096", o_proj, *cublaslt, o);
+  bench_skinny<Bf16>("gate_up 4096->28672", gate_up, *cublaslt, o);
+  bench_skinny<Bf16>("down 14336->4096", down, *cublaslt, o);
   // The Llama-3.2-1B shapes (the `1b` preset): small enough that launch, ramp-up
   // and tail weigh more than on the 8B ones.
   std::printf("\n");

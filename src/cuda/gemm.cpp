@@ -11,6 +11,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/kernels/bias.h"
 #include "cuda/kernels/gemv.h"
+#include "cuda/kernels/skinny_gemm.h"
 #include "cuda/kernels/swiglu.h"
 
 namespace cellm::cuda {
@@ -332,8 +333,8 @@ Result<std::vector<GemmChoice>> Gemm::cublaslt_candidates(const Plan& plan) {
   return candidates;
 }
 
-Status Gemm::tune(Plan& plan, bool gemv_candidate, const void* bias, const Enqueue& enqueue,
-                  cudaStream_t stream) {
+Status Gemm::tune(Plan& plan, bool gemv_candidate, bool skinny_candidate, const void* bias,
+                  const Enqueue& enqueue, cudaStream_t stream) {
   if (std::optional<GemmChoice> stored = find_tuned_choice(device_, workspace_.bytes(), plan.key)) {
     return adopt(plan, *stored, bias, PlanSource::kAdopted);
   }
@@ -346,6 +347,12 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, const void* bias, const Enque
     gemv.kernel = GemmKernel::kGemvRows;
     gemv.name = "gemv rows";
     candidates.push_back(std::move(gemv));
+  }
+  if (skinny_candidate) {
+    GemmChoice skinny;
+    skinny.kernel = GemmKernel::kSkinny;
+    skinny.name = "skinny";
+    candidates.push_back(std::move(skinny));
   }
   if (timer_ == nullptr) {
     CELLM_ASSIGN_OR_RETURN(GemmTimer timer, GemmTimer::create(device_));
@@ -387,6 +394,17 @@ template <typename T, typename TOut>
 Status Gemm::enqueue_product(const Plan& plan, const GemmChoice& choice, const T* x, int64_t m,
                              int64_t k, const T* w, int64_t n, const T* bias, TOut* y,
                              cudaStream_t stream) {
+  if (choice.kernel == GemmKernel::kSkinny) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const cudaError_t err = launch_skinny_gemm<TOut>(x, m, k, w, n, bias, y, stream);
+      if (err != cudaSuccess) {
+        return cuda_status(err, ("launch_skinny_gemm " + describe(plan.key)).c_str());
+      }
+      return Status::Ok();
+    } else {
+      return Internal("the skinny GEMM serves bf16 products only: " + describe(plan.key));
+    }
+  }
   if (choice.kernel == GemmKernel::kGemv || choice.kernel == GemmKernel::kGemvRows) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream,
@@ -461,7 +479,11 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
   }
   if (handle_ == nullptr) return InvalidState("Gemm::run on a moved-from Gemm");
   bool gemv_serves = false;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) gemv_serves = gemv_supports(m, k, x, w);
+  bool skinny_serves = false;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    gemv_serves = gemv_supports(m, k, x, w);
+    skinny_serves = skinny_gemm_supports(m, n, k, x, w);
+  }
   if (path_ == GemmPath::kAuto && gemv_serves) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream);
@@ -492,7 +514,7 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
     const Enqueue enqueue = [&](const GemmChoice& choice, cudaStream_t on) {
       return enqueue_product<T, TOut>(*plan, choice, x, m, k, w, n, bias, y, on);
     };
-    CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, bias, enqueue, stream));
+    CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, skinny_serves, bias, enqueue, stream));
   }
   return enqueue_product<T, TOut>(*plan, plan->choice, x, m, k, w, n, bias, y, stream);
 }
@@ -511,8 +533,10 @@ Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w
   }
   if (handle_ == nullptr) return InvalidState("Gemm::run_swiglu_down on a moved-from Gemm");
   bool gemv_serves = false;
+  bool skinny_serves = false;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     gemv_serves = gemv_supports(m, ff, gate_up, w_down);
+    skinny_serves = skinny_gemm_supports(m, n, ff, act, w_down);
   }
   if (path_ == GemmPath::kTuned) {
     const GemmKey key{.op = GemmOp::kSwiGLUDown,
@@ -533,7 +557,7 @@ Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w
       const Enqueue enqueue = [&](const GemmChoice& choice, cudaStream_t on) {
         return enqueue_swiglu_down<T>(*plan, choice, gate_up, m, ff, w_down, n, act, y, on);
       };
-      CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, nullptr, enqueue, stream));
+      CELLM_RETURN_IF_ERROR(tune(*plan, gemv_serves, skinny_serves, nullptr, enqueue, stream));
     }
     return enqueue_swiglu_down<T>(*plan, plan->choice, gate_up, m, ff, w_down, n, act, y, stream);
   }

@@ -119,10 +119,10 @@ class Gemm {
   // Every other call (more rows, f32, odd alignment, kCublasLtOnly) is launch_swiglu into
   // act followed by run<T, T>(act, ...). Under kTuned the call is a key of its own, whose
   // choice is the fused GEMV (act untouched) or launch_swiglu into act followed by the
-  // kRows GEMV or a cuBLASLt product, timed as a whole. So a forward calls this in place of the two
-  // for every batch size and gives it the activation buffer it already has. m = 0 enqueues nothing.
-  // REQUIRES: m >= 0, ff > 0, n > 0; device pointers; act and y overlap neither each other nor the
-  // inputs. Errors as run's.
+  // kRows GEMV, launch_skinny_gemm or a cuBLASLt product, timed as a whole. So a forward calls this
+  // in place of the two for every batch size and gives it the activation buffer it already has. m =
+  // 0 enqueues nothing. REQUIRES: m >= 0, ff > 0, n > 0; device pointers; act and y overlap neither
+  // each other nor the inputs. Errors as run's.
   template <typename T>
   Status run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w_down, int64_t n,
                          T* act, T* y, cudaStream_t stream);
@@ -164,11 +164,12 @@ class Gemm {
   // True when this call may time the plan's candidates: kTuned, tuning on, the plan not
   // timed or adopted yet, and the stream not capturing.
   Result<bool> wants_timing(const Plan& plan, cudaStream_t stream) const;
-  // Times every candidate with `enqueue` on `stream` (the GEMV among them when
-  // `gemv_candidate`), stores the fastest in the process-wide table and adopts it (or the
-  // table's choice, when another Gemm stored one first).
-  Status tune(Plan& plan, bool gemv_candidate, const void* bias, const Enqueue& enqueue,
-              cudaStream_t stream);
+  // Times every candidate with `enqueue` on `stream` (the GEMVs among them when
+  // `gemv_candidate`, launch_skinny_gemm when `skinny_candidate`), stores the fastest in
+  // the process-wide table and adopts it (or the table's choice, when another Gemm stored
+  // one first).
+  Status tune(Plan& plan, bool gemv_candidate, bool skinny_candidate, const void* bias,
+              const Enqueue& enqueue, cudaStream_t stream);
   // The cuBLASLt algorithms worth timing for the plan (see above), the heuristic's first
   // choice first when it qualifies.
   Result<std::vector<GemmChoice>> cublaslt_candidates(const Plan& plan);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuda/kernels/attention.h"
+#include "mma_emulation.h"
 
 namespace cellm::cuda {
 namespace {
@@ -30,127 +31,17 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kLog2e = 1.4426950408889634f;
 
-uint16_t to_bf16(float x) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if (std::isnan(x)) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t{h} << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-float lo_half(uint32_t w) {
-  return from_bf16(static_cast<uint16_t>(w & 0xffffu));
-}
-float hi_half(uint32_t w) {
-  return from_bf16(static_cast<uint16_t>(w >> 16));
-}
-uint32_t pack(float lo, float hi) {
-  return uint32_t{to_bf16(lo)} | (uint32_t{to_bf16(hi)} << 16);
-}
-
-template <typename T>
-using Lanes = std::array<T, 32>;
-using Frag4 = Lanes<std::array<uint32_t, 4>>;
-using Acc4 = Lanes<std::array<float, 4>>;
-
-// mma.m16n8k16.row.col.f32.bf16.bf16.f32, from the PTX ISA's fragment figures:
-// A row g / g+8, columns 2q.. / 2q+8..; B rows (k) 2q.. / 2q+8.., column g; C rows g,
-// g+8, columns 2q, 2q+1. Every element of A and B must come from exactly one lane.
-void mma(Acc4& acc, const Frag4& a, const Lanes<uint32_t>& b0, const Lanes<uint32_t>& b1) {
-  float A[16][16], B[16][8];
-  int seen_a[16][16] = {}, seen_b[16][8] = {};
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, q = lane % 4;
-    const int rows[4] = {g, g + 8, g, g + 8};
-    const int cols[4] = {2 * q, 2 * q, 2 * q + 8, 2 * q + 8};
-    for (int i = 0; i < 4; ++i) {
-      A[rows[i]][cols[i]] = lo_half(a[lane][i]);
-      A[rows[i]][cols[i] + 1] = hi_half(a[lane][i]);
-      ++seen_a[rows[i]][cols[i]];
-      ++seen_a[rows[i]][cols[i] + 1];
-    }
-    B[2 * q][g] = lo_half(b0[lane]);
-    B[2 * q + 1][g] = hi_half(b0[lane]);
-    B[2 * q + 8][g] = lo_half(b1[lane]);
-    B[2 * q + 9][g] = hi_half(b1[lane]);
-    ++seen_b[2 * q][g];
-    ++seen_b[2 * q + 1][g];
-    ++seen_b[2 * q + 8][g];
-    ++seen_b[2 * q + 9][g];
-  }
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) EXPECT_EQ(seen_a[i][j], 1);
-    for (int j = 0; j < 8; ++j) EXPECT_EQ(seen_b[i][j], 1);
-  }
-  float D[16][8];
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 8; ++j) {
-      double s = 0;
-      for (int k = 0; k < 16; ++k) s += double{A[i][k]} * double{B[k][j]};
-      D[i][j] = static_cast<float>(s);
-    }
-  }
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, q = lane % 4;
-    acc[lane][0] += D[g][2 * q];
-    acc[lane][1] += D[g][2 * q + 1];
-    acc[lane][2] += D[g + 8][2 * q];
-    acc[lane][3] += D[g + 8][2 * q + 1];
-  }
-}
-
-// ldmatrix.m8n8.x4.b16: lane 8 i + j addresses row j of matrix i (8 b16 at that
-// element offset). Without .trans register i of lane l holds row l / 4, elements
-// 2 (l % 4), +1; with .trans it holds (row 2 (l % 4), column l / 4) and (row
-// 2 (l % 4) + 1, column l / 4).
-Frag4 ldmatrix_x4(const std::vector<uint16_t>& smem, const Lanes<int>& addr, bool trans) {
-  Frag4 r;
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 4; ++i) {
-      uint16_t lo, hi;
-      if (!trans) {
-        const int row = addr[8 * i + lane / 4];
-        lo = smem.at(static_cast<size_t>(row + 2 * (lane % 4)));
-        hi = smem.at(static_cast<size_t>(row + 2 * (lane % 4) + 1));
-      } else {
-        lo = smem.at(static_cast<size_t>(addr[8 * i + 2 * (lane % 4)] + lane / 4));
-        hi = smem.at(static_cast<size_t>(addr[8 * i + 2 * (lane % 4) + 1] + lane / 4));
-      }
-      r[lane][i] = uint32_t{lo} | (uint32_t{hi} << 16);
-    }
-  }
-  // Every address is a 16-byte aligned row.
-  for (int lane = 0; lane < 32; ++lane) EXPECT_EQ(addr[lane] % 8, 0);
-  return r;
-}
-
-// cp.async of 16 bytes (8 bf16) with zero fill; groups complete at wait_group.
-struct CopyEngine {
-  struct Copy {
-    size_t dst;
-    const uint16_t* src;  // nullptr: zero fill
-  };
-  std::vector<std::vector<Copy>> groups;
-  std::vector<Copy> open;
-  void copy(size_t dst, const uint16_t* src) { open.push_back({dst, src}); }
-  void commit() {
-    groups.push_back(open);
-    open.clear();
-  }
-  void wait(size_t pending, std::vector<uint16_t>& smem) {
-    while (groups.size() > pending) {
-      for (const Copy& c : groups.front()) {
-        for (int e = 0; e < 8; ++e) smem.at(c.dst + e) = c.src ? c.src[e] : uint16_t{0};
-      }
-      groups.erase(groups.begin());
-    }
-  }
-};
+using testing::Acc4;
+using testing::CopyEngine;
+using testing::Frag4;
+using testing::from_bf16;
+using testing::hi_half;
+using testing::Lanes;
+using testing::ldmatrix_x4;
+using testing::lo_half;
+using testing::mma;
+using testing::pack;
+using testing::to_bf16;
 
 struct Problem {
   int64_t n_rows, n_heads, n_kv_heads, head_dim, row_stride, q_offset, table_stride;

@@ -61,6 +61,14 @@ GraphExec capture_graph(cudaStream_t stream, Enqueue&& enqueue) {
   return instantiate_graph(capture_raw_graph(stream, std::forward<Enqueue>(enqueue)));
 }
 
+// The first `elements` elements of a and b hold the same bits.
+template <typename T>
+bool same_bits(const DeviceArray<T>& a, const DeviceArray<T>& b, int64_t elements) {
+  const std::vector<T> ha = a.download();
+  const std::vector<T> hb = b.download();
+  return std::memcmp(ha.data(), hb.data(), static_cast<size_t>(elements) * sizeof(T)) == 0;
+}
+
 // A printable name of a device element type.
 template <typename T>
 const char* type_name() {

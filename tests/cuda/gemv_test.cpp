@@ -42,6 +42,7 @@ using testing::host_product;
 using testing::HostProduct;
 using testing::poison;
 using testing::random_values;
+using testing::same_bits;
 using testing::type_name;
 
 using Bf16 = __nv_bfloat16;
@@ -120,32 +121,10 @@ struct GemvCase {
     const std::string what = std::string(type_name<TOut>()) + " out " + name(m, input, with_bias);
     const std::vector<TOut> raw = y.download();
     ASSERT_EQ(static_cast<int64_t>(raw.size()), m * n + kGuard);
-    const std::vector<float> got = testing::to_floats(raw);
-    size_t bad = 0;
-    for (int64_t e = 0; e < m * n; ++e) {
-      const double b = with_bias ? double{bias[static_cast<size_t>(e % n)]} : 0.0;
-      const double expected = want.value[e] + b;
-      const double tol = kRel * std::fabs(expected) + 1e-6 * want.scale[e];
-      if (!(std::fabs(double{got[e]} - expected) <= tol) && ++bad <= 5) {
-        ADD_FAILURE() << what << " [" << e / n << ", " << e % n << "]: got " << got[e] << " want "
-                      << expected << " (tol " << tol << ")";
-      }
-    }
-    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << m * n << " elements off";
-    const auto* guard = reinterpret_cast<const unsigned char*>(raw.data() + m * n);
-    for (size_t byte = 0; byte < kGuard * sizeof(TOut); ++byte) {
-      ASSERT_EQ(guard[byte], 0xFF) << what << ": byte " << byte << " past y was written";
-    }
+    testing::expect_product_output(raw, want, with_bias ? bias : std::vector<float>{}, m, n, kRel,
+                                   what);
   }
 };
-
-// The first `elements` elements of a and b hold the same bits.
-template <typename T>
-bool same_bits(const DeviceArray<T>& a, const DeviceArray<T>& b, int64_t elements) {
-  const std::vector<T> ha = a.download();
-  const std::vector<T> hb = b.download();
-  return std::memcmp(ha.data(), hb.data(), static_cast<size_t>(elements) * sizeof(T)) == 0;
-}
 
 // Every m in [1, kRows] of one case, for one output type, input and bias: each against the
 // reference; each row's bits equal to the m = kRows launch's; for kSwiGLU, the bits of

@@ -1,0 +1,493 @@
+#include "cuda/kernels/skinny_gemm.h"
+
+#include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap and its enums (types only: no driver library is linked)
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <mutex>
+
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/mma.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "skinny_gemm.cu needs sm_90 (TMA tensor copies, mbarrier transaction counts)"
+#endif
+
+namespace cellm::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using detail::ldmatrix_x4;
+using detail::mma_16816;
+using detail::smem_addr;
+
+// A block: kConsumers warps that multiply, each owning 16 of the block's kBlockRows weight
+// rows (the M of mma.m16n8k16) and every x row (its N, 8 at a time), and one producer warp
+// whose first lane issues the TMA copies. A stage is the block's weight rows and all x
+// rows over kStageCols columns: kBoxes weight boxes and kBoxes x boxes, each of 128-byte
+// rows (kBoxCols columns) stored with the 128-byte swizzle (16-byte chunk c of row r at
+// chunk c ^ (r % 8)), so the 8 rows an ldmatrix phase reads fall in distinct banks
+// without padding. Two boxes side by side give each weight row 256 contiguous bytes a
+// stage (measured: 3-10% faster than one box at 16-32 rows, four boxes no better). Each stage has a
+// `full` barrier (the producer arms it with the stage's byte count; the copies complete it) and an
+// `empty` one (each consumer warp arrives when it has read the stage; the producer waits on it
+// before it refills the slot).
+//
+// kConsumers (kBlockRows = 16 kConsumers) is 4, and for more than 32 x rows
+// CELLM_SKINNY_WIDE_CONSUMERS (8, or 4 for bench/variant_visit.sh): every block reads all
+// of x each stage, so at 64 x rows 64-row blocks would read as many bytes of x from L2 as
+// of weights; 128-row blocks read half as many (measured 4-25% faster at 64 rows).
+#ifndef CELLM_SKINNY_WIDE_CONSUMERS
+#define CELLM_SKINNY_WIDE_CONSUMERS 8
+#endif
+static_assert(CELLM_SKINNY_WIDE_CONSUMERS == 4 || CELLM_SKINNY_WIDE_CONSUMERS == 8);
+constexpr int consumers_for(int mt) {
+  return mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
+}
+constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
+constexpr int kRowBytes = kBoxCols * 2;
+constexpr int kStageCols = static_cast<int>(kSkinnyKStep);
+constexpr int kBoxes = kStageCols / kBoxCols;
+static_assert(kStageCols % kBoxCols == 0);
+constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle's period
+
+// MT: x tiles of 8 rows (m <= 8 MT). The x box of a stage is 8 MT rows (rows past m are
+// zero-filled by the copy), so a stage is 2 W KB of weights and MT KB of x.
+template <int MT>
+constexpr int weight_box_bytes() {
+  return 16 * consumers_for(MT) * kRowBytes;
+}
+template <int MT>
+constexpr int x_box_bytes() {
+  return 8 * MT * kRowBytes;
+}
+template <int MT>
+constexpr int weight_bytes() {
+  return kBoxes * weight_box_bytes<MT>();
+}
+template <int MT>
+constexpr int stage_bytes() {
+  return weight_bytes<MT>() + kBoxes * x_box_bytes<MT>();
+}
+// Stages in the ring: about 96 KB of them, so two blocks share an SM (at least two).
+template <int MT>
+constexpr int stages() {
+  return std::max(96 * 1024 / stage_bytes<MT>(), 2);
+}
+template <int MT>
+constexpr size_t smem_bytes() {
+  return static_cast<size_t>(stage_bytes<MT>()) * stages<MT>() + kSwizzleAlign;  // + alignment
+}
+
+template <typename TOut>
+struct SkinnyParams {
+  CUtensorMap w_map;  // w [n, k]: boxes of 16 W rows x kBoxCols columns
+  CUtensorMap x_map;  // x [m, k]: boxes of 8 MT rows x kBoxCols columns
+  const bf16* bias;   // [n] or null
+  TOut* y;            // [m, n]
+  int m;
+  int64_t n;
+  int splits;        // blocks along k per row tile (gridDim.y, one cluster)
+  int split_stages;  // stages of k a split covers (the last split may cover fewer)
+  int k_stages;      // k / kStageCols
+};
+
+// --- mbarrier and TMA (PTX ISA: "mbarrier", "cp.async.bulk.tensor") ---
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+// Arrives once and adds `bytes` to the transactions the current phase waits for.
+__device__ __forceinline__ void barrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// Waits until the phase of parity `parity` has completed. A wait that outlasts ~2^26
+// tries (seconds; a stage lands in microseconds) traps: a broken pipeline becomes a
+// launch error the caller sees, not a hung process.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  for (uint32_t tries = 0; !done; ++tries) {
+    if (tries == (1u << 26)) __trap();
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// The box of `map` at (column col, row row) into shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int col, int row,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled box.
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+// Fragments as in attention_mma.cu (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
+// lane = 4 g + q.
+//   A = 16 weight rows x 16 columns: ldmatrix.x4 of blocks (rows 0-7, columns +0), (rows
+//     8-15, +0), (rows 0-7, +8), (rows 8-15, +8) gives a0..a3.
+//   B[c][t] = x[t][c] for 8 x rows t: ldmatrix.x4 (no transpose) of blocks (rows 0-7,
+//     columns +0), (rows 0-7, +8), (rows 8-15, +0), (rows 8-15, +8) gives b0, b1 of x tile
+//     2 t2, then of tile 2 t2 + 1.
+//   C[r][t] = acc[tile][c]: c0, c1 = (row g, x rows 2q, 2q + 1), c2, c3 = row g + 8.
+template <int MT, typename TOut>
+__global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
+    skinny_gemm_kernel(const __grid_constant__ SkinnyParams<TOut> p) {
+  static_assert(MT % 2 == 0, "x tiles go to ldmatrix in pairs");
+  constexpr int kConsumers = consumers_for(MT);
+  constexpr int kBlockRows = 16 * kConsumers;
+  constexpr int kWeightBytes = weight_bytes<MT>();
+  constexpr int S = stages<MT>();
+  constexpr int kStageBytes = stage_bytes<MT>();
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ alignas(8) uint64_t full[S];
+  __shared__ alignas(8) uint64_t empty[S];
+  // The swizzle repeats every 1024 bytes from the box's start: align the ring to it.
+  unsigned char* ring =
+      smem_raw + ((kSwizzleAlign - smem_addr(smem_raw) % kSwizzleAlign) % kSwizzleAlign);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int64_t tile = blockIdx.x;
+  const int split = static_cast<int>(blockIdx.y);
+  const int64_t row0 = tile * kBlockRows;
+  const int first = split * p.split_stages;  // first stage of k of this split
+  const int n_stages = min(p.split_stages, p.k_stages - first);
+
+  if (warp == kConsumers && lane == 0) {  // the producer's descriptors, while barriers start
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.w_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.x_map)) : "memory");
+  }
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kConsumers) {
+    // The producer. The weights of the first stages go in flight before the programmatic
+    // wait (no step writes them); x comes from the kernel before this one.
+    if (lane == 0) {
+      const int prologue = min(S, n_stages);
+      // Box b of stage s: columns (first + s) kStageCols + b kBoxCols.
+      const auto load_weights = [&](unsigned char* stage, int s, uint64_t* bar) {
+        for (int b = 0; b < kBoxes; ++b) {
+          tma_load(stage + b * weight_box_bytes<MT>(), &p.w_map,
+                   (first + s) * kStageCols + b * kBoxCols, static_cast<int>(row0), bar);
+        }
+      };
+      const auto load_x = [&](unsigned char* stage, int s, uint64_t* bar) {
+        for (int b = 0; b < kBoxes; ++b) {
+          tma_load(stage + kWeightBytes + b * x_box_bytes<MT>(), &p.x_map,
+                   (first + s) * kStageCols + b * kBoxCols, 0, bar);
+        }
+      };
+      for (int s = 0; s < prologue; ++s) {
+        barrier_arrive_expect(&full[s], kStageBytes);
+        load_weights(ring + s * kStageBytes, s, &full[s]);
+      }
+      detail::wait_for_prior_grids();
+      for (int s = 0; s < prologue; ++s) load_x(ring + s * kStageBytes, s, &full[s]);
+      for (int s = S; s < n_stages; ++s) {
+        const int slot = s % S;
+        barrier_wait(&empty[slot], static_cast<uint32_t>((s / S - 1) & 1));
+        unsigned char* stage = ring + slot * kStageBytes;
+        barrier_arrive_expect(&full[slot], kStageBytes);
+        load_weights(stage, s, &full[slot]);
+        load_x(stage, s, &full[slot]);
+      }
+    }
+    // The producer writes nothing; with splits it still takes part in the cluster's
+    // barriers and in writing y, after the programmatic wait as every writer.
+    if (p.splits == 1) return;
+    detail::wait_for_prior_grids();
+  }
+
+  // A consumer: weight rows [16 warp, 16 warp + 16) of the tile, every x row.
+  const bool consumer = warp < kConsumers;
+  float acc[MT][4];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[t][c] = 0.f;
+  }
+  if (consumer) {
+    detail::wait_for_prior_grids();
+    // Every row an ldmatrix lane addresses is 8-aligned plus lane % 8: its swizzle is lane % 8.
+    const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+    const int a_chunk = lane / 16;
+    const int b_row = (lane / 16) * 8 + lane % 8;
+    const int b_chunk = (lane / 8) % 2;
+    for (int s = 0; s < n_stages; ++s) {
+      const int slot = s % S;
+      barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
+#pragma unroll
+      for (int box = 0; box < kBoxes; ++box) {
+        const unsigned char* ws = ring + slot * kStageBytes + box * weight_box_bytes<MT>();
+        const unsigned char* xs =
+            ring + slot * kStageBytes + kWeightBytes + box * x_box_bytes<MT>();
+#pragma unroll
+        for (int kk = 0; kk < kBoxCols / 16; ++kk) {
+          uint32_t a[4];
+          ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
+#pragma unroll
+          for (int t2 = 0; t2 < MT / 2; ++t2) {
+            uint32_t b[4];
+            ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
+            mma_16816(acc[2 * t2], a, b[0], b[1]);
+            mma_16816(acc[2 * t2 + 1], a, b[2], b[3]);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&empty[slot]);  // this warp is done with the slot
+    }
+    detail::allow_dependent_grids();
+  }
+
+  // f(i, row, value) for each of this thread's sums inside y: element c of tile t is
+  // weight row row0 + 16 warp + g + 8 (c / 2), x row 8 t + 2q + c % 2.
+  const int g = lane / 4;
+  const int q = lane % 4;
+  const auto for_each_sum = [&](auto&& f) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t row = row0 + warp * 16 + g + 8 * (c / 2);
+        const int i = 8 * t + 2 * q + c % 2;
+        if (i < p.m && row < p.n) f(i, row, acc[t][c]);
+      }
+    }
+  };
+  if (p.splits == 1) {
+    for_each_sum([&](int i, int64_t row, float v) {
+      if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
+      p.y[int64_t{i} * p.n + row] = detail::from_float<TOut>(v);
+    });
+    return;
+  }
+
+  // Splits: the tile's blocks form one cluster. Each puts its sums in its own shared
+  // memory (the ring, once every consumer warp is past its last stage: the copies into it
+  // have all completed), and after the cluster's barrier block j adds up its share of
+  // the tile's outputs from every block's shared memory in order of split (distributed
+  // shared memory), adds the bias and writes y. The second barrier keeps each block's
+  // shared memory alive until the others have read it.
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  // sums[i][r]: x row i, weight row row0 + r; rows padded by 4 floats, so the lanes of a
+  // store (8 weight rows, 4 x rows 2 apart) hit 32 distinct banks.
+  constexpr int kSumsPitch = kBlockRows + 4;
+  static_assert(8 * MT * kSumsPitch * sizeof(float) <= S * kStageBytes, "the sums fit the ring");
+  float* sums = reinterpret_cast<float*>(ring);
+  if (consumer) {
+    constexpr int kConsumerThreads = kConsumers * 32;
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+    for_each_sum([&](int i, int64_t row, float v) { sums[i * kSumsPitch + (row - row0)] = v; });
+  }
+  cluster.sync();
+  constexpr int kThreads = (kConsumers + 1) * 32;
+  const int rows = static_cast<int>(min(int64_t{kBlockRows}, p.n - row0));
+  const int outputs = p.m * kBlockRows;
+  const int share = (outputs + p.splits - 1) / p.splits;
+  const int begin = static_cast<int>(cluster.block_rank()) * share;
+  const int end = min(outputs, begin + share);
+  for (int o = begin + tid; o < end; o += kThreads) {
+    const int r = o % kBlockRows;
+    if (r >= rows) continue;
+    const int at = (o / kBlockRows) * kSumsPitch + r;
+    float v = 0.f;
+    for (int s = 0; s < p.splits; ++s) v += cluster.map_shared_rank(sums, s)[at];
+    const int64_t row = row0 + r;
+    if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
+    p.y[int64_t{o / kBlockRows} * p.n + row] = detail::from_float<TOut>(v);
+  }
+  cluster.sync();
+}
+
+// cuTensorMapEncodeTiled, from the driver the runtime already loaded (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }
+  });
+  return encode;
+}
+
+// A row-major bf16 matrix [rows, cols] as boxes of box_rows x kBoxCols, 128-byte swizzled;
+// rows past the matrix read as zeros.
+cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t cols, int box_rows,
+                       CUtensorMapL2promotion promotion) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * sizeof(bf16)};  // row pitch
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBoxCols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// How L2 fetches the weight rows (128 bytes a box row): CELLM_SKINNY_PROMOTION=0 for
+// none, an experiment for bench/variant_visit.sh.
+#ifndef CELLM_SKINNY_PROMOTION
+#define CELLM_SKINNY_PROMOTION 0
+#endif
+constexpr CUtensorMapL2promotion kWeightPromotion = CELLM_SKINNY_PROMOTION == 0
+                                                        ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                                        : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+
+template <int MT, typename TOut>
+cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
+                         cudaStream_t stream) {
+  constexpr size_t bytes = smem_bytes<MT>();
+  constexpr int kBlockRows = 16 * consumers_for(MT);
+  constexpr int kThreads = (consumers_for(MT) + 1) * 32;
+  auto* kernel = skinny_gemm_kernel<MT, TOut>;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  // Once per kernel and device (not stream operations: capture-safe): its shared memory,
+  // and how many clusters of each split count the device holds at once (clusters stay
+  // inside a GPC, so this is less than the SMs' blocks over the cluster size).
+  struct Setup {
+    cudaError_t error = cudaSuccess;
+    SkinnyClusters clusters{};
+  };
+  static std::mutex mutex;
+  static std::map<int, Setup> setups;
+  Setup setup;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = setups.find(device);
+    if (it == setups.end()) {
+      Setup s;
+      s.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes));
+      for (int32_t splits = 1; splits <= kSkinnyMaxSplits && s.error == cudaSuccess; ++splits) {
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(1, static_cast<unsigned>(splits));
+        config.blockDim = dim3(kThreads);
+        config.dynamicSmemBytes = bytes;
+        cudaLaunchAttribute cluster{};
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = 1;
+        cluster.val.clusterDim.y = static_cast<unsigned>(splits);
+        cluster.val.clusterDim.z = 1;
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        s.error = cudaOccupancyMaxActiveClusters(&s.clusters[splits - 1], kernel, &config);
+      }
+      it = setups.emplace(device, s).first;
+    }
+    setup = it->second;
+  }
+  if (setup.error != cudaSuccess) return setup.error;
+  if (const cudaError_t e = encode_map(&p.w_map, w, p.n, k, kBlockRows, kWeightPromotion);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (const cudaError_t e =
+          encode_map(&p.x_map, x, p.m, k, 8 * MT, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int32_t splits = skinny_gemm_splits(p.m, p.n, k, setup.clusters);
+  const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
+  if (tiles > INT_MAX) return cudaErrorInvalidValue;
+  p.split_stages = (p.k_stages + splits - 1) / splits;
+  p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
+  const auto splits_now = static_cast<unsigned>(p.splits);
+  return detail::launch_kernel_in_clusters(kernel, dim3(static_cast<unsigned>(tiles), splits_now),
+                                           dim3(kThreads), bytes, stream, dim3(1, splits_now, 1),
+                                           p);
+}
+
+}  // namespace
+
+bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w) {
+  return m >= kSkinnyMinRows && m <= kSkinnyMaxRows && n >= 1 && n < (int64_t{1} << 31) && k > 0 &&
+         k % kStageCols == 0 && k < (int64_t{1} << 24) &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+int64_t skinny_gemm_block_rows(int64_t m) {
+  return 16 * (m <= 16 ? consumers_for(2) : m <= 32 ? consumers_for(4) : consumers_for(8));
+}
+
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters) {
+  // The most splits (up to kSkinnyMaxSplits, a cluster's portable size) whose clusters all
+  // fit one wave, each split keeping at least kMinSplitStages stages. A block streams its
+  // range of k through a ring deep enough to cover the memory latency, so a grid that
+  // holds every SM in one wave streams at the rate of all of them; another wave would add
+  // a ramp of latency, and more splits mean more, shorter blocks.
+  constexpr int64_t kMinSplitStages = 512 / kStageCols;  // 512 columns of k
+  const int64_t tiles = (n + skinny_gemm_block_rows(m) - 1) / skinny_gemm_block_rows(m);
+  const int64_t k_stages = k / kStageCols;
+  int32_t best = 1;
+  for (int32_t s = 2; s <= kSkinnyMaxSplits; ++s) {
+    if (k_stages < kMinSplitStages * s) break;
+    if (tiles <= clusters[s - 1]) best = s;
+  }
+  return best;
+}
+
+template <typename TOut>
+cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* w, int64_t n,
+                               const bf16* bias, TOut* y, cudaStream_t stream) {
+  if (!skinny_gemm_supports(m, n, k, x, w) || y == nullptr) return cudaErrorInvalidValue;
+  SkinnyParams<TOut> p{};
+  p.bias = bias;
+  p.y = y;
+  p.m = static_cast<int>(m);
+  p.n = n;
+  p.splits = 1;
+  p.k_stages = static_cast<int>(k / kStageCols);
+  if (m <= 16) return launch_tiles<2>(p, x, w, k, stream);
+  if (m <= 32) return launch_tiles<4>(p, x, w, k, stream);
+  return launch_tiles<8>(p, x, w, k, stream);
+}
+
+template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,
+                                                       int64_t, const bf16*, __nv_bfloat16*,
+                                                       cudaStream_t);
+template cudaError_t launch_skinny_gemm<float>(const bf16*, int64_t, int64_t, const bf16*, int64_t,
+                                               const bf16*, float*, cudaStream_t);
+
+}  // namespace cellm::cuda

@@ -1,0 +1,69 @@
+// The product of a decode batch's rows, y = x · wᵀ (+ bias), for 9-64 rows: still bound
+// by reading the weights, where cuBLASLt's tiles leave SMs idle on the narrow projections
+// (8B at 64 rows: o 4096 x 4096 ran at 62% of the copy bandwidth, qkv at 70%).
+//
+// Each block streams 64 (or 128) weight rows through a ring of shared-memory stages filled by the
+// Hopper tensor memory accelerator: one warp issues TMA copies of the block's weight boxes
+// (its rows x 2 x 64 columns) and of the x boxes (every x row, the same columns) per stage,
+// completing on the stage's mbarrier; the first stages' weights go in flight before the
+// programmatic wait, since weights are never written by a step. Four (or eight) warps multiply on
+// tensor cores: warp w owns weight rows [16 w, 16 w + 16) of the block (the M of bf16
+// mma.m16n8k16) and every x row (its N, 8 at a time), in f32, reading the stages with
+// ldmatrix (the boxes are 128-byte swizzled). A warp that is done with a stage arrives on
+// its `empty` barrier, on which the copying warp waits before it refills the slot. When n
+// alone gives too few blocks to fill the GPU, k is cut into `splits` ranges of whole
+// stages (skinny_gemm_splits) and a row tile's splits run as one thread block cluster:
+// each block leaves its f32 sums in its shared memory, and block j of the cluster adds
+// up the j-th share of the tile's outputs from all of them (distributed shared memory) in
+// order of split, adds the bias and writes y. No workspace, no second pass. The order of
+// every sum depends on (m, n, k, splits) only: every launch of a shape gives the same bits.
+//
+// Needs sm_90 (TMA, mbarrier transaction counts) and cuTensorMapEncodeTiled from the
+// driver (found through the runtime; launches return cudaErrorNotSupported without it).
+//
+// Shapes (row-major, as PyTorch's Linear and launch_gemv): x [m, k] bf16, w [n, k] bf16,
+// bias [n] bf16 or null, y [m, n] of TOut (bf16 or f32, rounded once from f32).
+//
+// The launcher enqueues one kernel on `stream` with programmatic dependent launch
+// (kernels/launch.cuh); it never allocates or synchronises, may be captured in a CUDA
+// graph, and returns cudaErrorInvalidValue (launching nothing) outside the REQUIRES.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace cellm::cuda {
+
+inline constexpr int64_t kSkinnyMinRows = 9;    // fewer rows: the GEMVs (gemv.h)
+inline constexpr int64_t kSkinnyMaxRows = 64;   // x rows one launch serves
+inline constexpr int64_t kSkinnyKStep = 128;    // columns of a stage; k is a multiple of it
+inline constexpr int32_t kSkinnyMaxSplits = 8;  // blocks of a cluster (the portable most)
+
+// True when launch_skinny_gemm serves the shape: kSkinnyMinRows <= m <= kSkinnyMaxRows,
+// n >= 1, k a positive multiple of kSkinnyKStep below 2^24, x and w 16-byte aligned.
+bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w);
+
+// y = TOut(x · wᵀ (+ bias)). REQUIRES: skinny_gemm_supports(m, n, k, x, w); device
+// pointers; y overlapping no input.
+template <typename TOut>
+cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
+                               int64_t n, const __nv_bfloat16* bias, TOut* y, cudaStream_t stream);
+
+// Weight rows a block of launch_skinny_gemm covers for m x rows (64, or 128 for more than
+// 32 rows when built with CELLM_SKINNY_WIDE_CONSUMERS=8).
+int64_t skinny_gemm_block_rows(int64_t m);
+
+// clusters[s - 1]: how many clusters of s blocks of the kernel a device runs at once
+// (cudaOccupancyMaxActiveClusters; for s = 1, blocks).
+using SkinnyClusters = std::array<int, kSkinnyMaxSplits>;
+
+// The splits launch_skinny_gemm takes for a shape on a device that holds `clusters` (for
+// tests and benchmarks): the most, each over at least 8 stages of k, whose row tiles'
+// clusters all run at once.
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters);
+
+}  // namespace cellm::cuda
