@@ -41,6 +41,7 @@ using testing::ldmatrix_x4;
 using testing::lo_half;
 using testing::mma;
 using testing::pack;
+using testing::registers;
 using testing::to_bf16;
 
 struct Problem {
@@ -186,13 +187,7 @@ void emulate_block(const Problem& p, int64_t r, int32_t split, int kv_head, int3
           addr[lane] = static_cast<int>(ks) + k_lane_off[lane] + kk * 16;
         }
         const Frag4 b = ldmatrix_x4(smem, addr, false);
-        Lanes<uint32_t> b0, b1, b2, b3;
-        for (int lane = 0; lane < 32; ++lane) {
-          b0[lane] = b[lane][0];
-          b1[lane] = b[lane][1];
-          b2[lane] = b[lane][2];
-          b3[lane] = b[lane][3];
-        }
+        const auto [b0, b1, b2, b3] = registers(b);
         mma(sc[0], qa[kk], b0, b1);
         mma(sc[1], qa[kk], b2, b3);
       }
@@ -253,13 +248,7 @@ void emulate_block(const Problem& p, int64_t r, int32_t split, int kv_head, int3
           addr[lane] = static_cast<int>(vs) + v_lane_off[lane] + n2 * 16;
         }
         const Frag4 b = ldmatrix_x4(smem, addr, true);
-        Lanes<uint32_t> b0, b1, b2, b3;
-        for (int lane = 0; lane < 32; ++lane) {
-          b0[lane] = b[lane][0];
-          b1[lane] = b[lane][1];
-          b2[lane] = b[lane][2];
-          b3[lane] = b[lane][3];
-        }
+        const auto [b0, b1, b2, b3] = registers(b);
         mma(o[2 * n2], pa, b0, b1);
         mma(o[2 * n2 + 1], pa, b2, b3);
         mma(o[2 * n2], pl, b0, b1);

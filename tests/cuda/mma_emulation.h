@@ -43,6 +43,16 @@ using Lanes = std::array<T, 32>;
 using Frag4 = Lanes<std::array<uint32_t, 4>>;
 using Acc4 = Lanes<std::array<float, 4>>;
 
+// The four registers of an ldmatrix.x4 result, each across the lanes: (0, 1) and (2, 3)
+// are the B operands of two mma.m16n8k16.
+inline std::array<Lanes<uint32_t>, 4> registers(const Frag4& f) {
+  std::array<Lanes<uint32_t>, 4> r;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) r[static_cast<size_t>(i)][lane] = f[lane][static_cast<size_t>(i)];
+  }
+  return r;
+}
+
 // mma.m16n8k16.row.col.f32.bf16.bf16.f32, from the PTX ISA's fragment figures:
 // A row g / g+8, columns 2q.. / 2q+8..; B rows (k) 2q.. / 2q+8.., column g; C rows g,
 // g+8, columns 2q, 2q+1. Every element of A and B must come from exactly one lane.

@@ -26,6 +26,7 @@ using testing::from_bf16;
 using testing::Lanes;
 using testing::ldmatrix_x4;
 using testing::mma;
+using testing::registers;
 using testing::to_bf16;
 
 // The kernel's constants (skinny_gemm.cu); its warps and rows a block follow m.
@@ -117,13 +118,7 @@ std::vector<float> emulate(const Case& c) {
             const testing::Frag4 a = ldmatrix_x4(smem, a_addr, false);
             for (int t2 = 0; t2 < mt / 2; ++t2) {
               const testing::Frag4 b = ldmatrix_x4(smem, b_addr[t2], false);
-              Lanes<uint32_t> b0, b1, b2, b3;
-              for (int lane = 0; lane < 32; ++lane) {
-                b0[lane] = b[lane][0];
-                b1[lane] = b[lane][1];
-                b2[lane] = b[lane][2];
-                b3[lane] = b[lane][3];
-              }
+              const auto [b0, b1, b2, b3] = registers(b);
               mma(acc[warp][static_cast<size_t>(2 * t2)], a, b0, b1);
               mma(acc[warp][static_cast<size_t>(2 * t2 + 1)], a, b2, b3);
             }
