@@ -32,10 +32,11 @@ using detail::smem_addr;
 // rows (kBoxCols columns) stored with the 128-byte swizzle (16-byte chunk c of row r at
 // chunk c ^ (r % 8)), so the 8 rows an ldmatrix phase reads fall in distinct banks
 // without padding. Two boxes side by side give each weight row 256 contiguous bytes a
-// stage (measured: 3-10% faster than one box at 16-32 rows, four boxes no better). Each stage has a
-// `full` barrier (the producer arms it with the stage's byte count; the copies complete it) and an
-// `empty` one (each consumer warp arrives when it has read the stage; the producer waits on it
-// before it refills the slot).
+// stage (measured against one box: 7-16% faster at 32 rows, -1 to +4% at 16; four boxes
+// leave too few stages in the ring).
+// Each stage has a `full` barrier (the producer arms it with the stage's byte count; the
+// copies complete it) and an `empty` one (each consumer warp arrives when it has read the
+// stage; the producer waits on it before it refills the slot).
 //
 // kConsumers (kBlockRows = 16 kConsumers) is 4, and for more than 32 x rows
 // CELLM_SKINNY_WIDE_CONSUMERS (8, or 4 for bench/variant_visit.sh): every block reads all
@@ -55,8 +56,8 @@ constexpr int kBoxes = kStageCols / kBoxCols;
 static_assert(kStageCols % kBoxCols == 0);
 constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle's period
 
-// MT: x tiles of 8 rows (m <= 8 MT). The x box of a stage is 8 MT rows (rows past m are
-// zero-filled by the copy), so a stage is 2 W KB of weights and MT KB of x.
+// MT: x tiles of 8 rows (m <= 8 MT). An x box is 8 MT rows (rows past m are zero-filled
+// by the copy), so a box pair is 2 W KB of weights and MT KB of x; a stage is kBoxes pairs.
 template <int MT>
 constexpr int weight_box_bytes() {
   return 16 * consumers_for(MT) * kRowBytes;
