@@ -164,6 +164,19 @@ struct Options {
   bool skinny_only = false;  // --skinny-only: the skinny GEMM's table alone
 };
 
+// cuBLASLt's y = x[:m] · weights(i)ᵀ as an enqueue for time_per_call, its plans made now
+// (outside any capture) for every copy of the weights.
+template <typename TOut>
+std::function<void(int, cudaStream_t)> cublaslt_product(Gemm& cublaslt, const Operands& op,
+                                                        int64_t m, DeviceBuffer& y) {
+  auto lt = [&cublaslt, &op, &y, m](int i, cudaStream_t s) {
+    check(cublaslt.run<Bf16, TOut>(op.x.as<Bf16>(), m, op.k, op.weights(i), op.n, nullptr,
+                                   y.as<TOut>(), s));
+  };
+  for (int i = 0; i < op.copies; ++i) lt(i, nullptr);
+  return lt;
+}
+
 template <typename TOut>
 void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Options& o) {
   const int64_t k = op.k, n = op.n;
@@ -181,11 +194,7 @@ void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Opt
                                            cellm::cuda::GemvKernel::kRows),
             "launch_gemv rows");
     };
-    const auto lt = [&](int i, cudaStream_t s) {
-      check(cublaslt.run<Bf16, TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
-                                     y_lt.as<TOut>(), s));
-    };
-    for (int i = 0; i < op.copies; ++i) lt(i, nullptr);  // plans, outside capture
+    const auto lt = cublaslt_product<TOut>(cublaslt, op, m, y_lt);
     gemv(0, nullptr);
     lt(0, nullptr);
     check(cudaDeviceSynchronize(), "sync");
@@ -218,11 +227,7 @@ void bench_skinny(const char* name, const Operands& op, Gemm& cublaslt, const Op
                                                   y_skinny.as<TOut>(), s),
             "launch_skinny_gemm");
     };
-    const auto lt = [&](int i, cudaStream_t s) {
-      check(cublaslt.run<Bf16, TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
-                                     y_lt.as<TOut>(), s));
-    };
-    for (int i = 0; i < op.copies; ++i) lt(i, nullptr);  // plans, outside capture
+    const auto lt = cublaslt_product<TOut>(cublaslt, op, m, y_lt);
     skinny(0, nullptr);
     lt(0, nullptr);
     check(cudaDeviceSynchronize(), "sync");
