@@ -105,8 +105,8 @@ TEST(SkinnyGemmTest, EveryShapeMatchesADoubleReference) {
   std::mt19937 rng(91);
   // m: the first and last rows of each x tile size (16, 32, 64); n: one row, a partial
   // row tile, several tiles, a partial last tile of many; k: one stage, the pipeline's
-  // depth and past it, the 8B widths. On an H200: no split at k = 128 and 640 or at
-  // n = 4097 and 64 x rows, 2-8 splits for the rest (8 at k = 14336).
+  // depth and past it, the 8B widths. Splits follow the device: none at k = 128 and 640
+  // (fewer than 8 stages), up to 8 where few row tiles meet many stages (k = 14336).
   for (const int64_t m : {9, 16, 17, 32, 33, 64}) {
     for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{
              {128, 1}, {640, 37}, {2048, 200}, {4096, 4097}, {14336, 129}}) {
