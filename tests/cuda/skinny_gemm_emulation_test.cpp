@@ -2,8 +2,10 @@
 // TMA boxes written into shared memory with the 128-byte swizzle (16-byte chunk c of box
 // row r at chunk c ^ (r % 8); rows past the matrix zero), the consumer warps' ldmatrix
 // addresses and mma.m16n8k16 fragments transcribed from the kernel and run on the
-// instruction models of mma_emulation.h, the split over k and the cluster's sum of the
-// splits' partial sums in split order, compared with a double reference. It checks the swizzle,
+// instruction models of mma_emulation.h (or, for the sm_90a build, the warpgroups'
+// wgmma descriptors read through a model of the descriptor and their D registers mapped
+// onto the same sums), the split over k and the cluster's sum of the splits' partial sums
+// in split order, compared with a double reference. It checks the swizzle,
 // the fragment layouts and the tile, stage and split bookkeeping on machines without a
 // GPU (not the mbarrier pipeline: the order in which stages land changes no sum). When
 // the kernel's index math changes, change it here too.
@@ -64,9 +66,24 @@ struct Case {
   std::vector<uint16_t> x, w;
 };
 
-// y [m, n] as the kernel computes it: every (tile, split) block, then the last block's
-// sum of the partials in split order.
-std::vector<float> emulate(const Case& c) {
+// The consumers' two ways to multiply a stage (CELLM_SKINNY_WGMMA in the kernel).
+enum class Consumer { kMmaSync, kWgmma };
+
+// Element (r, c) of a K-major wgmma operand whose descriptor starts at byte `start` of
+// shared memory (128-byte swizzle, 1024 bytes from one 8-row group to the next), as the
+// tensor cores address it: the row's bytes laid out unswizzled from the start, then the
+// swizzle applied to the address (16-byte chunk bits 4-6 XOR bits 7-9; every 8-row group
+// starts 1024-byte aligned). Written from the PTX ISA's description of the descriptor,
+// apart from the TMA model above.
+uint16_t wgmma_element(const std::vector<uint16_t>& smem, int start, int r, int c) {
+  const int linear = start + (r / 8) * 1024 + (r % 8) * 128 + 2 * c;
+  const int byte = linear ^ (((linear >> 7) & 7) << 4);
+  return smem.at(static_cast<size_t>(byte / 2));
+}
+
+// y [m, n] as the kernel computes it: every (tile, split) block, then the cluster's sum of
+// the splits in split order.
+std::vector<float> emulate(const Case& c, Consumer consumer) {
   const int mt = c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8;
   const int kBlockRows = static_cast<int>(skinny_gemm_block_rows(c.m));
   const int kConsumers = kBlockRows / 16;
@@ -98,6 +115,35 @@ std::vector<float> emulate(const Case& c) {
                   kBlockRows);
           tma_box(smem, static_cast<size_t>((kWeightBytes + box * kXBoxBytes) / 2), c.x, c.m, c.k,
                   col, 0, 8 * mt);
+        }
+        if (consumer == Consumer::kWgmma) {
+          // Warpgroup `group` (warps 4 group .. 4 group + 3): D[64 x 8 mt] += its 64 weight
+          // rows x the x rows, one k16 slice at a time from descriptors 32 kk bytes on;
+          // D[r][n] is register (j = n / 8, (r % 16) / 8 * 2 + n % 2) of lane 4 (r % 8) +
+          // (n % 8) / 2 of warp 4 group + (r % 64) / 16.
+          for (int group = 0; group < kConsumers / 4; ++group) {
+            for (int box = 0; box < kBoxes; ++box) {
+              for (int kk = 0; kk < kKStep / 16; ++kk) {
+                const int a_start = box * kWeightBoxBytes + group * 64 * kRowBytes + 32 * kk;
+                const int b_start = kWeightBytes + box * kXBoxBytes + 32 * kk;
+                for (int r = 0; r < 64; ++r) {
+                  for (int n = 0; n < 8 * mt; ++n) {
+                    float sum = 0.f;
+                    for (int col = 0; col < 16; ++col) {
+                      sum += from_bf16(wgmma_element(smem, a_start, r, col)) *
+                             from_bf16(wgmma_element(smem, b_start, n, col));
+                    }
+                    const int warp = 4 * group + r / 16;
+                    const int lane = 4 * (r % 8) + (n % 8) / 2;
+                    const int reg = ((r % 16) / 8) * 2 + n % 2;
+                    acc[static_cast<size_t>(warp)][static_cast<size_t>(n / 8)][lane]
+                       [static_cast<size_t>(reg)] += sum;
+                  }
+                }
+              }
+            }
+          }
+          continue;
         }
         for (int warp = 0; warp < kConsumers; ++warp) {
           for (int kk = 0; kk < kBoxes * kKStep / 16; ++kk) {
@@ -162,29 +208,32 @@ TEST(SkinnyGemmEmulationTest, SwizzledTmaBoxesAndFragmentsGiveTheProduct) {
                          {17, 130, 384, 2, {}, {}}, {32, 64, 512, 3, {}, {}},
                          {33, 96, 256, 2, {}, {}},  {64, 200, 384, 1, {}, {}}};
   for (Case c : shapes) {
-    const std::string what = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
-                             " k=" + std::to_string(c.k) + " splits=" + std::to_string(c.splits);
-    SCOPED_TRACE(what);
     for (int64_t e = 0; e < c.m * c.k; ++e) c.x.push_back(to_bf16(dist(rng)));
     for (int64_t e = 0; e < c.n * c.k; ++e) c.w.push_back(to_bf16(dist(rng)));
-    const std::vector<float> y = emulate(c);
-    size_t bad = 0;
-    for (int64_t i = 0; i < c.m; ++i) {
-      for (int64_t j = 0; j < c.n; ++j) {
-        double want = 0, scale = 0;
-        for (int64_t col = 0; col < c.k; ++col) {
-          const double p = double{from_bf16(c.x[static_cast<size_t>(i * c.k + col)])} *
-                           double{from_bf16(c.w[static_cast<size_t>(j * c.k + col)])};
-          want += p;
-          scale += std::fabs(p);
-        }
-        const double got = y[static_cast<size_t>(i * c.n + j)];
-        if (!(std::fabs(got - want) <= 1e-5 * scale + 1e-6) && ++bad <= 5) {
-          ADD_FAILURE() << "[" << i << ", " << j << "]: got " << got << " want " << want;
+    for (const Consumer consumer : {Consumer::kMmaSync, Consumer::kWgmma}) {
+      const std::string what = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                               " k=" + std::to_string(c.k) + " splits=" + std::to_string(c.splits) +
+                               (consumer == Consumer::kWgmma ? " wgmma" : " mma.sync");
+      SCOPED_TRACE(what);
+      const std::vector<float> y = emulate(c, consumer);
+      size_t bad = 0;
+      for (int64_t i = 0; i < c.m; ++i) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          double want = 0, scale = 0;
+          for (int64_t col = 0; col < c.k; ++col) {
+            const double p = double{from_bf16(c.x[static_cast<size_t>(i * c.k + col)])} *
+                             double{from_bf16(c.w[static_cast<size_t>(j * c.k + col)])};
+            want += p;
+            scale += std::fabs(p);
+          }
+          const double got = y[static_cast<size_t>(i * c.n + j)];
+          if (!(std::fabs(got - want) <= 1e-5 * scale + 1e-6) && ++bad <= 5) {
+            ADD_FAILURE() << "[" << i << ", " << j << "]: got " << got << " want " << want;
+          }
         }
       }
+      EXPECT_EQ(bad, 0u);
     }
-    EXPECT_EQ(bad, 0u);
   }
 }
 

@@ -12,9 +12,22 @@
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/mma.cuh"
+#include "cuda/kernels/wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #error "skinny_gemm.cu needs sm_90 (TMA tensor copies, mbarrier transaction counts)"
+#endif
+
+// The consumers multiply with wgmma (1: warpgroups read both operands from the stage;
+// when compiled for sm_90a, as CMake's default CELLM_CUDA_ARCHITECTURES "90a" does) or
+// with ldmatrix + mma.sync (0, or a plain sm_90 build: per warp), for bench/variant_visit.sh.
+#ifndef CELLM_SKINNY_WGMMA
+#define CELLM_SKINNY_WGMMA 1
+#endif
+#if CELLM_SKINNY_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CELLM_SKINNY_CONSUMER_WGMMA 1
+#else
+#define CELLM_SKINNY_CONSUMER_WGMMA 0
 #endif
 
 namespace cellm::cuda {
@@ -141,7 +154,7 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
 }
 
 // The byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled box.
-__device__ __forceinline__ int swizzled(int row, int chunk) {
+[[maybe_unused]] __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
@@ -240,6 +253,30 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   }
   if (consumer) {
     detail::wait_for_prior_grids();
+#if CELLM_SKINNY_CONSUMER_WGMMA
+    // Warpgroup warp / 4 multiplies its 64 weight rows of each box by the box's 8 MT x
+    // rows (wgmma.cuh): the same rows a warp and the same registers as mma.sync's below.
+    const int group_rows = (warp / 4) * 64;
+    for (int s = 0; s < n_stages; ++s) {
+      const int slot = s % S;
+      barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
+      detail::wgmma_fence();
+#pragma unroll
+      for (int box = 0; box < kBoxes; ++box) {
+        const unsigned char* ws =
+            ring + slot * kStageBytes + box * weight_box_bytes<MT>() + group_rows * kRowBytes;
+        const unsigned char* xs =
+            ring + slot * kStageBytes + kWeightBytes + box * x_box_bytes<MT>();
+#pragma unroll
+        for (int kk = 0; kk < kBoxCols / 16; ++kk) {
+          detail::wgmma_m64k16<MT>(acc, detail::wgmma_descriptor_sw128(ws + 32 * kk),
+                                   detail::wgmma_descriptor_sw128(xs + 32 * kk));
+        }
+      }
+      detail::wgmma_commit();
+      detail::wgmma_wait<0>();
+      detail::wgmma_fence_operands(acc);
+#else
     // Every row an ldmatrix lane addresses is 8-aligned plus lane % 8: its swizzle is lane % 8.
     const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
     const int a_chunk = lane / 16;
@@ -266,6 +303,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
           }
         }
       }
+#endif
       __syncwarp();
       if (lane == 0) barrier_arrive(&empty[slot]);  // this warp is done with the slot
     }

@@ -7,9 +7,11 @@
 // (its rows x 2 x 64 columns) and of the x boxes (every x row, the same columns) per stage,
 // completing on the stage's mbarrier; the first stages' weights go in flight before the
 // programmatic wait, since weights are never written by a step. Four (or eight) warps multiply on
-// tensor cores: warp w owns weight rows [16 w, 16 w + 16) of the block (the M of bf16
-// mma.m16n8k16) and every x row (its N, 8 at a time), in f32, reading the stages with
-// ldmatrix (the boxes are 128-byte swizzled). A warp that is done with a stage arrives on
+// tensor cores, in f32: built for sm_90a, each warpgroup of four multiplies its 64 weight
+// rows by every x row with wgmma straight from the stage (kernels/wgmma.cuh); otherwise warp
+// w owns weight rows [16 w, 16 w + 16) of the block (the M of bf16 mma.m16n8k16) and every
+// x row (its N, 8 at a time), reading the stages with ldmatrix (the boxes are 128-byte
+// swizzled). Either way warp w ends with the same sums. A warp that is done with a stage arrives on
 // its `empty` barrier, on which the copying warp waits before it refills the slot. When n
 // alone gives too few blocks to fill the GPU, k is cut into `splits` ranges of whole
 // stages (skinny_gemm_splits) and a row tile's splits run as one thread block cluster:
