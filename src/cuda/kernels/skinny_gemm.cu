@@ -260,6 +260,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     for (int s = 0; s < n_stages; ++s) {
       const int slot = s % S;
       barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
+      __syncwarp();  // wgmma is .sync.aligned: the warp converged after its lanes' waits
       detail::wgmma_fence();
 #pragma unroll
       for (int box = 0; box < kBoxes; ++box) {
