@@ -15,7 +15,7 @@
 // kernel's and cuBLASLt's outputs (a sanity check; the tests hold the tolerances). The
 // GEMV kernels are launched with programmatic dependent launch, so consecutive calls
 // overlap as they do in a decode step. Last, the skinny GEMM (launch_skinny_gemm,
-// kernels/skinny_gemm.h) against cuBLASLt at 16, 32 and 64 rows on the same 8B shapes.
+// kernels/skinny_gemm.h) against cuBLASLt at 16, 32, 64 and 128 rows on the same 8B shapes.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -214,14 +214,14 @@ void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Opt
   }
 }
 
-// launch_skinny_gemm against cuBLASLt at 16, 32 and 64 rows.
+// launch_skinny_gemm against cuBLASLt at 16, 32, 64 and 128 rows.
 template <typename TOut>
 void bench_skinny(const char* name, const Operands& op, Gemm& cublaslt, const Options& o) {
   const int64_t k = op.k, n = op.n;
   constexpr int64_t kMaxRows = cellm::cuda::kSkinnyMaxRows;
   DeviceBuffer y_skinny = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
   DeviceBuffer y_lt = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
-  for (const int64_t m : {16, 32, 64}) {
+  for (const int64_t m : {16, 32, 64, 128}) {
     const auto skinny = [&](int i, cudaStream_t s) {
       check(cellm::cuda::launch_skinny_gemm<TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
                                                   y_skinny.as<TOut>(), s),

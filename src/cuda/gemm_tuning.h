@@ -72,7 +72,7 @@ enum class GemmKernel {
               // epilogue; + launch_swiglu before it for kSwiGLUDown)
   kGemv,      // launch_gemv with GemvKernel::kTensorCores (kSwiGLU input for kSwiGLUDown)
   kGemvRows,  // launch_gemv with GemvKernel::kRows (kSwiGLUDown: launch_swiglu, then kPlain)
-  kSkinny,    // launch_skinny_gemm, 9-64 rows (kSwiGLUDown: launch_swiglu, then it)
+  kSkinny,    // launch_skinny_gemm, 9-128 rows (kSwiGLUDown: launch_swiglu, then it)
 };
 
 // The kernel a key runs and, when it was tuned, what the timing found.

@@ -84,7 +84,7 @@ uint16_t wgmma_element(const std::vector<uint16_t>& smem, int start, int r, int 
 // y [m, n] as the kernel computes it: every (tile, split) block, then the cluster's sum of
 // the splits in split order.
 std::vector<float> emulate(const Case& c, Consumer consumer) {
-  const int mt = c.m <= 16 ? 2 : c.m <= 32 ? 4 : 8;
+  const int mt = c.m <= 16 ? 2 : c.m <= 32 ? 4 : c.m <= 64 ? 8 : 16;
   const int kBlockRows = static_cast<int>(skinny_gemm_block_rows(c.m));
   const int kConsumers = kBlockRows / 16;
   const int kWeightBoxBytes = kBlockRows * kRowBytes;
@@ -150,7 +150,7 @@ std::vector<float> emulate(const Case& c, Consumer consumer) {
             const int box = kk / (kKStep / 16);  // kk of the box: kk % 4
             const int a_base = box * kWeightBoxBytes / 2;
             const int b_base = (kWeightBytes + box * kXBoxBytes) / 2;
-            Lanes<int> a_addr, b_addr[4];
+            Lanes<int> a_addr, b_addr[8];  // up to 16 x tiles: 8 pairs
             for (int lane = 0; lane < 32; ++lane) {
               const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
               const int a_chunk = lane / 16;
@@ -202,11 +202,12 @@ std::vector<float> emulate(const Case& c, Consumer consumer) {
 TEST(SkinnyGemmEmulationTest, SwizzledTmaBoxesAndFragmentsGiveTheProduct) {
   std::mt19937 rng(95);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  // m across the three x tile sizes; n with a partial tile; k of one stage and several;
+  // m across the four x tile sizes; n with a partial tile; k of one stage and several;
   // splits that divide the stages and one that does not.
   const Case shapes[] = {{9, 70, 256, 1, {}, {}},   {16, 64, 128, 1, {}, {}},
                          {17, 130, 384, 2, {}, {}}, {32, 64, 512, 3, {}, {}},
-                         {33, 96, 256, 2, {}, {}},  {64, 200, 384, 1, {}, {}}};
+                         {33, 96, 256, 2, {}, {}},  {64, 200, 384, 1, {}, {}},
+                         {65, 70, 256, 1, {}, {}},  {128, 130, 384, 2, {}, {}}};
   for (Case c : shapes) {
     for (int64_t e = 0; e < c.m * c.k; ++e) c.x.push_back(to_bf16(dist(rng)));
     for (int64_t e = 0; e < c.n * c.k; ++e) c.w.push_back(to_bf16(dist(rng)));

@@ -1,5 +1,5 @@
 // Tests of launch_skinny_gemm (kernels/skinny_gemm.h) against a double-precision host
-// product of the same bf16 inputs, every element: row counts across the x tiles (9-64),
+// product of the same bf16 inputs, every element: row counts across the x tiles (9-128),
 // narrow and wide n (partial row tiles), k from one stage to the 8B down projection's,
 // with and without bias, both output types, shapes that split k over a cluster (few row
 // tiles, many stages) and shapes that do not. Also: two launches give the same bits,
@@ -103,11 +103,11 @@ void expect_case(const SkinnyCase& c) {
 TEST(SkinnyGemmTest, EveryShapeMatchesADoubleReference) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(91);
-  // m: the first and last rows of each x tile size (16, 32, 64); n: one row, a partial
+  // m: the first and last rows of each x tile size (16, 32, 64, 128); n: one row, a partial
   // row tile, several tiles, a partial last tile of many; k: one stage, the pipeline's
   // depth and past it, the 8B widths. Splits follow the device: none at k = 128 and 640
   // (fewer than 8 stages), up to 8 where few row tiles meet many stages (k = 14336).
-  for (const int64_t m : {9, 16, 17, 32, 33, 64}) {
+  for (const int64_t m : {9, 16, 17, 32, 33, 64, 65, 128}) {
     for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{
              {128, 1}, {640, 37}, {2048, 200}, {4096, 4097}, {14336, 129}}) {
       const SkinnyCase c(rng, m, k, n);
@@ -121,8 +121,8 @@ TEST(SkinnyGemmTest, EveryShapeMatchesADoubleReference) {
 TEST(SkinnyGemmTest, LlamaEightBShapesMatchADoubleReference) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(92);
-  // qkv, o and down at the 8B widths, 16 and 64 rows (the split's shapes).
-  for (const int64_t m : {16, 64}) {
+  // qkv, o and down at the 8B widths, 16, 64 and 128 rows (the split's shapes).
+  for (const int64_t m : {16, 64, 128}) {
     for (const auto& [k, n] :
          std::vector<std::pair<int64_t, int64_t>>{{4096, 6144}, {4096, 4096}, {14336, 4096}}) {
       const SkinnyCase c(rng, m, k, n);
@@ -181,7 +181,7 @@ TEST(SkinnyGemmTest, BadArgumentsAreRefusedWithoutALaunch) {
   const Bf16* x = c.dev_x.get();
   const Bf16* w = c.dev_w.get();
   EXPECT_EQ(call(8, 128, x, w, y.get()), cudaErrorInvalidValue);       // m < 9
-  EXPECT_EQ(call(65, 128, x, w, y.get()), cudaErrorInvalidValue);      // m > 64
+  EXPECT_EQ(call(129, 128, x, w, y.get()), cudaErrorInvalidValue);     // m > 128
   EXPECT_EQ(call(16, 96, x, w, y.get()), cudaErrorInvalidValue);       // k % 128
   EXPECT_EQ(call(16, 64, x, w, y.get()), cudaErrorInvalidValue);       // k % 128
   EXPECT_EQ(call(16, 128, x + 1, w, y.get()), cudaErrorInvalidValue);  // aligned x

@@ -51,16 +51,17 @@ using detail::smem_addr;
 // copies complete it) and an `empty` one (each consumer warp arrives when it has read the
 // stage; the producer waits on it before it refills the slot).
 //
-// kConsumers (kBlockRows = 16 kConsumers) is 4, and for more than 32 x rows
-// CELLM_SKINNY_WIDE_CONSUMERS (8, or 4 for bench/variant_visit.sh): every block reads all
-// of x each stage, so at 64 x rows 64-row blocks would read as many bytes of x from L2 as
-// of weights; 128-row blocks read half as many (measured 4-25% faster at 64 rows).
+// kConsumers (kBlockRows = 16 kConsumers) is 4, for 33-64 x rows
+// CELLM_SKINNY_WIDE_CONSUMERS (8, or 4 for bench/variant_visit.sh) and for 65-128 x rows 8:
+// every block reads all of x each stage, so at 64 x rows 64-row blocks would read as many
+// bytes of x from L2 as of weights; 128-row blocks read half as many (measured 4-25%
+// faster at 64 rows). At 128 x rows a stage is 64 KB (two stages, one block an SM).
 #ifndef CELLM_SKINNY_WIDE_CONSUMERS
 #define CELLM_SKINNY_WIDE_CONSUMERS 8
 #endif
 static_assert(CELLM_SKINNY_WIDE_CONSUMERS == 4 || CELLM_SKINNY_WIDE_CONSUMERS == 8);
 constexpr int consumers_for(int mt) {
-  return mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
+  return mt == 16 ? 8 : mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
 }
 constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
 constexpr int kRowBytes = kBoxCols * 2;
@@ -514,7 +515,10 @@ bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const 
 }
 
 int64_t skinny_gemm_block_rows(int64_t m) {
-  return 16 * (m <= 16 ? consumers_for(2) : m <= 32 ? consumers_for(4) : consumers_for(8));
+  return 16 * (m <= 16   ? consumers_for(2)
+               : m <= 32 ? consumers_for(4)
+               : m <= 64 ? consumers_for(8)
+                         : consumers_for(16));
 }
 
 int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters) {
@@ -547,7 +551,8 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.k_stages = static_cast<int>(k / kStageCols);
   if (m <= 16) return launch_tiles<2>(p, x, w, k, stream);
   if (m <= 32) return launch_tiles<4>(p, x, w, k, stream);
-  return launch_tiles<8>(p, x, w, k, stream);
+  if (m <= 64) return launch_tiles<8>(p, x, w, k, stream);
+  return launch_tiles<16>(p, x, w, k, stream);
 }
 
 template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,

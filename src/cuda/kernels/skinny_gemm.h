@@ -1,4 +1,4 @@
-// The product of a decode batch's rows, y = x · wᵀ (+ bias), for 9-64 rows: still bound
+// The product of a decode batch's rows, y = x · wᵀ (+ bias), for 9-128 rows: still bound
 // by reading the weights, where cuBLASLt's tiles leave SMs idle on the narrow projections
 // (8B at 64 rows: o 4096 x 4096 ran at 62% of the copy bandwidth, qkv at 70%).
 //
@@ -41,7 +41,7 @@
 namespace cellm::cuda {
 
 inline constexpr int64_t kSkinnyMinRows = 9;    // fewer rows: the GEMVs (gemv.h)
-inline constexpr int64_t kSkinnyMaxRows = 64;   // x rows one launch serves
+inline constexpr int64_t kSkinnyMaxRows = 128;  // x rows one launch serves
 inline constexpr int64_t kSkinnyKStep = 128;    // columns of a stage; k is a multiple of it
 inline constexpr int32_t kSkinnyMaxSplits = 8;  // blocks of a cluster (the portable most)
 
