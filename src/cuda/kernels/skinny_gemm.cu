@@ -88,10 +88,17 @@ template <int MT>
 constexpr int stage_bytes() {
   return weight_bytes<MT>() + kBoxes * x_box_bytes<MT>();
 }
-// Stages in the ring: about 96 KB of them, so two blocks share an SM (at least two).
+// Stages in the ring: about CELLM_SKINNY_RING_KB of them (96: two blocks share an SM; at
+// least two stages). A block's bytes in flight are its ring: at 16 rows a block streams
+// ~15 GB/s whatever the shape (qkv's 256 KB a block take 1.45x o's 176 KB), as if each
+// ring's worth took ~5 us to land; a deeper ring (e.g. 200, one block an SM) is the
+// experiment for bench/variant_visit.sh.
+#ifndef CELLM_SKINNY_RING_KB
+#define CELLM_SKINNY_RING_KB 96
+#endif
 template <int MT>
 constexpr int stages() {
-  return std::max(96 * 1024 / stage_bytes<MT>(), 2);
+  return std::max(CELLM_SKINNY_RING_KB * 1024 / stage_bytes<MT>(), 2);
 }
 template <int MT>
 constexpr size_t smem_bytes() {
