@@ -214,31 +214,46 @@ void bench_shape(const char* name, const Operands& op, Gemm& cublaslt, const Opt
   }
 }
 
-// launch_skinny_gemm against cuBLASLt at 16, 32, 64 and 128 rows.
+// launch_skinny_gemm with each ring against cuBLASLt at 16, 32, 64 and 128 rows.
+void print_skinny_header() {
+  std::printf(
+      "\n%-22s   m | shared ring %%peak | whole-SM   %%peak | cuBLASLt  %%peak | best    | "
+      "max rel diff (shared, whole-SM)\n",
+      "shape (k -> n)");
+}
 template <typename TOut>
 void bench_skinny(const char* name, const Operands& op, Gemm& cublaslt, const Options& o) {
+  using cellm::cuda::SkinnyRing;
   const int64_t k = op.k, n = op.n;
   constexpr int64_t kMaxRows = cellm::cuda::kSkinnyMaxRows;
-  DeviceBuffer y_skinny = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
+  DeviceBuffer y_shared = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
+  DeviceBuffer y_whole = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
   DeviceBuffer y_lt = allocate(kMaxRows * n * int64_t{sizeof(TOut)});
   for (const int64_t m : {16, 32, 64, 128}) {
-    const auto skinny = [&](int i, cudaStream_t s) {
-      check(cellm::cuda::launch_skinny_gemm<TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n, nullptr,
-                                                  y_skinny.as<TOut>(), s),
-            "launch_skinny_gemm");
+    const auto skinny = [&](SkinnyRing ring, DeviceBuffer& y) {
+      return [&, ring](int i, cudaStream_t s) {
+        check(cellm::cuda::launch_skinny_gemm<TOut>(op.x.as<Bf16>(), m, k, op.weights(i), n,
+                                                    nullptr, y.as<TOut>(), ring, s),
+              "launch_skinny_gemm");
+      };
     };
+    const auto shared = skinny(SkinnyRing::kShared, y_shared);
+    const auto whole = skinny(SkinnyRing::kWholeSm, y_whole);
     const auto lt = cublaslt_product<TOut>(cublaslt, op, m, y_lt);
-    skinny(0, nullptr);
+    shared(0, nullptr);
+    whole(0, nullptr);
     lt(0, nullptr);
     check(cudaDeviceSynchronize(), "sync");
-    const double diff = max_rel_diff<TOut>(y_skinny, y_lt, m * n);
+    const double diff_shared = max_rel_diff<TOut>(y_shared, y_lt, m * n);
+    const double diff_whole = max_rel_diff<TOut>(y_whole, y_lt, m * n);
     const double bytes = double(n * k * 2 + m * k * 2 + m * n * int64_t{sizeof(TOut)});
-    const double us_skinny = time_per_call(o.iters, skinny);
+    const double us_shared = time_per_call(o.iters, shared);
+    const double us_whole = time_per_call(o.iters, whole);
     const double us_lt = time_per_call(o.iters, lt);
     const auto pct = [&](double us) { return 100 * bytes / us / 1e3 / o.peak_gbs; };
-    std::printf("%-22s %2ld | %8.2f %5.1f%% | %8.2f %5.1f%% | %5.2fx | %.1e\n", name,
-                static_cast<long>(m), us_skinny, pct(us_skinny), us_lt, pct(us_lt),
-                us_lt / us_skinny, diff);
+    std::printf("%-22s %3ld | %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% | %5.2fx | %.1e %.1e\n",
+                name, static_cast<long>(m), us_shared, pct(us_shared), us_whole, pct(us_whole),
+                us_lt, pct(us_lt), us_lt / std::min(us_shared, us_whole), diff_shared, diff_whole);
   }
 }
 
@@ -312,8 +327,7 @@ int main(int argc, char** argv) {
   check(cublaslt.status());
   std::mt19937 rng(1);
   if (o.skinny_only) {
-    std::printf("%-22s  m | skinny us %%peak | cuBLASLt  %%peak | speedup | max rel diff\n",
-                "shape (k -> n)");
+    print_skinny_header();
     bench_skinny<Bf16>("qkv 4096->6144", Operands(rng, 4096, 6144), *cublaslt, o);
     bench_skinny<Bf16>("o 4096->4096", Operands(rng, 4096, 4096), *cublaslt, o);
     bench_skinny<Bf16>("gate_up 4096->28672", Operands(rng, 4096, 28672), *cublaslt, o);
@@ -337,8 +351,7 @@ int main(int argc, char** argv) {
     bench_shape<float>("lm_head 4096->128256 f32", head, *cublaslt, o);
   }
   bench_swiglu_down(down, *cublaslt, o);
-  std::printf("\n%-22s  m | skinny us %%peak | cuBLASLt  %%peak | speedup | max rel diff\n",
-              "shape (k -> n)");
+  print_skinny_header();
   bench_skinny<Bf16>("qkv 4096->6144", qkv, *cublaslt, o);
   bench_skinny<Bf16>("o 4096->4096", o_proj, *cublaslt, o);
   bench_skinny<Bf16>("gate_up 4096->28672", gate_up, *cublaslt, o);

@@ -352,6 +352,9 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, bool skinny_candidate, const 
     GemmChoice skinny;
     skinny.kernel = GemmKernel::kSkinny;
     skinny.name = "skinny";
+    candidates.push_back(skinny);
+    skinny.skinny_ring = SkinnyRing::kWholeSm;
+    skinny.name = "skinny whole-SM ring";
     candidates.push_back(std::move(skinny));
   }
   if (timer_ == nullptr) {
@@ -396,7 +399,8 @@ Status Gemm::enqueue_product(const Plan& plan, const GemmChoice& choice, const T
                              cudaStream_t stream) {
   if (choice.kernel == GemmKernel::kSkinny) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const cudaError_t err = launch_skinny_gemm<TOut>(x, m, k, w, n, bias, y, stream);
+      const cudaError_t err =
+          launch_skinny_gemm<TOut>(x, m, k, w, n, bias, y, choice.skinny_ring, stream);
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_skinny_gemm " + describe(plan.key)).c_str());
       }

@@ -44,6 +44,7 @@
 
 #include "cellm/status.h"
 #include "cuda/device_memory.h"
+#include "cuda/kernels/skinny_gemm.h"
 
 namespace cellm::cuda {
 
@@ -78,11 +79,13 @@ enum class GemmKernel {
 // The kernel a key runs and, when it was tuned, what the timing found.
 struct GemmChoice {
   GemmKernel kernel = GemmKernel::kCublasLt;
-  cublasLtMatmulAlgo_t algo{};    // kCublasLt
-  bool bias_in_epilogue = false;  // kCublasLt: CUBLASLT_EPILOGUE_BIAS adds the bias
-  std::string name;               // "gemv", "gemv rows", "cublasLt h0: id 66 tile 20 stages 10"
-  float us = 0;                   // mean device time of the choice (0: not timed)
-  float heuristic_us = 0;         // of the heuristic's first choice (0: not timed or failed)
+  cublasLtMatmulAlgo_t algo{};                   // kCublasLt
+  bool bias_in_epilogue = false;                 // kCublasLt: CUBLASLT_EPILOGUE_BIAS adds the bias
+  SkinnyRing skinny_ring = SkinnyRing::kShared;  // kSkinny
+  // "gemv", "gemv rows", "skinny", "skinny whole-SM ring", "cublasLt h0: id 66 tile 20 stages 10"
+  std::string name;
+  float us = 0;            // mean device time of the choice (0: not timed)
+  float heuristic_us = 0;  // of the heuristic's first choice (0: not timed or failed)
 };
 
 // A cuBLASLt algorithm in words: "cublasLt <origin>: id I tile T stages S[ splitK K

@@ -2,9 +2,9 @@
 // product of the same bf16 inputs, every element: row counts across the x tiles (9-128),
 // narrow and wide n (partial row tiles), k from one stage to the 8B down projection's,
 // with and without bias, both output types, shapes that split k over a cluster (few row
-// tiles, many stages) and shapes that do not. Also: two launches give the same bits,
-// nothing is written past y, a CUDA graph replays it, and bad arguments are refused
-// without a launch.
+// tiles, many stages) and shapes that do not, with either ring. Also: two launches give the same
+// bits, nothing is written past y, a CUDA graph replays it, and bad arguments are refused without a
+// launch.
 //
 // Tolerance, per element, as gemv_test.cpp: |got - want| <= rel * |want| + 1e-6 *
 // sum_c |x[i,c] w[j,c]| (products of bf16 are exact in f32; f32 sums err by ~2^-24 of
@@ -69,11 +69,12 @@ struct SkinnyCase {
   }
 
   template <typename TOut>
-  DeviceArray<TOut> run(bool with_bias, cudaStream_t stream = nullptr) const {
+  DeviceArray<TOut> run(bool with_bias, SkinnyRing ring) const {
     DeviceArray<TOut> y(static_cast<size_t>(m * n + kGuard));
     poison(y);
-    const cudaError_t err = launch_skinny_gemm<TOut>(
-        dev_x.get(), m, k, dev_w.get(), n, with_bias ? dev_bias.get() : nullptr, y.get(), stream);
+    const cudaError_t err =
+        launch_skinny_gemm<TOut>(dev_x.get(), m, k, dev_w.get(), n,
+                                 with_bias ? dev_bias.get() : nullptr, y.get(), ring, nullptr);
     EXPECT_EQ(err, cudaSuccess) << name(with_bias) << ": " << cudaGetErrorString(err);
     return y;
   }
@@ -86,17 +87,22 @@ struct SkinnyCase {
   }
 };
 
+// Both rings (their split counts differ: other sums, other blocks a cluster), each launch
+// twice.
 template <typename TOut>
 void expect_case(const SkinnyCase& c) {
-  for (const bool with_bias : {false, true}) {
-    const std::string what = std::string(type_name<TOut>()) + " out " + c.name(with_bias);
-    SCOPED_TRACE(what);
-    const DeviceArray<TOut> y = c.run<TOut>(with_bias);
-    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-    c.expect_output(y, with_bias, what);
-    const DeviceArray<TOut> again = c.run<TOut>(with_bias);
-    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bits(y, again, c.m * c.n)) << "a second launch gave other bits";
+  for (const SkinnyRing ring : {SkinnyRing::kShared, SkinnyRing::kWholeSm}) {
+    for (const bool with_bias : {false, true}) {
+      const std::string what = std::string(type_name<TOut>()) + " out " + c.name(with_bias) +
+                               (ring == SkinnyRing::kShared ? " shared ring" : " whole-SM ring");
+      SCOPED_TRACE(what);
+      const DeviceArray<TOut> y = c.run<TOut>(with_bias, ring);
+      CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+      c.expect_output(y, with_bias, what);
+      const DeviceArray<TOut> again = c.run<TOut>(with_bias, ring);
+      CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_TRUE(same_bits(y, again, c.m * c.n)) << "a second launch gave other bits";
+    }
   }
 }
 
@@ -154,15 +160,16 @@ TEST(SkinnyGemmTest, ACapturedGraphReplaysToTheSameBits) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(93);
   const SkinnyCase c(rng, 40, 4096, 1000);
-  const DeviceArray<float> eager = c.run<float>(true);
+  const DeviceArray<float> eager = c.run<float>(true, SkinnyRing::kWholeSm);
   DeviceArray<float> replayed(static_cast<size_t>(c.m * c.n + kGuard));
   poison(replayed);
   Result<Stream> stream = Stream::create();
   ASSERT_TRUE(stream.ok()) << stream.status().to_string();
   GraphExec exec = capture_graph(stream->get(), [&] {
-    EXPECT_EQ(launch_skinny_gemm<float>(c.dev_x.get(), c.m, c.k, c.dev_w.get(), c.n,
-                                        c.dev_bias.get(), replayed.get(), stream->get()),
-              cudaSuccess);
+    EXPECT_EQ(
+        launch_skinny_gemm<float>(c.dev_x.get(), c.m, c.k, c.dev_w.get(), c.n, c.dev_bias.get(),
+                                  replayed.get(), SkinnyRing::kWholeSm, stream->get()),
+        cudaSuccess);
   });
   ASSERT_NE(exec.get(), nullptr);
   for (int i = 0; i < 3; ++i) CELLM_ASSERT_CUDA(cudaGraphLaunch(exec.get(), stream->get()));
@@ -176,7 +183,7 @@ TEST(SkinnyGemmTest, BadArgumentsAreRefusedWithoutALaunch) {
   const SkinnyCase c(rng, 16, 128, 8);
   DeviceArray<float> y(static_cast<size_t>(65 * 8));
   const auto call = [&](int64_t m, int64_t k, const Bf16* x, const Bf16* w, float* out) {
-    return launch_skinny_gemm<float>(x, m, k, w, 8, nullptr, out, nullptr);
+    return launch_skinny_gemm<float>(x, m, k, w, 8, nullptr, out, SkinnyRing::kShared, nullptr);
   };
   const Bf16* x = c.dev_x.get();
   const Bf16* w = c.dev_w.get();

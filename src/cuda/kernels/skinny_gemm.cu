@@ -8,6 +8,7 @@
 #include <climits>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
@@ -55,7 +56,7 @@ using detail::smem_addr;
 // CELLM_SKINNY_WIDE_CONSUMERS (8, or 4 for bench/variant_visit.sh) and for 65-128 x rows 8:
 // every block reads all of x each stage, so at 64 x rows 64-row blocks would read as many
 // bytes of x from L2 as of weights; 128-row blocks read half as many (measured 4-25%
-// faster at 64 rows). At 128 x rows a stage is 64 KB (two stages, one block an SM).
+// faster at 64 rows). At 128 x rows a stage is 64 KB (one block an SM, either ring).
 #ifndef CELLM_SKINNY_WIDE_CONSUMERS
 #define CELLM_SKINNY_WIDE_CONSUMERS 8
 #endif
@@ -88,22 +89,24 @@ template <int MT>
 constexpr int stage_bytes() {
   return weight_bytes<MT>() + kBoxes * x_box_bytes<MT>();
 }
-// Stages in the ring: about CELLM_SKINNY_RING_KB of them (96: two blocks share an SM; at
-// least two stages). A block's bytes in flight are its ring: at 16 rows a block streams
-// ~15 GB/s whatever the shape (qkv's 256 KB a block take 1.45x o's 176 KB), as if each
-// ring's worth took ~5 us to land; a deeper ring (e.g. 200, one block an SM) is the
-// experiment for bench/variant_visit.sh.
-#ifndef CELLM_SKINNY_RING_KB
-#define CELLM_SKINNY_RING_KB 96
-#endif
-template <int MT>
-constexpr int stages() {
-  return std::max(CELLM_SKINNY_RING_KB * 1024 / stage_bytes<MT>(), 2);
+// The ring's stages (SkinnyRing, skinny_gemm.h): about 96 KB of them (two blocks share an
+// SM) or about 200 KB (one block an SM), at least two. A block's bytes in flight are its
+// ring: at 16 rows a block of the shared ring streams ~15 GB/s whatever the shape, as if
+// each ring's worth took ~5 us to land; the whole-SM ring holds more bytes in flight an SM
+// with half the blocks (faster for o, down and 128 x rows; slower for gate_up at 16-32).
+constexpr int kMaxStages = 16;
+constexpr int ring_bytes(SkinnyRing ring) {
+  return (ring == SkinnyRing::kWholeSm ? 200 : 96) * 1024;
 }
 template <int MT>
-constexpr size_t smem_bytes() {
-  return static_cast<size_t>(stage_bytes<MT>()) * stages<MT>() + kSwizzleAlign;  // + alignment
+constexpr int stages(SkinnyRing ring) {
+  return std::max(ring_bytes(ring) / stage_bytes<MT>(), 2);
 }
+template <int MT>
+constexpr size_t smem_bytes(SkinnyRing ring) {
+  return static_cast<size_t>(stage_bytes<MT>()) * stages<MT>(ring) + kSwizzleAlign;  // + alignment
+}
+static_assert(stages<2>(SkinnyRing::kWholeSm) <= kMaxStages);
 
 template <typename TOut>
 struct SkinnyParams {
@@ -116,6 +119,7 @@ struct SkinnyParams {
   int splits;        // blocks along k per row tile (gridDim.y, one cluster)
   int split_stages;  // stages of k a split covers (the last split may cover fewer)
   int k_stages;      // k / kStageCols
+  int stages;        // of the ring (stages<MT>(ring))
 };
 
 // --- mbarrier and TMA (PTX ISA: "mbarrier", "cp.async.bulk.tensor") ---
@@ -181,11 +185,11 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   constexpr int kConsumers = consumers_for(MT);
   constexpr int kBlockRows = 16 * kConsumers;
   constexpr int kWeightBytes = weight_bytes<MT>();
-  constexpr int S = stages<MT>();
   constexpr int kStageBytes = stage_bytes<MT>();
+  const int S = p.stages;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ alignas(8) uint64_t full[S];
-  __shared__ alignas(8) uint64_t empty[S];
+  __shared__ alignas(8) uint64_t full[kMaxStages];
+  __shared__ alignas(8) uint64_t empty[kMaxStages];
   // The swizzle repeats every 1024 bytes from the box's start: align the ring to it.
   unsigned char* ring =
       smem_raw + ((kSwizzleAlign - smem_addr(smem_raw) % kSwizzleAlign) % kSwizzleAlign);
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   // sums[i][r]: x row i, weight row row0 + r; rows padded by 4 floats, so the lanes of a
   // store (8 weight rows, 4 x rows 2 apart) hit 32 distinct banks.
   constexpr int kSumsPitch = kBlockRows + 4;
-  static_assert(8 * MT * kSumsPitch * sizeof(float) <= S * kStageBytes, "the sums fit the ring");
+  static_assert(8 * MT * kSumsPitch * sizeof(float) <= 2 * kStageBytes, "the sums fit the ring");
   float* sums = reinterpret_cast<float*>(ring);
   if (consumer) {
     constexpr int kConsumerThreads = kConsumers * 32;
@@ -450,30 +454,33 @@ constexpr CUtensorMapL2promotion kWeightPromotion = CELLM_SKINNY_PROMOTION == 0
 
 template <int MT, typename TOut>
 cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
-                         cudaStream_t stream) {
-  constexpr size_t bytes = smem_bytes<MT>();
+                         SkinnyRing ring, cudaStream_t stream) {
+  const size_t bytes = smem_bytes<MT>(ring);
+  // The kernel's shared memory allowance covers either ring.
+  constexpr size_t kMostBytes =
+      std::max(smem_bytes<MT>(SkinnyRing::kShared), smem_bytes<MT>(SkinnyRing::kWholeSm));
   constexpr int kBlockRows = 16 * consumers_for(MT);
   constexpr int kThreads = (consumers_for(MT) + 1) * 32;
   auto* kernel = skinny_gemm_kernel<MT, TOut>;
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  // Once per kernel and device (not stream operations: capture-safe): its shared memory,
-  // and how many clusters of each split count the device holds at once (clusters stay
-  // inside a GPC, so this is less than the SMs' blocks over the cluster size).
+  // Once per kernel, device and ring (not stream operations: capture-safe): its shared
+  // memory allowance, and how many clusters of each split count the device holds at once (clusters
+  // stay inside a GPC, so this is less than the SMs' blocks over the cluster size).
   struct Setup {
     cudaError_t error = cudaSuccess;
     SkinnyClusters clusters{};
   };
   static std::mutex mutex;
-  static std::map<int, Setup> setups;
+  static std::map<std::pair<int, SkinnyRing>, Setup> setups;
   Setup setup;
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    auto it = setups.find(device);
+    auto it = setups.find({device, ring});
     if (it == setups.end()) {
       Setup s;
       s.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(bytes));
+                                     static_cast<int>(kMostBytes));
       for (int32_t splits = 1; splits <= kSkinnyMaxSplits && s.error == cudaSuccess; ++splits) {
         cudaLaunchConfig_t config{};
         config.gridDim = dim3(1, static_cast<unsigned>(splits));
@@ -488,7 +495,7 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
         config.numAttrs = 1;
         s.error = cudaOccupancyMaxActiveClusters(&s.clusters[splits - 1], kernel, &config);
       }
-      it = setups.emplace(device, s).first;
+      it = setups.emplace(std::make_pair(device, ring), s).first;
     }
     setup = it->second;
   }
@@ -505,6 +512,7 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
   const int32_t splits = skinny_gemm_splits(p.m, p.n, k, setup.clusters);
   const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
+  p.stages = stages<MT>(ring);
   p.split_stages = (p.k_stages + splits - 1) / splits;
   p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
   const auto splits_now = static_cast<unsigned>(p.splits);
@@ -547,7 +555,7 @@ int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters
 
 template <typename TOut>
 cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* w, int64_t n,
-                               const bf16* bias, TOut* y, cudaStream_t stream) {
+                               const bf16* bias, TOut* y, SkinnyRing ring, cudaStream_t stream) {
   if (!skinny_gemm_supports(m, n, k, x, w) || y == nullptr) return cudaErrorInvalidValue;
   SkinnyParams<TOut> p{};
   p.bias = bias;
@@ -556,16 +564,16 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.n = n;
   p.splits = 1;
   p.k_stages = static_cast<int>(k / kStageCols);
-  if (m <= 16) return launch_tiles<2>(p, x, w, k, stream);
-  if (m <= 32) return launch_tiles<4>(p, x, w, k, stream);
-  if (m <= 64) return launch_tiles<8>(p, x, w, k, stream);
-  return launch_tiles<16>(p, x, w, k, stream);
+  if (m <= 16) return launch_tiles<2>(p, x, w, k, ring, stream);
+  if (m <= 32) return launch_tiles<4>(p, x, w, k, ring, stream);
+  if (m <= 64) return launch_tiles<8>(p, x, w, k, ring, stream);
+  return launch_tiles<16>(p, x, w, k, ring, stream);
 }
 
 template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,
                                                        int64_t, const bf16*, __nv_bfloat16*,
-                                                       cudaStream_t);
+                                                       SkinnyRing, cudaStream_t);
 template cudaError_t launch_skinny_gemm<float>(const bf16*, int64_t, int64_t, const bf16*, int64_t,
-                                               const bf16*, float*, cudaStream_t);
+                                               const bf16*, float*, SkinnyRing, cudaStream_t);
 
 }  // namespace cellm::cuda

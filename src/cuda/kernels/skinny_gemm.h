@@ -49,11 +49,18 @@ inline constexpr int32_t kSkinnyMaxSplits = 8;  // blocks of a cluster (the port
 // n >= 1, k a positive multiple of kSkinnyKStep below 2^24, x and w 16-byte aligned.
 bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w);
 
+// The ring of shared-memory stages each block streams its weights through: kShared, about
+// 96 KB (two blocks share an SM), or kWholeSm, about 200 KB (one block an SM: more bytes in
+// flight an SM, half the blocks). Neither is faster for every shape (docs/PERFORMANCE.md,
+// session 8); the GEMM tuner times both. The ring changes the split count, so the bits.
+enum class SkinnyRing { kShared, kWholeSm };
+
 // y = TOut(x · wᵀ (+ bias)). REQUIRES: skinny_gemm_supports(m, n, k, x, w); device
 // pointers; y overlapping no input.
 template <typename TOut>
 cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w,
-                               int64_t n, const __nv_bfloat16* bias, TOut* y, cudaStream_t stream);
+                               int64_t n, const __nv_bfloat16* bias, TOut* y, SkinnyRing ring,
+                               cudaStream_t stream);
 
 // Weight rows a block of launch_skinny_gemm covers for m x rows (64, or 128 for more than
 // 32 rows when built with CELLM_SKINNY_WIDE_CONSUMERS=8).
