@@ -8,7 +8,6 @@
 #include <climits>
 #include <map>
 #include <mutex>
-#include <utility>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
@@ -94,7 +93,6 @@ constexpr int stage_bytes() {
 // ring: at 16 rows a block of the shared ring streams ~15 GB/s whatever the shape, as if
 // each ring's worth took ~5 us to land; the whole-SM ring holds more bytes in flight an SM
 // with half the blocks (faster for o, down and 128 x rows; slower for gate_up at 16-32).
-constexpr int kMaxStages = 16;
 constexpr int ring_bytes(SkinnyRing ring) {
   return (ring == SkinnyRing::kWholeSm ? 200 : 96) * 1024;
 }
@@ -106,7 +104,6 @@ template <int MT>
 constexpr size_t smem_bytes(SkinnyRing ring) {
   return static_cast<size_t>(stage_bytes<MT>()) * stages<MT>(ring) + kSwizzleAlign;  // + alignment
 }
-static_assert(stages<2>(SkinnyRing::kWholeSm) <= kMaxStages);
 
 template <typename TOut>
 struct SkinnyParams {
@@ -119,7 +116,6 @@ struct SkinnyParams {
   int splits;        // blocks along k per row tile (gridDim.y, one cluster)
   int split_stages;  // stages of k a split covers (the last split may cover fewer)
   int k_stages;      // k / kStageCols
-  int stages;        // of the ring (stages<MT>(ring))
 };
 
 // --- mbarrier and TMA (PTX ISA: "mbarrier", "cp.async.bulk.tensor") ---
@@ -178,7 +174,7 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
 //     columns +0), (rows 0-7, +8), (rows 8-15, +0), (rows 8-15, +8) gives b0, b1 of x tile
 //     2 t2, then of tile 2 t2 + 1.
 //   C[r][t] = acc[tile][c]: c0, c1 = (row g, x rows 2q, 2q + 1), c2, c3 = row g + 8.
-template <int MT, typename TOut>
+template <int MT, SkinnyRing kRing, typename TOut>
 __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     skinny_gemm_kernel(const __grid_constant__ SkinnyParams<TOut> p) {
   static_assert(MT % 2 == 0, "x tiles go to ldmatrix in pairs");
@@ -186,10 +182,10 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   constexpr int kBlockRows = 16 * kConsumers;
   constexpr int kWeightBytes = weight_bytes<MT>();
   constexpr int kStageBytes = stage_bytes<MT>();
-  const int S = p.stages;
+  constexpr int S = stages<MT>(kRing);
   extern __shared__ unsigned char smem_raw[];
-  __shared__ alignas(8) uint64_t full[kMaxStages];
-  __shared__ alignas(8) uint64_t empty[kMaxStages];
+  __shared__ alignas(8) uint64_t full[S];
+  __shared__ alignas(8) uint64_t empty[S];
   // The swizzle repeats every 1024 bytes from the box's start: align the ring to it.
   unsigned char* ring =
       smem_raw + ((kSwizzleAlign - smem_addr(smem_raw) % kSwizzleAlign) % kSwizzleAlign);
@@ -452,35 +448,32 @@ constexpr CUtensorMapL2promotion kWeightPromotion = CELLM_SKINNY_PROMOTION == 0
                                                         ? CU_TENSOR_MAP_L2_PROMOTION_NONE
                                                         : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
 
-template <int MT, typename TOut>
+template <int MT, SkinnyRing kRing, typename TOut>
 cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
-                         SkinnyRing ring, cudaStream_t stream) {
-  const size_t bytes = smem_bytes<MT>(ring);
-  // The kernel's shared memory allowance covers either ring.
-  constexpr size_t kMostBytes =
-      std::max(smem_bytes<MT>(SkinnyRing::kShared), smem_bytes<MT>(SkinnyRing::kWholeSm));
+                         cudaStream_t stream) {
+  constexpr size_t bytes = smem_bytes<MT>(kRing);
   constexpr int kBlockRows = 16 * consumers_for(MT);
   constexpr int kThreads = (consumers_for(MT) + 1) * 32;
-  auto* kernel = skinny_gemm_kernel<MT, TOut>;
+  auto* kernel = skinny_gemm_kernel<MT, kRing, TOut>;
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  // Once per kernel, device and ring (not stream operations: capture-safe): its shared
-  // memory allowance, and how many clusters of each split count the device holds at once (clusters
+  // Once per kernel and device (not stream operations: capture-safe): its shared memory,
+  // and how many clusters of each split count the device holds at once (clusters
   // stay inside a GPC, so this is less than the SMs' blocks over the cluster size).
   struct Setup {
     cudaError_t error = cudaSuccess;
     SkinnyClusters clusters{};
   };
   static std::mutex mutex;
-  static std::map<std::pair<int, SkinnyRing>, Setup> setups;
+  static std::map<int, Setup> setups;
   Setup setup;
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    auto it = setups.find({device, ring});
+    auto it = setups.find(device);
     if (it == setups.end()) {
       Setup s;
       s.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kMostBytes));
+                                     static_cast<int>(bytes));
       for (int32_t splits = 1; splits <= kSkinnyMaxSplits && s.error == cudaSuccess; ++splits) {
         cudaLaunchConfig_t config{};
         config.gridDim = dim3(1, static_cast<unsigned>(splits));
@@ -495,7 +488,7 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
         config.numAttrs = 1;
         s.error = cudaOccupancyMaxActiveClusters(&s.clusters[splits - 1], kernel, &config);
       }
-      it = setups.emplace(std::make_pair(device, ring), s).first;
+      it = setups.emplace(device, s).first;
     }
     setup = it->second;
   }
@@ -512,13 +505,19 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
   const int32_t splits = skinny_gemm_splits(p.m, p.n, k, setup.clusters);
   const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
-  p.stages = stages<MT>(ring);
   p.split_stages = (p.k_stages + splits - 1) / splits;
   p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
   const auto splits_now = static_cast<unsigned>(p.splits);
   return detail::launch_kernel_in_clusters(kernel, dim3(static_cast<unsigned>(tiles), splits_now),
                                            dim3(kThreads), bytes, stream, dim3(1, splits_now, 1),
                                            p);
+}
+
+template <int MT, typename TOut>
+cudaError_t launch_rows(const SkinnyParams<TOut>& p, const bf16* x, const bf16* w, int64_t k,
+                        SkinnyRing ring, cudaStream_t stream) {
+  return ring == SkinnyRing::kWholeSm ? launch_tiles<MT, SkinnyRing::kWholeSm>(p, x, w, k, stream)
+                                      : launch_tiles<MT, SkinnyRing::kShared>(p, x, w, k, stream);
 }
 
 }  // namespace
@@ -564,10 +563,10 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.n = n;
   p.splits = 1;
   p.k_stages = static_cast<int>(k / kStageCols);
-  if (m <= 16) return launch_tiles<2>(p, x, w, k, ring, stream);
-  if (m <= 32) return launch_tiles<4>(p, x, w, k, ring, stream);
-  if (m <= 64) return launch_tiles<8>(p, x, w, k, ring, stream);
-  return launch_tiles<16>(p, x, w, k, ring, stream);
+  if (m <= 16) return launch_rows<2>(p, x, w, k, ring, stream);
+  if (m <= 32) return launch_rows<4>(p, x, w, k, ring, stream);
+  if (m <= 64) return launch_rows<8>(p, x, w, k, ring, stream);
+  return launch_rows<16>(p, x, w, k, ring, stream);
 }
 
 template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,
