@@ -1,7 +1,7 @@
 // gemv_bench: the decode GEMV (launch_gemv, src/cuda/kernels/gemv.h) against cuBLASLt
 // (Gemm with GemmPath::kCublasLtOnly) on Llama-3-8B's linear layers.
 //
-//   gemv_bench [--iters N] [--peak-gbs G]
+//   gemv_bench [--iters N] [--peak-gbs G] [--skinny-only] [--skinny-shape K,N]...
 //
 // For each weight shape (qkv, o, gate_up, down, LM head with f32 logits) and m in
 // {1, 2, 4, 8}: microseconds per call of the GEMV's two kernels (GemvKernel::kTensorCores,
@@ -15,7 +15,9 @@
 // kernel's and cuBLASLt's outputs (a sanity check; the tests hold the tolerances). The
 // GEMV kernels are launched with programmatic dependent launch, so consecutive calls
 // overlap as they do in a decode step. Last, the skinny GEMM (launch_skinny_gemm,
-// kernels/skinny_gemm.h) against cuBLASLt at 16, 32, 64 and 128 rows on the same 8B shapes.
+// kernels/skinny_gemm.h), with each of its rings, against cuBLASLt at 16, 32, 64 and 128
+// rows on the same 8B shapes: that table alone with --skinny-only, or for the shapes K x N
+// given with --skinny-shape (K a multiple of 128) instead.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +30,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cellm/status.h"
@@ -162,6 +165,8 @@ struct Options {
   int iters = 200;
   double peak_gbs = 4250;
   bool skinny_only = false;  // --skinny-only: the skinny GEMM's table alone
+  // --skinny-shape K,N (repeatable): the skinny GEMM's table for these shapes alone.
+  std::vector<std::pair<int64_t, int64_t>> skinny_shapes;
 };
 
 // cuBLASLt's y = x[:m] · weights(i)ᵀ as an enqueue for time_per_call, its plans made now
@@ -310,8 +315,15 @@ int main(int argc, char** argv) {
       o.peak_gbs = std::atof(argv[++i]);
     } else if (a == "--skinny-only") {
       o.skinny_only = true;
+    } else if (long long k = 0, n = 0; a == "--skinny-shape" && i + 1 < argc &&
+                                       std::sscanf(argv[i + 1], "%lld,%lld", &k, &n) == 2 &&
+                                       k > 0 && k % cellm::cuda::kSkinnyKStep == 0 && n > 0) {
+      o.skinny_shapes.emplace_back(k, n);
+      ++i;
     } else {
-      std::fprintf(stderr, "usage: gemv_bench [--iters N] [--peak-gbs G] [--skinny-only]\n");
+      std::fprintf(stderr,
+                   "usage: gemv_bench [--iters N] [--peak-gbs G] [--skinny-only] "
+                   "[--skinny-shape K,N]...\n");
       return 2;
     }
   }
@@ -326,6 +338,14 @@ int main(int argc, char** argv) {
   cellm::Result<Gemm> cublaslt = Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly);
   check(cublaslt.status());
   std::mt19937 rng(1);
+  if (!o.skinny_shapes.empty()) {
+    print_skinny_header();
+    for (const auto& [k, n] : o.skinny_shapes) {
+      const std::string name = std::to_string(k) + "->" + std::to_string(n);
+      bench_skinny<Bf16>(name.c_str(), Operands(rng, k, n), *cublaslt, o);
+    }
+    return 0;
+  }
   if (o.skinny_only) {
     print_skinny_header();
     bench_skinny<Bf16>("qkv 4096->6144", Operands(rng, 4096, 6144), *cublaslt, o);
