@@ -51,11 +51,12 @@ using detail::smem_addr;
 // copies complete it) and an `empty` one (each consumer warp arrives when it has read the
 // stage; the producer waits on it before it refills the slot).
 //
-// kConsumers (kBlockRows = 16 kConsumers) is 4, for 33-64 x rows
-// CELLM_SKINNY_WIDE_CONSUMERS (8, or 4 for bench/variant_visit.sh) and for 65-128 x rows 8:
-// every block reads all of x each stage, so at 64 x rows 64-row blocks would read as many
-// bytes of x from L2 as of weights; 128-row blocks read half as many (measured 4-25%
-// faster at 64 rows). At 128 x rows a stage is 64 KB (one block an SM, either ring).
+// kConsumers (kBlockRows = 16 kConsumers) is 4 up to 32 x rows, CELLM_SKINNY_WIDE_CONSUMERS
+// (8, or 4 for bench/variant_visit.sh) for 33-64 and 8 for 65-128: every block reads all
+// of x each stage, so at 64 x rows 64-row blocks would read as many bytes of x from L2 as
+// of weights; 128-row blocks read half as many (measured 4-25% faster at 64 rows). At 128 x
+// rows a stage is 64 KB (one block an SM, either ring); 256-row blocks there, reading x
+// once for twice the weights, measured slower (docs/PERFORMANCE.md, session 8).
 #ifndef CELLM_SKINNY_WIDE_CONSUMERS
 #define CELLM_SKINNY_WIDE_CONSUMERS 8
 #endif
@@ -93,6 +94,8 @@ constexpr int stage_bytes() {
 // ring: at 16 rows a block of the shared ring streams ~15 GB/s whatever the shape, as if
 // each ring's worth took ~5 us to land; the whole-SM ring holds more bytes in flight an SM
 // with half the blocks (faster for o, down and 128 x rows; slower for gate_up at 16-32).
+// The ring is a template argument of the kernel: with the stage count read at run time the
+// whole-SM ring ran up to 19% slower.
 constexpr int ring_bytes(SkinnyRing ring) {
   return (ring == SkinnyRing::kWholeSm ? 200 : 96) * 1024;
 }
