@@ -67,8 +67,26 @@ if [ -n "${NCU:-}" ]; then
     --launch-skip "$skip" --launch-count 1 -o "$OUT/ncu_skinny" \
     $B/bench/gemv_bench --iters 1 --skinny-shape "$shape" >"$OUT/ncu.log" 2>&1
   echo "ncu $shape at $rows rows, ring $ring: exit $? $(elapsed)"
-  ncu --import "$OUT/ncu_skinny.ncu-rep" --page details 2>/dev/null |
-    grep -E "Duration|DRAM Throughput|SM Active|Stall|Warp Cycles Per Issued" | head -20
+  ncu --import "$OUT/ncu_skinny.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
+  ncu --import "$OUT/ncu_skinny.ncu-rep" --page raw --csv >"$OUT/ncu_raw.csv" 2>&1
+  grep -E "Duration|DRAM Throughput|SM Active|Warp Cycles Per Issued|Est. Speedup" \
+    "$OUT/ncu_details.txt" | head -20
+  # Where the warps wait: the stall reasons, largest first.
+  python3 - "$OUT/ncu_raw.csv" <<'PY' | head -12
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((r for r in rows if "Kernel Name" in r), None)
+data = rows[rows.index(head) + 2] if head else []
+def number(v):
+    try:
+        return float(v.replace(",", ""))
+    except ValueError:
+        return None
+stalls = [(number(v), h) for h, v in zip(head or [], data)
+          if "issue_stalled" in h and number(v) is not None]
+for value, name in sorted(stalls, reverse=True):
+    print(f"{value:8.2f}  {name}")
+PY
 fi
 
 if [ "${TESTS:-1}" = 1 ]; then
