@@ -337,40 +337,42 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
       }
     }
   };
-  // The sums leave through shared memory, so that y is written four adjacent outputs a
-  // store (a warp's stores cover whole 32-byte sectors; storing the registers directly
-  // filled a quarter of each and cost ~2 µs a launch at 128 x rows). Each block puts its
-  // sums in its shared memory (the ring, once every consumer warp is past its last stage:
-  // the copies into it have all completed). Without splits the consumers then write the
-  // tile; with splits the tile's blocks form one cluster, and after the cluster's barrier
-  // block j adds up its share of the tile's outputs from every block's shared memory in
-  // order of split (distributed shared memory), adds the bias and writes y. The second
-  // barrier keeps each block's shared memory alive until the others have read it.
+  // Without splits each consumer writes its sums from its registers (staging them through
+  // shared memory for whole-sector stores measured slower at 16 x rows, session 8).
+  if (p.splits == 1) {
+    for_each_sum([&](int i, int64_t row, float v) {
+      if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
+      p.y[int64_t{i} * p.n + row] = detail::from_float<TOut>(v);
+    });
+    return;
+  }
+
+  // Splits: the tile's blocks form one cluster. Each puts its sums in its own shared
+  // memory (the ring, once every consumer warp is past its last stage: the copies into it
+  // have all completed), and after the cluster's barrier block j adds up its share of
+  // the tile's outputs from every block's shared memory in order of split (distributed
+  // shared memory), adds the bias and writes y four adjacent outputs a store (a warp's
+  // stores then cover whole 32-byte sectors: scalar stores filled a quarter of each). The
+  // second barrier keeps each block's shared memory alive until the others have read it.
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
-  const bool clustered = p.splits > 1;  // else the producer warp has returned
-  constexpr int kConsumerThreads = kConsumers * 32;
   // sums[i][r]: x row i, weight row row0 + r; rows padded by 4 floats, so the lanes of a
   // store (8 weight rows, 4 x rows 2 apart) hit 32 distinct banks.
   constexpr int kSumsPitch = kBlockRows + 4;
   static_assert(8 * MT * kSumsPitch * sizeof(float) <= 2 * kStageBytes, "the sums fit the ring");
   float* sums = reinterpret_cast<float*>(ring);
   if (consumer) {
+    constexpr int kConsumerThreads = kConsumers * 32;
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
     for_each_sum([&](int i, int64_t row, float v) { sums[i * kSumsPitch + (row - row0)] = v; });
   }
-  if (clustered) {
-    cluster.sync();
-  } else {
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
-  }
+  cluster.sync();
   // Four adjacent outputs a thread at a time: one 16-byte load from each block of the
   // cluster, all issued before the first add (the loads cross the cluster: ~200 cycles
   // each), then added in split order.
   constexpr int kThreads = (kConsumers + 1) * 32;
   constexpr int kQuads = kBlockRows / 4;  // of a sums row
   static_assert(kSumsPitch % 4 == 0, "sums rows stay 16-byte aligned");
-  const int workers = clustered ? kThreads : kConsumerThreads;
   const bool whole_stores =
       p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.y) % (4 * sizeof(TOut)) == 0;
   const int rows = static_cast<int>(min(int64_t{kBlockRows}, p.n - row0));
@@ -378,7 +380,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   const int share = (quads + p.splits - 1) / p.splits;
   const int begin = static_cast<int>(cluster.block_rank()) * share;
   const int end = min(quads, begin + share);
-  for (int o = begin + tid; o < end; o += workers) {
+  for (int o = begin + tid; o < end; o += kThreads) {
     const int i = o / kQuads;
     const int r = (o % kQuads) * 4;
     if (r >= rows) continue;
@@ -414,7 +416,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
       for (int j = 0; j < 4 && r + j < rows; ++j) out[j] = detail::from_float<TOut>(v[j]);
     }
   }
-  if (clustered) cluster.sync();
+  cluster.sync();
 }
 
 // cuTensorMapEncodeTiled, from the driver the runtime already loaded (no link to libcuda).
