@@ -30,6 +30,12 @@
 #define CELLM_SKINNY_CONSUMER_WGMMA 0
 #endif
 
+// Quads of outputs each thread of a split launch's sum takes a round (kSumUnroll), for
+// bench/variant_visit.sh.
+#ifndef CELLM_SKINNY_SUM_UNROLL
+#define CELLM_SKINNY_SUM_UNROLL 2
+#endif
+
 namespace cellm::cuda {
 namespace {
 
@@ -367,11 +373,13 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     for_each_sum([&](int i, int64_t row, float v) { sums[i * kSumsPitch + (row - row0)] = v; });
   }
   cluster.sync();
-  // Four adjacent outputs a thread at a time: one 16-byte load from each block of the
-  // cluster, all issued before the first add (the loads cross the cluster: ~200 cycles
-  // each), then added in split order.
+  // Four adjacent outputs a thread at a time, kSumUnroll such quads a round: one 16-byte
+  // load from each block of the cluster for each quad, every load of the round issued
+  // before the first add (the loads cross the cluster: ~200 cycles each), then added in
+  // split order.
   constexpr int kThreads = (kConsumers + 1) * 32;
   constexpr int kQuads = kBlockRows / 4;  // of a sums row
+  constexpr int kSumUnroll = CELLM_SKINNY_SUM_UNROLL;
   static_assert(kSumsPitch % 4 == 0, "sums rows stay 16-byte aligned");
   const bool whole_stores =
       p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.y) % (4 * sizeof(TOut)) == 0;
@@ -380,40 +388,50 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   const int share = (quads + p.splits - 1) / p.splits;
   const int begin = static_cast<int>(cluster.block_rank()) * share;
   const int end = min(quads, begin + share);
-  for (int o = begin + tid; o < end; o += kThreads) {
-    const int i = o / kQuads;
-    const int r = (o % kQuads) * 4;
-    if (r >= rows) continue;
-    const int at = i * kSumsPitch + r;
-    float4 part[kSkinnyMaxSplits];
+  for (int first = begin + tid; first < end; first += kSumUnroll * kThreads) {
+    float4 part[kSumUnroll][kSkinnyMaxSplits];
 #pragma unroll
-    for (int s = 0; s < kSkinnyMaxSplits; ++s) {
-      if (s < p.splits) {
-        part[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s) + at);
+    for (int u = 0; u < kSumUnroll; ++u) {
+      const int o = first + u * kThreads;
+      if (o >= end) break;
+      const int at = (o / kQuads) * kSumsPitch + (o % kQuads) * 4;  // inside sums: any r
+#pragma unroll
+      for (int s = 0; s < kSkinnyMaxSplits; ++s) {
+        if (s < p.splits) {
+          part[u][s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s) + at);
+        }
       }
     }
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int s = 0; s < kSkinnyMaxSplits; ++s) {
-      if (s < p.splits) {
-        v[0] += part[s].x;
-        v[1] += part[s].y;
-        v[2] += part[s].z;
-        v[3] += part[s].w;
-      }
-    }
-    const int64_t row = row0 + r;
-    if (p.bias != nullptr) {
+    for (int u = 0; u < kSumUnroll; ++u) {
+      const int o = first + u * kThreads;
+      if (o >= end) break;
+      const int i = o / kQuads;
+      const int r = (o % kQuads) * 4;
+      if (r >= rows) continue;
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (r + j < rows) v[j] += detail::to_float(p.bias[row + j]);
+      for (int s = 0; s < kSkinnyMaxSplits; ++s) {
+        if (s < p.splits) {
+          v[0] += part[u][s].x;
+          v[1] += part[u][s].y;
+          v[2] += part[u][s].z;
+          v[3] += part[u][s].w;
+        }
       }
-    }
-    TOut* out = p.y + int64_t{i} * p.n + row;
-    if (whole_stores && r + 4 <= rows) {
-      detail::store_floats(out, v);
-    } else {
-      for (int j = 0; j < 4 && r + j < rows; ++j) out[j] = detail::from_float<TOut>(v[j]);
+      const int64_t row = row0 + r;
+      if (p.bias != nullptr) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (r + j < rows) v[j] += detail::to_float(p.bias[row + j]);
+        }
+      }
+      TOut* out = p.y + int64_t{i} * p.n + row;
+      if (whole_stores && r + 4 <= rows) {
+        detail::store_floats(out, v);
+      } else {
+        for (int j = 0; j < 4 && r + j < rows; ++j) out[j] = detail::from_float<TOut>(v[j]);
+      }
     }
   }
   cluster.sync();
