@@ -167,6 +167,11 @@ class CudaForward final : public ForwardEngine {
 
   Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows) override {
     CELLM_CHECK(bucket > 0 && bucket <= dims_.max_rows);
+    // The graphs feed the final norm of every row to the LM head (enqueue_forward).
+    if (!selects_every_row(bucket, bucket)) {
+      return InvalidArgument(
+          "a decode graph step selects every row in order (host().selected[r] == r)");
+    }
     auto it = graphs_.find(bucket);
     if (it == graphs_.end()) {
       if (!warmed_.count(bucket)) {
@@ -544,23 +549,37 @@ class CudaForward final : public ForwardEngine {
           gemm_->run_swiglu_down<T>(gate_up, n, ff, w.down_proj, d, act, delta, s));
     }
     if (n_sel == 0) return Status::Ok();
-    // residual += the last MLP output (h is scratch here), then the final norm
-    // and the LM head only for the selected rows.
+    // residual += the last MLP output, then the final norm into h. When the step selects
+    // every row in order (a decode step) h is the LM head's input; otherwise the selected
+    // rows of the residual are gathered and normalised again (the same arithmetic on the
+    // same f32 sums: the same bits as h's rows) and the LM head reads only them.
     CELLM_CUDA_RETURN_IF_ERROR(
         launch_add_rmsnorm<T>(residual, delta, model_->final_norm(), n, d, eps, h, s),
         "final residual");
-    float* sel = buf<float>(buf_.sel);
-    T* sel_norm = buf<T>(buf_.sel_norm);
-    CELLM_CUDA_RETURN_IF_ERROR(
-        launch_gather_rows(residual, d, meta<int32_t>(meta_.selected), n_sel, sel, s),
-        "gathering the selected rows");
-    CELLM_CUDA_RETURN_IF_ERROR(
-        launch_add_rmsnorm<T>(sel, nullptr, model_->final_norm(), n_sel, d, eps, sel_norm, s),
-        "final rmsnorm");
+    T* head_in = h;
+    if (!selects_every_row(n, n_sel)) {
+      float* sel = buf<float>(buf_.sel);
+      head_in = buf<T>(buf_.sel_norm);
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_gather_rows(residual, d, meta<int32_t>(meta_.selected), n_sel, sel, s),
+          "gathering the selected rows");
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_add_rmsnorm<T>(sel, nullptr, model_->final_norm(), n_sel, d, eps, head_in, s),
+          "final rmsnorm");
+    }
     CELLM_RETURN_IF_ERROR(
-        (gemm_->run<T, float>(sel_norm, n_sel, d, model_->lm_head(), c.vocab_size(), nullptr,
+        (gemm_->run<T, float>(head_in, n_sel, d, model_->lm_head(), c.vocab_size(), nullptr,
                               buf<float>(buf_.logits), s)));
     return Status::Ok();
+  }
+
+  // Whether the step's selection (host_.selected, [0, n_sel)) is every row in order.
+  bool selects_every_row(int32_t n, int32_t n_sel) const {
+    if (n_sel != n) return false;
+    for (int32_t r = 0; r < n; ++r) {
+      if (host_.selected[r] != r) return false;
+    }
+    return true;
   }
 
   ModelConfig config_;

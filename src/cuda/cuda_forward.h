@@ -84,7 +84,8 @@ class ForwardEngine {
   // also copied to the host, where host_logits(k) reads logit_rows[k]'s.
   // REQUIRES: 0 < n <= max_rows, 0 <= n_sel <= n, every logit row < n_sel.
   virtual Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows = {}) = 0;
-  // Runs a decode step of `bucket` rows, all selected, from the bucket's CUDA
+  // Runs a decode step of `bucket` rows, all selected in order (host().selected[r]
+  // == r; an InvalidArgument error otherwise), from the bucket's CUDA
   // graph: the first call of a bucket runs eagerly (warming cuBLASLt; with
   // tune_gemm also timing the GEMM candidates of the bucket's shapes, which
   // synchronises the stream a few hundred times), the second captures, later

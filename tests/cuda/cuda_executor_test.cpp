@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "cellm/cpu_executor.h"
+#include "cuda/cuda_forward.h"
 #include "cuda/launch_control.h"
 #include "executor_driver.h"
 #include "fixture_model.h"
@@ -475,6 +476,38 @@ TEST_F(CudaExecutorTest, RefusesLimitsThePoolCannotHold) {
   o = CudaExecutorOptions{};
   o.min_prefill = 1;
   EXPECT_EQ(CudaExecutor::create(w_, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A decode graph hands the final norm of every row to the LM head, so the engine refuses a
+// graph step whose selection is not every row in order, before it runs anything.
+TEST_F(CudaExecutorTest, ADecodeGraphStepMustSelectEveryRowInOrder) {
+  CELLM_SKIP_WITHOUT_GPU();
+  cuda::ForwardDims dims;
+  dims.max_rows = 4;
+  dims.max_cells = 64;
+  dims.max_seqs = 2;
+  dims.max_session_tokens = 16;
+  cuda::ForwardOptions options;
+  options.tune_gemm = false;
+  Result<std::unique_ptr<cuda::ForwardEngine>> engine =
+      cuda::ForwardEngine::create(*w_, dims, options);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  cuda::StepHost& h = (*engine)->host();
+  for (int32_t r = 0; r < 2; ++r) {
+    h.tokens[r] = 1;
+    h.positions[r] = 0;
+    h.row_seq[r] = (*engine)->scratch_seq();
+    h.cells[r] = (*engine)->scratch_cell();
+    h.sampling[r] = cuda::SamplingRow{};
+  }
+  h.selected[0] = 1;
+  h.selected[1] = 0;
+  const Status s = (*engine)->run_decode_graph(2);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("selects every row in order"), std::string::npos) << s.to_string();
+  h.selected[0] = 0;
+  h.selected[1] = 1;
+  EXPECT_TRUE((*engine)->run_decode_graph(2).ok());  // the warm-up run of the bucket
 }
 
 // The decode GEMMs are tuned (tune_gemm, on by default) into a process-wide table, so a
