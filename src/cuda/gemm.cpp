@@ -339,23 +339,20 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, bool skinny_candidate, const 
     return adopt(plan, *stored, bias, PlanSource::kAdopted);
   }
   CELLM_ASSIGN_OR_RETURN(std::vector<GemmChoice> candidates, cublaslt_candidates(plan));
+  const auto add = [&](GemmKernel kernel, const char* name, SkinnyRing ring = SkinnyRing::kShared) {
+    GemmChoice c;
+    c.kernel = kernel;
+    c.skinny_ring = ring;
+    c.name = name;
+    candidates.push_back(std::move(c));
+  };
   if (gemv_candidate) {
-    GemmChoice gemv;
-    gemv.kernel = GemmKernel::kGemv;
-    gemv.name = "gemv";
-    candidates.push_back(gemv);
-    gemv.kernel = GemmKernel::kGemvRows;
-    gemv.name = "gemv rows";
-    candidates.push_back(std::move(gemv));
+    add(GemmKernel::kGemv, "gemv");
+    add(GemmKernel::kGemvRows, "gemv rows");
   }
   if (skinny_candidate) {
-    GemmChoice skinny;
-    skinny.kernel = GemmKernel::kSkinny;
-    skinny.name = "skinny";
-    candidates.push_back(skinny);
-    skinny.skinny_ring = SkinnyRing::kWholeSm;
-    skinny.name = "skinny whole-SM ring";
-    candidates.push_back(std::move(skinny));
+    add(GemmKernel::kSkinny, "skinny");
+    add(GemmKernel::kSkinny, "skinny whole-SM ring", SkinnyRing::kWholeSm);
   }
   if (timer_ == nullptr) {
     CELLM_ASSIGN_OR_RETURN(GemmTimer timer, GemmTimer::create(device_));
