@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""The last whole decode step of an Nsight Systems trace (sqlite export), kernel by kernel.
+
+Kernels are grouped into steps at gaps of more than GAP_US between one kernel's end and the
+next one's start (a decode step's graph runs its kernels back to back; the host's work
+between steps leaves a gap). The last group with the most common kernel count among the
+last groups is the step shown. A kernel's "adds" is the time it extends the step's span
+past the end of every kernel before it: the adds of a step sum to its span.
+  python3 bench/timeline_summary.py TRACE.sqlite
+"""
+import collections
+import sqlite3
+import sys
+
+GAP_US = 4.0
+
+FAMILIES = [  # (family, substrings of the kernel's name), first match wins
+    ("attention", ["attention"]),
+    ("skinny gemm", ["skinny_gemm"]),
+    ("gemv", ["gemv", "rows_kernel", "tensor_core"]),
+    ("cublasLt", ["sm90_", "nvjet", "cutlass", "xmma", "gemmk", "splitKreduce", "Kernel2"]),
+    ("add_rmsnorm", ["add_rmsnorm"]),
+    ("rope + K/V write", ["rope"]),
+    ("swiglu", ["swiglu"]),
+    ("sampling", ["sampl", "softmax", "argmax", "top"]),
+    ("embedding", ["embedding"]),
+    ("l2 prefetch", ["prefetch"]),
+]
+
+
+def family(name):
+    for fam, keys in FAMILIES:
+        if any(k in name for k in keys):
+            return fam
+    return "other: " + name[:60]
+
+
+def main():
+    db = sqlite3.connect(sys.argv[1])
+    rows = db.execute(
+        "SELECT k.start, k.end, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = COALESCE(k.demangledName, k.shortName) ORDER BY k.start"
+    ).fetchall()
+    steps, cur, last_end = [], [], 0
+    for start, end, name in rows:
+        if cur and start - last_end > GAP_US * 1000:
+            steps.append(cur)
+            cur = []
+        last_end = max(last_end, end) if cur else end
+        cur.append((start, end, name))
+    if cur:
+        steps.append(cur)
+    tail = steps[-40:]
+    common = collections.Counter(len(s) for s in tail if len(s) > 20).most_common(1)
+    if not common:
+        print("no decode step found")
+        return
+    count = common[0][0]
+    step = [s for s in tail if len(s) == count][-2]  # not the very last (the run's end)
+    t0 = step[0][0]
+    span = (max(e for _, e, _ in step) - t0) / 1000
+    print(f"{len(steps)} kernel groups; step of {count} kernels, span {span:.1f} us")
+    print(f"{'start us':>9} {'dur us':>7} {'adds us':>7}  kernel")
+    fam_dur = collections.defaultdict(float)
+    fam_add = collections.defaultdict(float)
+    fam_n = collections.Counter()
+    reach = t0
+    for start, end, name in step:
+        adds = max(0, end - max(start, reach)) / 1000
+        reach = max(reach, end)
+        f = family(name)
+        fam_dur[f] += (end - start) / 1000
+        fam_add[f] += adds
+        fam_n[f] += 1
+        print(f"{(start - t0) / 1000:9.1f} {(end - start) / 1000:7.1f} {adds:7.1f}  {name[:110]}")
+    print("\nby family")
+    print(f"{'family':<22} {'kernels':>7} {'sum dur us':>10} {'adds us':>8} {'of span':>7}")
+    for f in sorted(fam_add, key=lambda x: -fam_add[x]):
+        print(f"{f:<22} {fam_n[f]:>7} {fam_dur[f]:10.1f} {fam_add[f]:8.1f} {fam_add[f] / span:7.1%}")
+
+
+if __name__ == "__main__":
+    main()
