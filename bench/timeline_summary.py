@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""The last whole decode step of an Nsight Systems trace (sqlite export), kernel by kernel.
+"""The last whole decode step of a kernel trace (bench/kernel_trace.cpp's CSV), kernel by kernel.
 
 Kernels are grouped into steps at gaps of more than GAP_US between one kernel's end and the
 next one's start (a decode step's graph runs its kernels back to back; the host's work
 between steps leaves a gap). The last group with the most common kernel count among the
 last groups is the step shown. A kernel's "adds" is the time it extends the step's span
 past the end of every kernel before it: the adds of a step sum to its span.
-  python3 bench/timeline_summary.py TRACE.sqlite
+  python3 bench/timeline_summary.py TRACE.csv
 """
 import collections
-import sqlite3
+import csv
+import subprocess
 import sys
 
 GAP_US = 4.0
@@ -35,12 +36,22 @@ def family(name):
     return "other: " + name[:60]
 
 
+def demangled(names):
+    """name -> its demangled form (c++filt), or itself when c++filt is missing."""
+    names = sorted(set(names))
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+
+
 def main():
-    db = sqlite3.connect(sys.argv[1])
-    rows = db.execute(
-        "SELECT k.start, k.end, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-        "JOIN StringIds s ON s.id = COALESCE(k.demangledName, k.shortName) ORDER BY k.start"
-    ).fetchall()
+    with open(sys.argv[1], newline="") as f:
+        rows = sorted((int(r["start_ns"]), int(r["end_ns"]), r["name"]) for r in csv.DictReader(f))
+    plain = demangled(name for _, _, name in rows)
+    rows = [(start, end, plain[name]) for start, end, name in rows]
     steps, cur, last_end = [], [], 0
     for start, end, name in rows:
         if cur and start - last_end > GAP_US * 1000:
