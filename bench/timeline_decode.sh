@@ -19,7 +19,7 @@ while [ $# -ge 2 ]; do
   trace=/tmp/kernel_trace_$name.csv
   # shellcheck disable=SC2086
   CUDA_INJECTION64_PATH=$B/bench/libkernel_trace.so CELLM_KERNEL_TRACE=$trace timeout 300 \
-    $B/tools/cellm/cellm bench --executor cuda --peak-bandwidth 4250 --step-times $args \
+    $B/cellm bench --executor cuda --peak-bandwidth 4250 --step-times $args \
     >"$OUT/bench_$name.log" 2>&1 || { tail -5 "$OUT/bench_$name.log"; continue; }
   python3 "$(dirname "$0")/timeline_summary.py" "$trace" >"$OUT/timeline_$name.txt" 2>&1
   echo "== $name ($args)"
