@@ -3,8 +3,8 @@
 
 Kernels are grouped into steps at gaps of more than GAP_US between one kernel's end and the
 next one's start (a decode step's graph runs its kernels back to back; the host's work
-between steps leaves a gap). The last group with the most common kernel count among the
-last groups is the step shown. A kernel's "adds" is the time it extends the step's span
+between steps leaves a gap). The step shown is the second-to-last group with the largest
+kernel count that at least three of the last 40 groups have. A kernel's "adds" is the time it extends the step's span
 past the end of every kernel before it: the adds of a step sum to its span.
   python3 bench/timeline_summary.py TRACE.csv
 """
@@ -62,11 +62,12 @@ def main():
     if cur:
         steps.append(cur)
     tail = steps[-40:]
-    common = collections.Counter(len(s) for s in tail if len(s) > 20).most_common(1)
-    if not common:
+    # The decode steps repeat: the largest kernel count seen three times or more.
+    repeated = [n for n, times in collections.Counter(len(s) for s in tail).items() if times >= 3]
+    if not repeated:
         print("no decode step found")
         return
-    count = common[0][0]
+    count = max(repeated)
     step = [s for s in tail if len(s) == count][-2]  # not the very last (the run's end)
     t0 = step[0][0]
     span = (max(e for _, e, _ in step) - t0) / 1000
