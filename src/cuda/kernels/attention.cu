@@ -459,7 +459,8 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.target_blocks < 0 || p.target_blocks > kAttentionWorkspaceCounters || p.min_blocks < 0 ||
-      p.fresh_positions < 0 || (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4)) {
+      p.fresh_positions < 0 || (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4 &&
+       p.block_warps != 8)) {
     return cudaErrorInvalidValue;
   }
   Geometry g;
