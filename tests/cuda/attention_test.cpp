@@ -709,9 +709,9 @@ TEST(AttentionTensorCoreTest, DecodeRowsAtEveryGroupAndTileEdgeMatchTheCpuTwin) 
               std::vector<std::pair<int32_t, int32_t>> rows;
               decode_layout(context, n_rows, rng, &specs, &rows);
               const Scenario s = make_scenario<Bf16>(geo, specs, rows, seed++);
-              // Blocks of 2 and 4 warps (chunks of 32 and 64 keys), the first tiles
-              // loaded before and after the wait.
-              for (const int32_t warps : {2, 4}) {
+              // Blocks of 2, 4 and 8 warps (chunks of 32, 64 and 128 keys), the first
+              // tiles loaded before and after the wait.
+              for (const int32_t warps : {2, 4, 8}) {
                 SCOPED_TRACE(describe(geo, context, n_rows) + " warps=" + std::to_string(warps));
                 expect_tensor_cores_match_cpu(s, AttentionPath::kAuto, warps, warps == 2 ? 1 : 0);
                 if (::testing::Test::HasFatalFailure()) return;
@@ -738,7 +738,7 @@ TEST(AttentionTensorCoreTest, ManyRowsOfLlamaShapesMatchTheCpuTwin) {
       std::vector<std::pair<int32_t, int32_t>> rows;
       decode_layout(context, n_rows, rng, &specs, &rows);
       const Scenario s = make_scenario<Bf16>(geo, specs, rows, seed++);
-      for (const int32_t warps : {0, 2, 4}) {
+      for (const int32_t warps : {0, 2, 4, 8}) {
         SCOPED_TRACE("warps=" + std::to_string(warps));
         expect_tensor_cores_match_cpu(s, AttentionPath::kAuto, warps, 1);
         if (::testing::Test::HasFatalFailure()) return;
@@ -827,9 +827,15 @@ TEST(AttentionPathTest, TensorCoresTakeBf16HeadDims64And128UpToGroup16WhenAligne
 
 // Host-only: needs no device, so it also runs on machines without a GPU.
 // Host-only, as above.
-TEST(AttentionSplitTest, TwoWarpBlocksOnlyWhereOneWaveOfThemHoldsAnUnsplitLaunch) {
-  // 132 SMs: one wave is 396 blocks of 4 warps, 792 of 2.
-  EXPECT_EQ(detail::attention_mma_block_warps(1, 3, 8, 132), 4);
+TEST(AttentionSplitTest, WarpsPerBlockFollowTheLaunchsBlocksAndTheSms) {
+  // 132 SMs: one wave is 396 blocks of 4 warps, 792 of 2; 8 warps while a block has an
+  // SM of its own.
+  EXPECT_EQ(detail::attention_mma_block_warps(1, 1, 8, 132), 8);
+  EXPECT_EQ(detail::attention_mma_block_warps(1, 16, 8, 132), 8);   // 128 blocks
+  EXPECT_EQ(detail::attention_mma_block_warps(16, 1, 8, 132), 8);
+  EXPECT_EQ(detail::attention_mma_block_warps(17, 1, 8, 132), 4);   // 136 blocks
+  EXPECT_EQ(detail::attention_mma_block_warps(1, 17, 8, 132), 4);
+  EXPECT_EQ(detail::attention_mma_block_warps(6, 3, 8, 132), 4);    // 144 blocks
   EXPECT_EQ(detail::attention_mma_block_warps(16, 4, 8, 132), 4);   // splits: 4
   EXPECT_EQ(detail::attention_mma_block_warps(49, 1, 8, 132), 4);   // 392 blocks fit
   EXPECT_EQ(detail::attention_mma_block_warps(64, 1, 8, 132), 2);   // 512: 1.3 waves of 4

@@ -458,8 +458,10 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
       p.row_seq == nullptr || p.positions == nullptr || p.out == nullptr) {
     return cudaErrorInvalidValue;
   }
+  const bool warps_ok =
+      p.block_warps == 0 || p.block_warps == 2 || p.block_warps == 4 || p.block_warps == 8;
   if (p.target_blocks < 0 || p.target_blocks > kAttentionWorkspaceCounters || p.min_blocks < 0 ||
-      p.fresh_positions < 0 || (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4)) {
+      p.fresh_positions < 0 || !warps_ok) {
     return cudaErrorInvalidValue;
   }
   Geometry g;

@@ -118,7 +118,7 @@ struct AttentionParams {
   // a position below positions[r] + 1 - fresh_positions, and its table entry, were
   // written before the kernel ahead of this launch began.
   int32_t fresh_positions = 0;
-  // Warps per block of the tensor-core kernel: 2 or 4, or 0 to choose by the launch's
+  // Warps per block of the tensor-core kernel: 2, 4 or 8, or 0 to choose by the launch's
   // blocks and the device's SMs. Other values are invalid. Tests and benchmarks set it.
   int32_t block_warps = 0;
 };

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   constexpr int kRowsPerPass = 32 / kChunksPerRow;   // rows a warp's 32 copies cover
   constexpr int kPasses = kTileKeys / kRowsPerPass;  // copies per lane per tile, K and V each
   static_assert(HD == 64 || HD == 128);
-  static_assert(W == 2 || W == 4);
+  static_assert(W == 2 || W == 4 || W == 8);
   static_assert(fold_fits<HD, W>());
   extern __shared__ __align__(16) unsigned char smem[];
 
@@ -394,8 +394,9 @@ cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits
 template <int HD>
 cudaError_t launch_mma_warps(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                              int32_t min_chunks, int warps, cudaStream_t stream) {
-  return warps == 2 ? launch_mma<HD, 2>(p, n_splits, min_chunks, stream)
-                    : launch_mma<HD, 4>(p, n_splits, min_chunks, stream);
+  if (warps == 2) return launch_mma<HD, 2>(p, n_splits, min_chunks, stream);
+  if (warps == 8) return launch_mma<HD, 8>(p, n_splits, min_chunks, stream);
+  return launch_mma<HD, 4>(p, n_splits, min_chunks, stream);
 }
 
 }  // namespace
@@ -407,7 +408,11 @@ int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_hea
   // instead of 21 (bench/attention_bench). A launch that splits cut its rows to reach
   // its target blocks, and its chunks are often fewer than its splits; there, and
   // beyond one wave, 4-warp blocks measured faster.
+  // 8-warp blocks when every block has an SM of its own (a few rows: one row is 8 blocks
+  // over 8 kv heads, or its splits): each warp then walks half the tiles of a 4-warp
+  // block's, and the latency of a short row's chain of tile loads halves.
   const int64_t blocks = n_rows * n_splits * n_kv_heads;
+  if (blocks <= sm_count) return 8;
   const int64_t wave4 = int64_t{kWarpsPerSm / 4} * sm_count;
   const int64_t wave2 = int64_t{kWarpsPerSm / 2} * sm_count;
   return n_splits == 1 && blocks > wave4 && blocks <= wave2 ? 2 : 4;
@@ -416,7 +421,9 @@ int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_hea
 cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                                        int32_t min_chunks, cudaStream_t stream) {
   if (p.n_kv_heads > 65535 || p.n_heads / p.n_kv_heads > kMaxGroup) return cudaErrorInvalidValue;
-  if (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4) return cudaErrorInvalidValue;
+  if (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4 && p.block_warps != 8) {
+    return cudaErrorInvalidValue;
+  }
   int warps = p.block_warps;
   if (warps == 0) {
     int device = 0, sm_count = 0;

@@ -16,7 +16,7 @@ namespace cellm::cuda::detail {
 // workspace partials of the others, which the last block of each (row, kv head) folds
 // into `out`, exactly as the CUDA-core split kernel does.
 // REQUIRES: p passed launch_attention's checks and attention_uses_tensor_cores(p).
-// Warps per block (2 or 4) of the tensor-core kernel when AttentionParams::block_warps
+// Warps per block (2, 4 or 8) of the tensor-core kernel when AttentionParams::block_warps
 // is 0, for a launch of n_rows x n_splits x n_kv_heads blocks on `sm_count` SMs.
 int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads, int sm_count);
 
