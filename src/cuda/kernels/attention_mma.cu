@@ -17,7 +17,7 @@ namespace cellm::cuda::detail {
 namespace {
 
 // FlashDecoding with grouped-query heads on tensor cores. One block of W warps
-// (W = 2 or 4, below) per (row, chunk, kv head). The kv head's query heads (<= 16) are
+// (W = 2, 4 or 8, below) per (row, chunk, kv head). The kv head's query heads (<= 16) are
 // the M = 16 rows of mma.m16n8k16 (missing heads are zero rows whose results are
 // dropped), so one key's K and V rows, read once, serve every head: per 16 keys and 128
 // dims a warp issues 16 MMAs for the scores, 16 for P·V and ~40 instructions of
@@ -61,7 +61,8 @@ namespace {
 // (opt-in above 48 KB) and 3 blocks per SM, or 34 KB for 2 warps and 6 blocks per SM:
 // 12 warps per SM either way (168 registers), but a launch of 512 (row, kv head) blocks
 // fits the H200's 132 SMs in one wave of 2-warp blocks and needs 1.3 waves of 4-warp
-// ones. The merge, then the fold, reuse the stages.
+// ones. A launch of no more blocks than SMs (a few rows) takes 8-warp blocks, 136 KB,
+// one an SM (up to 255 registers: 205 used). The merge, then the fold, reuse the stages.
 constexpr int kWarpsPerSm = 12;  // 168 registers a thread; head_dim 128's smem allows 12 too
 constexpr int kTileKeys = 16;    // keys per warp step: P·V's k
 constexpr int kStages = 2;
