@@ -487,10 +487,14 @@ class CudaForward final : public ForwardEngine {
     CELLM_CUDA_RETURN_IF_ERROR(
         launch_embedding<T>(model_->embed(), c.vocab_size(), d, tokens, n, residual, s),
         "embedding");
+    // Every norm after the first finds the residual written by the norm before it, with
+    // qkv or gate_up between them (ResidualWriter::kEarlierKernel: read before the wait).
+    const ResidualWriter settled = ResidualWriter::kEarlierKernel;
     for (int64_t l = 0; l < c.num_layers(); ++l) {
       const DeviceLayer<T>& w = model_->layers()[static_cast<size_t>(l)];
       CELLM_CUDA_RETURN_IF_ERROR(
-          launch_add_rmsnorm<T>(residual, l == 0 ? nullptr : delta, w.input_norm, n, d, eps, h, s),
+          launch_add_rmsnorm<T>(residual, l == 0 ? nullptr : delta, w.input_norm, n, d, eps, h, s,
+                                l == 0 ? ResidualWriter::kPreviousKernel : settled),
           "input rmsnorm");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.qkv, qkv_dim, w.qkv_bias, qkv, s)));
       if (w.q_norm != nullptr) {
@@ -543,7 +547,8 @@ class CudaForward final : public ForwardEngine {
       CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(attn, n, q_dim, w.o_proj, d, w.o_bias, delta, s)));
       CELLM_CUDA_RETURN_IF_ERROR(
-          launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s), "post rmsnorm");
+          launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s, settled),
+          "post rmsnorm");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
       CELLM_RETURN_IF_ERROR(
           gemm_->run_swiglu_down<T>(gate_up, n, ff, w.down_proj, d, act, delta, s));
@@ -554,7 +559,7 @@ class CudaForward final : public ForwardEngine {
     // rows of the residual are gathered and normalised again (the same arithmetic on the
     // same f32 sums: the same bits as h's rows) and the LM head reads only them.
     CELLM_CUDA_RETURN_IF_ERROR(
-        launch_add_rmsnorm<T>(residual, delta, model_->final_norm(), n, d, eps, h, s),
+        launch_add_rmsnorm<T>(residual, delta, model_->final_norm(), n, d, eps, h, s, settled),
         "final residual");
     T* head_in = h;
     if (!selects_every_row(n, n_sel)) {

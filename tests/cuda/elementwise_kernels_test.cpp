@@ -17,6 +17,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/kernels/activation.h"
@@ -176,9 +177,16 @@ TYPED_TEST(RmsNormKernelTest, AddRmsNormMatchesTheCpuTwinWithAndWithoutDelta) {
   for (const int64_t d : kWidths) {
     for (const int64_t m : kRowCounts) {
       for (const bool with_delta : {false, true}) {
-        for (const int64_t shift : {int64_t{0}, int64_t{1}}) {
+        // The residual read after the wait or before it (written by an earlier kernel):
+        // the same sums either way.
+        for (const auto& [shift, writer] :
+             {std::pair{int64_t{0}, ResidualWriter::kPreviousKernel},
+              std::pair{int64_t{1}, ResidualWriter::kPreviousKernel},
+              std::pair{int64_t{0}, ResidualWriter::kEarlierKernel},
+              std::pair{int64_t{1}, ResidualWriter::kEarlierKernel}}) {
           SCOPED_TRACE(shape(m, d) + (with_delta ? " delta" : " no delta") +
-                       (shift ? " unaligned" : ""));
+                       (shift ? " unaligned" : "") +
+                       (writer == ResidualWriter::kEarlierKernel ? " read early" : ""));
           const std::vector<float> residual = random_values<float>(rng, m * d, 4.0f);
           const std::vector<float> delta = random_values<T>(rng, m * d, 2.0f);
           const std::vector<float> weight = random_values<T>(rng, d);
@@ -189,7 +197,7 @@ TYPED_TEST(RmsNormKernelTest, AddRmsNormMatchesTheCpuTwinWithAndWithoutDelta) {
           poison(dev_out);
           CELLM_ASSERT_CUDA(launch_add_rmsnorm<T>(
               dev_residual.get() + shift, with_delta ? dev_delta.get() + shift : nullptr,
-              dev_weight.get() + shift, m, d, kEps, dev_out.get() + shift, nullptr));
+              dev_weight.get() + shift, m, d, kEps, dev_out.get() + shift, nullptr, writer));
 
           std::vector<float> want_residual = residual;
           std::vector<float> want_out(static_cast<size_t>(m * d));
@@ -497,6 +505,9 @@ TEST(KernelLaunchTest, EmptyShapesLaunchNothingAndMalformedShapesAreRefused) {
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_add_rmsnorm<B>(nullptr, nullptr, nullptr, 1, 0, 1e-6f, nullptr, nullptr),
             cudaErrorInvalidValue);
+  EXPECT_EQ(launch_add_rmsnorm<B>(nullptr, nullptr, nullptr, 0, 64, 1e-6f, nullptr, nullptr,
+                                  static_cast<ResidualWriter>(7)),
+            cudaErrorInvalidValue);  // no such writer
   // Heads running past the row.
   EXPECT_EQ(launch_head_rmsnorm<B>(nullptr, 1, 100, 40, 1, 64, nullptr, 1e-6f, nullptr),
             cudaErrorInvalidValue);

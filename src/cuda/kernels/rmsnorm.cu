@@ -15,8 +15,34 @@ struct AddRmsNormParams {
   const T* weight;  // [d]
   int64_t d;        // row width, elements
   float eps;
-  T* out;  // [m, d]
+  T* out;                 // [m, d]
+  bool residual_settled;  // launch_add_rmsnorm: the residual may be read before the wait
 };
+
+// The f32 residual's N floats at p from the L2 (ld.global.cg: no L1 line that an earlier
+// kernel left could answer a read made before the programmatic wait).
+template <int N>
+__device__ __forceinline__ void load_residual_l2(const float* p, float (&out)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p + i));
+      out[i] = v.x;
+      out[i + 1] = v.y;
+      out[i + 2] = v.z;
+      out[i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __ldcg(p + i);
+  }
+}
+
+// 0 reads every residual after the wait, whatever launch_add_rmsnorm was told (to
+// measure what the early read buys: bench/variant_visit.sh "late=-DCELLM_NORM_EARLY_RESIDUAL=0").
+#ifndef CELLM_NORM_EARLY_RESIDUAL
+#define CELLM_NORM_EARLY_RESIDUAL 1
+#endif
 
 // Packs of the weight row each thread holds in registers, loaded before the wait for
 // the previous kernel (weights are written before any step); a wider row reads the
@@ -27,6 +53,10 @@ constexpr int kHeldPacks = 4;
 // keeping the thread's first kHeldPacks packs in registers (each thread owns the same
 // elements in both passes, so a wider row's later packs are re-read only where it wrote
 // them); the block reduction separates it from pass 2, which writes the normalised row.
+// With residual_settled the held packs of the residual are read before the wait, with the
+// weights: in a decode step that read goes to the HBM (the weights streamed since have
+// evicted the row from the L2), and after the wait it would queue behind the next
+// product's weight stream; delta, just written, comes from the L2 after the wait.
 template <typename T, int N>
 __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
   const int64_t row = blockIdx.x;
@@ -37,19 +67,20 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
   const int64_t step = int64_t{blockDim.x} * N;
 
   float held[kHeldPacks][N] = {};
+  float kept[kHeldPacks][N] = {};
 #pragma unroll
   for (int k = 0; k < kHeldPacks; ++k) {
     const int64_t c = begin + k * step;
     if (c < p.d) detail::load_floats<N>(p.weight + c, held[k]);
+    if (c < p.d && p.residual_settled) load_residual_l2<N>(res + c, kept[k]);
   }
   detail::wait_and_allow(early);  // the next kernel may launch once every block is here
 
   // Pass 1, over the thread's packs in the order one loop would take them: the first
   // kHeldPacks stay in registers for pass 2 (no second read of the row).
   float sum_sq = 0.0f;
-  float kept[kHeldPacks][N] = {};
-  const auto add_pack = [&](int64_t c, float(&r)[N]) {
-    detail::load_floats<N>(res + c, r);
+  const auto add_pack = [&](int64_t c, float(&r)[N], bool loaded) {
+    if (!loaded) detail::load_floats<N>(res + c, r);
     if (delta != nullptr) {
       float dl[N];
       detail::load_floats<N>(delta + c, dl);
@@ -63,11 +94,11 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
 #pragma unroll
   for (int k = 0; k < kHeldPacks; ++k) {
     const int64_t c = begin + k * step;
-    if (c < p.d) add_pack(c, kept[k]);
+    if (c < p.d) add_pack(c, kept[k], p.residual_settled);
   }
   for (int64_t c = begin + kHeldPacks * step; c < p.d; c += step) {
     float r[N];
-    add_pack(c, r);
+    add_pack(c, r, false);
   }
   const float total = detail::block_sum(sum_sq);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.d) + p.eps);
@@ -147,11 +178,17 @@ __global__ void head_rmsnorm_kernel(HeadRmsNormParams<T> p, bool early) {
 
 template <typename T>
 cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight, int64_t m,
-                               int64_t d, float eps, T* out, cudaStream_t stream) {
+                               int64_t d, float eps, T* out, cudaStream_t stream,
+                               ResidualWriter writer) {
   if (m < 0 || d <= 0 || !(eps >= 0.0f) || m > 0x7fffffff) return cudaErrorInvalidValue;
+  if (writer != ResidualWriter::kPreviousKernel && writer != ResidualWriter::kEarlierKernel) {
+    return cudaErrorInvalidValue;
+  }
   if (m == 0) return cudaSuccess;
   if (residual == nullptr || weight == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  const AddRmsNormParams<T> p{residual, delta, weight, d, eps, out};
+  const bool early_residual =
+      CELLM_NORM_EARLY_RESIDUAL != 0 && writer == ResidualWriter::kEarlierKernel;
+  const AddRmsNormParams<T> p{residual, delta, weight, d, eps, out, early_residual};
   const bool packed = d % kPack == 0 && detail::aligned_to(residual, sizeof(float) * kPack) &&
                       detail::aligned_to(delta, sizeof(T) * kPack) &&
                       detail::aligned_to(weight, sizeof(T) * kPack) &&
@@ -186,10 +223,11 @@ cudaError_t launch_head_rmsnorm(T* x, int64_t m, int64_t row_stride, int64_t off
 }
 
 template cudaError_t launch_add_rmsnorm<float>(float*, const float*, const float*, int64_t, int64_t,
-                                               float, float*, cudaStream_t);
+                                               float, float*, cudaStream_t, ResidualWriter);
 template cudaError_t launch_add_rmsnorm<__nv_bfloat16>(float*, const __nv_bfloat16*,
                                                        const __nv_bfloat16*, int64_t, int64_t,
-                                                       float, __nv_bfloat16*, cudaStream_t);
+                                                       float, __nv_bfloat16*, cudaStream_t,
+                                                       ResidualWriter);
 template cudaError_t launch_head_rmsnorm<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t,
                                                 const float*, float, cudaStream_t);
 template cudaError_t launch_head_rmsnorm<__nv_bfloat16>(__nv_bfloat16*, int64_t, int64_t, int64_t,

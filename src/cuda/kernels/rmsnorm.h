@@ -18,6 +18,16 @@
 
 namespace cellm::cuda {
 
+// Which kernel of the stream last wrote launch_add_rmsnorm's residual. kEarlierKernel
+// promises that a matrix product (a cellm GEMV or GEMM, or cuBLASLt's) runs between that
+// writer and the norm. A product lets the next kernel launch only after its own wait
+// (cuBLASLt's kernels wait for everything), so the writer has completed when the norm
+// starts, and the norm reads the residual before its programmatic wait, with its weights:
+// a decode step's residual rows have left the L2 by then, and read after the wait they
+// would queue behind the weights of the product the norm lets launch. kPreviousKernel
+// (the embedding's or a gather's output) reads it after the wait.
+enum class ResidualWriter { kPreviousKernel, kEarlierKernel };
+
 // For each row i in [0, m): if delta != nullptr, residual[i, :] += float(delta[i, :]);
 // then out[i, :] = T(residual[i, :] / sqrt(mean(residual[i, :]²) + eps) * float(weight)).
 // residual: [m, d] f32 (updated in place when delta is given); delta: [m, d] T or null;
@@ -26,7 +36,8 @@ namespace cellm::cuda {
 // not overlap residual. REQUIRES: m >= 0, d > 0, eps >= 0.
 template <typename T>
 cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight, int64_t m,
-                               int64_t d, float eps, T* out, cudaStream_t stream);
+                               int64_t d, float eps, T* out, cudaStream_t stream,
+                               ResidualWriter writer = ResidualWriter::kPreviousKernel);
 
 // Qwen3's q/k norm, in place: for each row i in [0, m) and head h in [0, n_heads), the
 // head_dim elements at x[i * row_stride + offset + h * head_dim] are RMS-normalised and
