@@ -425,11 +425,10 @@ Status Gemm::enqueue_product(const Plan& plan, const GemmChoice& choice, const T
   }
   if (choice.kernel == GemmKernel::kGemv || choice.kernel == GemmKernel::kGemvRows) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const int split =
+          choice.kernel == GemmKernel::kGemvRows ? choice.gemv_rows_split : kGemvRowsAutoSplit;
       const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream,
-                                                gemv_kernel_of(choice.kernel),
-                                                choice.kernel == GemmKernel::kGemvRows
-                                                    ? choice.gemv_rows_split
-                                                    : kGemvRowsAutoSplit);
+                                                gemv_kernel_of(choice.kernel), split);
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_gemv " + describe(plan.key)).c_str());
       }
