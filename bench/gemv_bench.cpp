@@ -2,6 +2,7 @@
 // (Gemm with GemmPath::kCublasLtOnly) on Llama-3-8B's linear layers.
 //
 //   gemv_bench [--iters N] [--peak-gbs G] [--skinny-only] [--skinny-shape K,N]...
+//              [--rows-shape K,N]...
 //
 // For each weight shape (qkv, o, gate_up, down, LM head with f32 logits) and m in
 // {1, 2, 4, 8}: microseconds per call of the GEMV's two kernels (GemvKernel::kTensorCores,
@@ -17,7 +18,8 @@
 // overlap as they do in a decode step. Last, the skinny GEMM (launch_skinny_gemm,
 // kernels/skinny_gemm.h), with each of its rings, against cuBLASLt at 16, 32, 64 and 128
 // rows on the same 8B shapes: that table alone with --skinny-only, or for the shapes K x N
-// given with --skinny-shape (K a multiple of 128) instead.
+// given with --skinny-shape (K a multiple of 128) instead. --rows-shape K,N: the kRows GEMV
+// at m = 1 under each of its splits (gemv.h), for the shapes given alone.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -167,7 +169,31 @@ struct Options {
   bool skinny_only = false;  // --skinny-only: the skinny GEMM's table alone
   // --skinny-shape K,N (repeatable): the skinny GEMM's table for these shapes alone.
   std::vector<std::pair<int64_t, int64_t>> skinny_shapes;
+  // --rows-shape K,N (repeatable): kRows at m = 1 under each split, for these shapes alone
+  // (N > 100000 gives f32 outputs, as the LM head's).
+  std::vector<std::pair<int64_t, int64_t>> rows_shapes;
 };
+
+// kRows at m = 1 under each split (launch_gemv's rows_split), for --rows-shape.
+template <typename TOut>
+void bench_rows_splits(const Operands& op, const Options& o) {
+  DeviceBuffer y = allocate(op.n * int64_t{sizeof(TOut)});
+  std::printf("%6ld -> %6ld %s |", static_cast<long>(op.k), static_cast<long>(op.n),
+              std::is_same_v<TOut, float> ? "f32 " : "bf16");
+  const double bytes = double(op.n * op.k * 2);
+  for (int split = cellm::cuda::kGemvRowsAutoSplit; split <= cellm::cuda::kGemvRowsMaxSplit;
+       split = split == 0 ? 1 : 2 * split) {
+    const auto rows = [&](int i, cudaStream_t s) {
+      check(cellm::cuda::launch_gemv<TOut>(op.x.as<Bf16>(), 1, op.k, GemvInput::kPlain,
+                                           op.weights(i), op.n, nullptr, y.as<TOut>(), s,
+                                           cellm::cuda::GemvKernel::kRows, split),
+            "launch_gemv rows");
+    };
+    const double us = time_per_call(o.iters, rows);
+    std::printf(" %8.2f %5.1f%% |", us, 100 * bytes / us / 1e3 / o.peak_gbs);
+  }
+  std::printf("\n");
+}
 
 // cuBLASLt's y = x[:m] · weights(i)ᵀ as an enqueue for time_per_call, its plans made now
 // (outside any capture) for every copy of the weights.
@@ -313,6 +339,10 @@ int main(int argc, char** argv) {
       o.iters = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--peak-gbs" && i + 1 < argc) {
       o.peak_gbs = std::atof(argv[++i]);
+    } else if (long long k = 0, n = 0; a == "--rows-shape" && i + 1 < argc &&
+                                       std::sscanf(argv[i + 1], "%lld,%lld", &k, &n) == 2) {
+      o.rows_shapes.emplace_back(k, n);
+      ++i;
     } else if (a == "--skinny-only") {
       o.skinny_only = true;
     } else if (long long k = 0, n = 0; a == "--skinny-shape" && i + 1 < argc &&
@@ -323,7 +353,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: gemv_bench [--iters N] [--peak-gbs G] [--skinny-only] "
-                   "[--skinny-shape K,N]...\n");
+                   "[--skinny-shape K,N]... [--rows-shape K,N]...\n");
       return 2;
     }
   }
@@ -338,6 +368,18 @@ int main(int argc, char** argv) {
   cellm::Result<Gemm> cublaslt = Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly);
   check(cublaslt.status());
   std::mt19937 rng(1);
+  if (!o.rows_shapes.empty()) {
+    std::printf("kRows at m = 1, us and %% of peak: split auto | 1 | 2 | 4 | 8\n");
+    for (const auto& [k, n] : o.rows_shapes) {
+      const Operands op(rng, k, n);
+      if (n > 100000) {
+        bench_rows_splits<float>(op, o);
+      } else {
+        bench_rows_splits<Bf16>(op, o);
+      }
+    }
+    return 0;
+  }
   if (!o.skinny_shapes.empty()) {
     print_skinny_header();
     for (const auto& [k, n] : o.skinny_shapes) {

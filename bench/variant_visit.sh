@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A GPU visit comparing builds that differ only in CUDA compile definitions (experiments
-# behind a macro): every `gpu` test on the first variant's full build, then `cellm` alone
+# A GPU visit comparing builds that differ only in compile definitions (experiments
+# behind a macro; the flags go to both the CUDA and the C++ compiler): every `gpu` test on the first variant's full build, then `cellm` alone
 # for the others, then each bench row set on every variant, interleaved.
 #   bash bench/variant_visit.sh "NAME=CUDA FLAGS" ... -- "ROWNAME:BENCH ARGS" ...   (carry .deps)
 # e.g. bash bench/variant_visit.sh "new=-DMY_EXPERIMENT=1" "base=" -- "8b:--preset 8b -npl 1,16"
@@ -22,7 +22,7 @@ for v in "${variants[@]}"; do
   name=${v%%=*} flags=${v#*=} dir=/tmp/cellm-v-${v%%=*}
   t0=$(date +%s)
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" \
-    -DCELLM_BUILD_TESTS="$([ $first = 1 ] && echo ON || echo OFF)" -DCMAKE_CUDA_FLAGS="$flags" \
+    -DCELLM_BUILD_TESTS="$([ $first = 1 ] && echo ON || echo OFF)" -DCMAKE_CUDA_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
     >"$OUT/configure_$name.log" 2>&1 || { tail -20 "$OUT/configure_$name.log"; exit 1; }
   target=(--target cellm)
   [ $first = 1 ] && target=()

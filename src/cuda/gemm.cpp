@@ -60,6 +60,12 @@ struct Gemm::Plan {
   }
 };
 
+// 0 offers the tuner the kRows GEMV with launch_gemv's own split only, as before every
+// split was a candidate (an A/B build: bench/variant_visit.sh "one=-DCELLM_TUNE_ROWS_SPLITS=0").
+#ifndef CELLM_TUNE_ROWS_SPLITS
+#define CELLM_TUNE_ROWS_SPLITS 1
+#endif
+
 namespace {
 
 // The GEMV kernel a GEMV choice names.
@@ -339,16 +345,27 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, bool skinny_candidate, const 
     return adopt(plan, *stored, bias, PlanSource::kAdopted);
   }
   CELLM_ASSIGN_OR_RETURN(std::vector<GemmChoice> candidates, cublaslt_candidates(plan));
-  const auto add = [&](GemmKernel kernel, const char* name, SkinnyRing ring = SkinnyRing::kShared) {
+  const auto add = [&](GemmKernel kernel, std::string name, SkinnyRing ring = SkinnyRing::kShared,
+                       int rows_split = kGemvRowsAutoSplit) {
     GemmChoice c;
     c.kernel = kernel;
     c.skinny_ring = ring;
-    c.name = name;
+    c.gemv_rows_split = rows_split;
+    c.name = std::move(name);
     candidates.push_back(std::move(c));
   };
   if (gemv_candidate) {
     add(GemmKernel::kGemv, "gemv");
-    add(GemmKernel::kGemvRows, "gemv rows");
+    // Every split of the kRows kernel: the best one varies by shape (at one row on the
+    // H200, 8 for the 8B's gate_up, down and LM head; 1 for the 1B's gate_up).
+    if (CELLM_TUNE_ROWS_SPLITS != 0) {
+      for (int split = 1; split <= kGemvRowsMaxSplit; split *= 2) {
+        add(GemmKernel::kGemvRows, "gemv rows split " + std::to_string(split), SkinnyRing::kShared,
+            split);
+      }
+    } else {
+      add(GemmKernel::kGemvRows, "gemv rows");
+    }
   }
   if (skinny_candidate) {
     add(GemmKernel::kSkinny, "skinny");
@@ -408,8 +425,10 @@ Status Gemm::enqueue_product(const Plan& plan, const GemmChoice& choice, const T
   }
   if (choice.kernel == GemmKernel::kGemv || choice.kernel == GemmKernel::kGemvRows) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const int split =
+          choice.kernel == GemmKernel::kGemvRows ? choice.gemv_rows_split : kGemvRowsAutoSplit;
       const cudaError_t err = launch_gemv<TOut>(x, m, k, GemvInput::kPlain, w, n, bias, y, stream,
-                                                gemv_kernel_of(choice.kernel));
+                                                gemv_kernel_of(choice.kernel), split);
       if (err != cudaSuccess) {
         return cuda_status(err, ("launch_gemv " + describe(plan.key)).c_str());
       }

@@ -82,7 +82,9 @@ struct GemmChoice {
   cublasLtMatmulAlgo_t algo{};                   // kCublasLt
   bool bias_in_epilogue = false;                 // kCublasLt: CUBLASLT_EPILOGUE_BIAS adds the bias
   SkinnyRing skinny_ring = SkinnyRing::kShared;  // kSkinny
-  // "gemv", "gemv rows", "skinny", "skinny whole-SM ring", "cublasLt h0: id 66 tile 20 stages 10"
+  int gemv_rows_split = 0;  // kGemvRows: launch_gemv's rows_split (kGemvRowsAutoSplit: its rule)
+  // "gemv", "gemv rows split 8", "skinny", "skinny whole-SM ring",
+  // "cublasLt h0: id 66 tile 20 stages 10"
   std::string name;
   float us = 0;            // mean device time of the choice (0: not timed)
   float heuristic_us = 0;  // of the heuristic's first choice (0: not timed or failed)

@@ -2,9 +2,9 @@
 // same bf16 inputs, every element: every row count 1-8 on awkward and real shapes, with
 // and without bias, both output types, both inputs. The kSwiGLU reference input is
 // launch_swiglu's output (the contract: fused equals launch_swiglu then kPlain, bit for
-// bit, which is checked too). Also: a row's bits do not depend on m, two launches give
-// the same bits, nothing is written past y, capture in a CUDA graph, and bad arguments
-// are refused without a launch.
+// bit, which is checked too). Also: every split of the kRows kernel, a row's bits do not
+// depend on m, two launches give the same bits, nothing is written past y, capture in a
+// CUDA graph, and bad arguments are refused without a launch.
 //
 // Tolerance, per element: |got - want| <= rel * |want| + 1e-6 * sum_c |x'[i,c] w[j,c]|.
 //   The products of bf16 values are exact in f32 and the kernel sums them in f32, which
@@ -100,13 +100,14 @@ struct GemvCase {
   // y [m, n] (+ kGuard) of launch_gemv on this case's input, poisoned before the launch.
   template <typename TOut>
   DeviceArray<TOut> run(int64_t m, GemvInput input, bool with_bias, cudaStream_t stream = nullptr,
-                        GemvKernel kernel = GemvKernel::kTensorCores) const {
+                        GemvKernel kernel = GemvKernel::kTensorCores,
+                        int rows_split = kGemvRowsAutoSplit) const {
     DeviceArray<TOut> y(static_cast<size_t>(m * n + kGuard));
     poison(y);
     const Bf16* in = input == GemvInput::kPlain ? dev_x.get() : dev_gate_up.get();
     const cudaError_t err =
         launch_gemv<TOut>(in, m, k, input, dev_w.get(), n, with_bias ? dev_bias.get() : nullptr,
-                          y.get(), stream, kernel);
+                          y.get(), stream, kernel, rows_split);
     EXPECT_EQ(err, cudaSuccess) << name(m, input, with_bias) << ": " << cudaGetErrorString(err);
     return y;
   }
@@ -130,19 +131,21 @@ struct GemvCase {
 // reference; each row's bits equal to the m = kRows launch's; for kSwiGLU, the bits of
 // launch_swiglu followed by a kPlain product.
 template <typename TOut>
-void expect_every_row_count(const GemvCase& c, GemvInput input, bool with_bias, GemvKernel kernel) {
-  const DeviceArray<TOut> all_rows = c.run<TOut>(kRows, input, with_bias, nullptr, kernel);
+void expect_every_row_count(const GemvCase& c, GemvInput input, bool with_bias, GemvKernel kernel,
+                            int rows_split = kGemvRowsAutoSplit) {
+  const DeviceArray<TOut> all_rows =
+      c.run<TOut>(kRows, input, with_bias, nullptr, kernel, rows_split);
   for (int64_t m = kRows; m >= 1; --m) {
     SCOPED_TRACE(std::string(type_name<TOut>()) + " out " + c.name(m, input, with_bias) +
-                 kernel_name(kernel));
-    const DeviceArray<TOut> y = c.run<TOut>(m, input, with_bias, nullptr, kernel);
+                 kernel_name(kernel) + " split " + std::to_string(rows_split));
+    const DeviceArray<TOut> y = c.run<TOut>(m, input, with_bias, nullptr, kernel, rows_split);
     c.expect_output(y, m, input, with_bias);
     EXPECT_TRUE(same_bits(y, all_rows, m * c.n)) << "rows differ from the m = 8 launch's";
     if (input == GemvInput::kSwiGLU) {
       DeviceArray<TOut> unfused(static_cast<size_t>(m * c.n));
       CELLM_ASSERT_CUDA(launch_gemv<TOut>(c.dev_act.get(), m, c.k, GemvInput::kPlain, c.dev_w.get(),
                                           c.n, with_bias ? c.dev_bias.get() : nullptr,
-                                          unfused.get(), nullptr, kernel));
+                                          unfused.get(), nullptr, kernel, rows_split));
       EXPECT_TRUE(same_bits(y, unfused, m * c.n)) << "fused differs from swiglu then plain";
     }
   }
@@ -169,6 +172,25 @@ TEST(GemvTest, EveryRowCountMatchesADoubleReferenceOnAwkwardShapes) {
     for (const int64_t n : {1, 3, 37, 4097}) {
       const GemvCase c(rng, k, n);
       expect_case(c);
+    }
+  }
+}
+
+// Every split of the kRows kernel (the tuner may pick any): a k shorter than one run of
+// a warp at split 8, partial runs, several runs per warp, the 8B's down width; n with a
+// partial group of rows and a partial block.
+TEST(GemvTest, EveryRowsSplitMatchesADoubleReference) {
+  CELLM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(36);
+  for (const int64_t k : {8, 1000, 4096, 14336}) {
+    for (const int64_t n : {3, 37, 4097}) {
+      const GemvCase c(rng, k, n);
+      for (int split = 1; split <= kGemvRowsMaxSplit; split *= 2) {
+        for (const GemvInput input : {GemvInput::kPlain, GemvInput::kSwiGLU}) {
+          expect_every_row_count<Bf16>(c, input, /*with_bias=*/false, GemvKernel::kRows, split);
+          expect_every_row_count<float>(c, input, /*with_bias=*/true, GemvKernel::kRows, split);
+        }
+      }
     }
   }
 }
@@ -263,6 +285,10 @@ TEST(GemvTest, BadArgumentsAreRefusedWithoutALaunch) {
                         int64_t n, float* ys) {
     return launch_gemv<float>(xs, m, k, input, ws, n, nullptr, ys, nullptr);
   };
+  const auto split = [&](GemvKernel kernel, int rows_split) {
+    return launch_gemv<float>(xp, 1, kK, GemvInput::kPlain, wp, kN, nullptr, y.get(), nullptr,
+                              kernel, rows_split);
+  };
   const GemvInput plain = GemvInput::kPlain;
   struct Bad {
     const char* what;
@@ -285,6 +311,10 @@ TEST(GemvTest, BadArgumentsAreRefusedWithoutALaunch) {
            Bad{"w off 16 bytes", call(xp, 1, kK, plain, wp + 4, kN, y.get())},
            Bad{"swiglu x off 16 bytes", call(xp + 4, 1, kK, GemvInput::kSwiGLU, wp, kN, y.get())},
            Bad{"unknown input", call(xp, 1, kK, static_cast<GemvInput>(7), wp, kN, y.get())},
+           Bad{"rows split 3", split(GemvKernel::kRows, 3)},
+           Bad{"rows split 16", split(GemvKernel::kRows, 16)},
+           Bad{"rows split -1", split(GemvKernel::kRows, -1)},
+           Bad{"split for the tensor-core kernel", split(GemvKernel::kTensorCores, 2)},
        }) {
     EXPECT_EQ(bad.err, cudaErrorInvalidValue) << bad.what;
   }

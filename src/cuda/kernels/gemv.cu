@@ -271,9 +271,10 @@ cudaError_t launch(const GemvParams<TOut>& p, cudaStream_t stream) {
 // in flight), multiplies them with the same columns of every x row in f32 FMAs, and sums
 // its lanes at the end (xor-shuffle tree); the group's S sums are then added in order of
 // part through shared memory. The order of the sum depends on (k, S) only (U only groups
-// the loads), and S on (n, k, the SM count). For kSwiGLU, x' is computed per element from
-// gate and up as launch_swiglu does (rounded to bf16).
+// the loads); S is the caller's, or follows (n, k, the SM count). For kSwiGLU, x' is
+// computed per element from gate and up as launch_swiglu does (rounded to bf16).
 constexpr int kRowsWarps = 8;  // 256-thread blocks
+static_assert(kGemvRowsMaxSplit <= kRowsWarps, "a split shares one block's warps");
 constexpr int kChunkCols = 256;
 // U, the chunks in flight: 2 measured faster than 4 on every 8B and 1B shape at m = 1 (4
 // holds twice the registers, so fewer warps per SM).
@@ -427,10 +428,11 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
 // Blocks of the kRows kernel an SM holds at m = 1 (62-76 registers a thread).
 constexpr int kRowsBlocksPerSm = 3;
 
-// S, the warps that share a kRows group's rows: doubled from 1 while the grid still fits
-// one wave (kRowsBlocksPerSm blocks per SM) and each warp keeps a run of U chunks. A grid
-// of few groups (the 8B o and down projections: 1,024 groups of 4 rows, 128 blocks) then
-// keeps 2-4 times the loads in flight. A function of (groups, k, sms) only.
+// S when the caller leaves it to launch_gemv, the warps that share a kRows group's rows:
+// doubled from 1 while the grid still fits one wave (kRowsBlocksPerSm blocks per SM) and
+// each warp keeps a run of U chunks. A grid of few groups (the 8B o and down projections:
+// 1,024 groups of 4 rows, 128 blocks) then keeps 2-4 times the loads in flight. A function
+// of (groups, k, sms) only. Gemm's tuner times every split instead (gemv.h).
 int rows_split_for(int64_t groups, int64_t k, int sms) {
   const int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
   int split = 1;
@@ -447,12 +449,15 @@ cudaError_t sm_count(int* sms) {
   return cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
 }
 
+// p.split_k: the caller's split, or kGemvRowsAutoSplit.
 template <GemvInput kInput, int M, typename TOut>
 cudaError_t launch_rows(GemvParams<TOut> p, cudaStream_t stream) {
-  int sms = 0;
-  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
   const int64_t groups = (p.n + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp;
-  p.split_k = rows_split_for(groups, p.k, sms);
+  if (p.split_k == kGemvRowsAutoSplit) {
+    int sms = 0;
+    if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+    p.split_k = rows_split_for(groups, p.k, sms);
+  }
   const int64_t groups_per_block = kRowsWarps / p.split_k;
   const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
@@ -481,14 +486,18 @@ int rows_prefetch(int64_t n) {
 template <typename TOut>
 cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput input,
                         const __nv_bfloat16* w, int64_t n, const __nv_bfloat16* bias, TOut* y,
-                        cudaStream_t stream, GemvKernel kernel) {
+                        cudaStream_t stream, GemvKernel kernel, int rows_split) {
   if (!gemv_supports(m, k, x, w) || n <= 0 || x == nullptr || w == nullptr || y == nullptr) {
     return cudaErrorInvalidValue;
   }
   if (input != GemvInput::kPlain && input != GemvInput::kSwiGLU) return cudaErrorInvalidValue;
+  if (!gemv_rows_split_valid(rows_split) ||
+      (kernel != GemvKernel::kRows && rows_split != kGemvRowsAutoSplit)) {
+    return cudaErrorInvalidValue;
+  }
   if (kernel == GemvKernel::kRows) {
     const GemvParams<TOut> p{
-        x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, 1, rows_prefetch(n)};
+        x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, rows_split, rows_prefetch(n)};
     if (input == GemvInput::kSwiGLU) return launch_rows_for_m<GemvInput::kSwiGLU>(p, stream);
     return launch_rows_for_m<GemvInput::kPlain>(p, stream);
   }
@@ -503,9 +512,9 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
 
 template cudaError_t launch_gemv<__nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t, GemvInput,
                                                 const __nv_bfloat16*, int64_t, const __nv_bfloat16*,
-                                                __nv_bfloat16*, cudaStream_t, GemvKernel);
+                                                __nv_bfloat16*, cudaStream_t, GemvKernel, int);
 template cudaError_t launch_gemv<float>(const __nv_bfloat16*, int64_t, int64_t, GemvInput,
                                         const __nv_bfloat16*, int64_t, const __nv_bfloat16*, float*,
-                                        cudaStream_t, GemvKernel);
+                                        cudaStream_t, GemvKernel, int);
 
 }  // namespace cellm::cuda

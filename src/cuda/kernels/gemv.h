@@ -12,8 +12,8 @@
 //
 // Arithmetic: products and sums in f32 (bf16 tensor-core MMAs with f32 accumulation);
 // the bias is added in f32 and the result rounded once to TOut. The summation order
-// depends on (n, k) only: a row of y is the same whatever m is, and every launch gives
-// the same bits (no atomics).
+// depends on (n, k) and the kernel (and its split) only: a row of y is the same whatever
+// m is, and every launch gives the same bits (no atomics).
 //
 // The launcher enqueues on `stream`, never allocates or synchronises (safe inside CUDA
 // graph capture), and returns the launch error; a call outside the REQUIRES below
@@ -47,6 +47,19 @@ enum class GemvKernel { kTensorCores, kRows };
 // Weight rows per warp of the kRows kernel.
 inline constexpr int kGemvRowsPerWarp = 4;
 
+// The kRows kernel's split: how many warps of a block share a group of kGemvRowsPerWarp
+// rows, each taking an interleaved share of its columns (their sums are added in warp
+// order). 0 lets launch_gemv choose from (n, k, the SM count); otherwise one of 1, 2, 4, 8.
+// A larger split makes more, shorter blocks: the grid's last partial wave is shorter, and
+// more of each warp's loads are in flight before it waits for the previous kernel, but x
+// is read by more warps. Which wins depends on the shape, so Gemm's tuner times each.
+inline constexpr int kGemvRowsAutoSplit = 0;
+inline constexpr int kGemvRowsMaxSplit = 8;
+inline bool gemv_rows_split_valid(int split) {
+  return split == kGemvRowsAutoSplit ||
+         (split >= 1 && split <= kGemvRowsMaxSplit && (split & (split - 1)) == 0);
+}
+
 // The most rows (m) one launch serves.
 inline constexpr int64_t kGemvMaxRows = 8;
 
@@ -62,12 +75,16 @@ inline bool gemv_supports(int64_t m, int64_t k, const void* x, const void* w) {
 // TOut is __nv_bfloat16 or float. REQUIRES: gemv_supports(m, k, x, w), n > 0, input one
 // of GemvInput's values; device pointers, y not overlapping x, w or bias.
 //
+// `rows_split` is the kRows kernel's split (gemv_rows_split_valid; kGemvRowsAutoSplit for
+// kTensorCores). A row of y has one summation order per (n, k, kernel, split).
+//
 // Launched with programmatic dependent launch (kernels/launch.cuh): each warp puts its
 // first weight loads in flight before it waits for the previous kernel of the stream, so
 // the weight stream starts while that kernel finishes.
 template <typename TOut>
 cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput input,
                         const __nv_bfloat16* w, int64_t n, const __nv_bfloat16* bias, TOut* y,
-                        cudaStream_t stream, GemvKernel kernel = GemvKernel::kTensorCores);
+                        cudaStream_t stream, GemvKernel kernel = GemvKernel::kTensorCores,
+                        int rows_split = kGemvRowsAutoSplit);
 
 }  // namespace cellm::cuda
