@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -359,6 +360,8 @@ class CudaForward final : public ForwardEngine {
       if (edge_choices.back()) note += "; " + edges_note;
       note += ": kept " + labels[kept];
     }
+    CELLM_ASSIGN_OR_RETURN(const std::string idle, idle_launch_note(graphs[kept]));
+    note += "; " + idle;
     graphs_.emplace(bucket, std::move(graphs[kept]));
     graph_notes_.push_back(note);
     return Status::Ok();
@@ -401,6 +404,38 @@ class CudaForward final : public ForwardEngine {
     if (copy != nullptr) cudaGraphDestroy(copy);
     CELLM_CUDA_RETURN_IF_ERROR(inst, "instantiating a decode graph");
     return GraphExec(exec);
+  }
+
+  // The graph replayed as a step replays it, on an idle stream (time_replays queues its
+  // replays back to back, so a launch's cost on the host is hidden there): the median of
+  // kRounds of the device time from an event recorded before cudaGraphLaunch to one after
+  // the replay, and of the host time the cudaGraphLaunch call takes. "idle launch 3.930
+  // ms (cudaGraphLaunch 61 µs)".
+  Result<std::string> idle_launch_note(const GraphExec& graph) {
+    constexpr int kRounds = 3;
+    CELLM_ASSIGN_OR_RETURN(Event start, Event::create());
+    CELLM_ASSIGN_OR_RETURN(Event end, Event::create());
+    cudaStream_t s = stream_.get();
+    std::vector<float> device_ms(kRounds);
+    std::vector<double> host_us(kRounds);
+    for (int r = 0; r < kRounds; ++r) {
+      CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "idling before a launch");
+      CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), s), "timing an idle launch");
+      const auto t0 = std::chrono::steady_clock::now();
+      CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.get(), s), "replaying a decode graph");
+      const auto t1 = std::chrono::steady_clock::now();
+      CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(end.get(), s), "timing an idle launch");
+      CELLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "timing an idle launch");
+      CELLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&device_ms[r], start.get(), end.get()),
+                                 "reading an idle launch's time");
+      host_us[r] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    }
+    std::sort(device_ms.begin(), device_ms.end());
+    std::sort(host_us.begin(), host_us.end());
+    char text[96];
+    std::snprintf(text, sizeof text, "idle launch %.3f ms (cudaGraphLaunch %.0f us)",
+                  device_ms[kRounds / 2], host_us[kRounds / 2]);
+    return std::string(text);
   }
 
   // The median device time of kRounds replays of each graph, in turns after a warm-up
