@@ -162,11 +162,7 @@ TEST_P(CpuExecutorFixtureTest, PromptLogprobsEqualTheReferencesLogSoftmax) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CpuExecutorFixtureTest,
-                         ::testing::ValuesIn(testing::fixture_names()), [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ::testing::ValuesIn(testing::fixture_names()), testing::fixture_test_name);
 
 class CpuExecutorCreateTest : public ::testing::Test {
  protected:

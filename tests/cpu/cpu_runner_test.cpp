@@ -26,11 +26,7 @@ TEST_P(CpuRunnerFixtureTest, ConcurrentChunkedGreedyGenerationsMatchTheReference
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CpuRunnerFixtureTest,
-                         ::testing::ValuesIn(testing::fixture_names()), [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ::testing::ValuesIn(testing::fixture_names()), testing::fixture_test_name);
 
 }  // namespace
 }  // namespace cellm

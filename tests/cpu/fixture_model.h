@@ -2,6 +2,8 @@
 // (tests/fixtures/models/<name>/reference.json) for the CPU executor's tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -81,6 +83,16 @@ inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = {"llama3-tiny", "mistral-tiny", "qwen2-tiny",
                                                  "qwen3-tiny"};
   return names;
+}
+
+// A test name of a fixture parameter ("llama3-tiny" -> "llama3_tiny"), for
+// INSTANTIATE_TEST_SUITE_P(..., ::testing::ValuesIn(fixture_names()), fixture_test_name).
+inline std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
+  return name;
 }
 
 }  // namespace cellm::testing

@@ -831,9 +831,9 @@ TEST(AttentionSplitTest, WarpsPerBlockFollowTheLaunchsBlocksAndTheSms) {
   // 132 SMs: one wave is 396 blocks of 4 warps, 792 of 2; 8 warps while a block has an
   // SM of its own.
   EXPECT_EQ(detail::attention_mma_block_warps(1, 1, 8, 132), 8);
-  EXPECT_EQ(detail::attention_mma_block_warps(1, 16, 8, 132), 8);   // 128 blocks
+  EXPECT_EQ(detail::attention_mma_block_warps(1, 16, 8, 132), 8);  // 128 blocks
   EXPECT_EQ(detail::attention_mma_block_warps(16, 1, 8, 132), 8);
-  EXPECT_EQ(detail::attention_mma_block_warps(17, 1, 8, 132), 4);   // 136 blocks
+  EXPECT_EQ(detail::attention_mma_block_warps(17, 1, 8, 132), 4);  // 136 blocks
   EXPECT_EQ(detail::attention_mma_block_warps(1, 17, 8, 132), 4);
   EXPECT_EQ(detail::attention_mma_block_warps(6, 3, 8, 132), 4);    // 144 blocks
   EXPECT_EQ(detail::attention_mma_block_warps(16, 4, 8, 132), 4);   // splits: 4

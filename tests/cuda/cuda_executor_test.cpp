@@ -439,11 +439,7 @@ TEST_P(CudaExecutorFixtureTest, EarlyAfterCublasChangesNoTokenAndNoLogprob) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaExecutorFixtureTest,
-                         ::testing::ValuesIn(testing::fixture_names()), [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ::testing::ValuesIn(testing::fixture_names()), testing::fixture_test_name);
 
 class CudaExecutorTest : public ::testing::Test {
  protected:

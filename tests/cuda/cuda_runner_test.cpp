@@ -28,11 +28,7 @@ TEST_P(CudaRunnerFixtureTest, ConcurrentChunkedGreedyGenerationsMatchTheReferenc
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaRunnerFixtureTest,
-                         ::testing::ValuesIn(testing::fixture_names()), [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ::testing::ValuesIn(testing::fixture_names()), testing::fixture_test_name);
 
 }  // namespace
 }  // namespace cellm
