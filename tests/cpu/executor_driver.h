@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cellm/executor.h"
@@ -94,6 +95,30 @@ inline std::vector<std::vector<Token>> drive(
     for (const Output& o : outputs[i]) tokens[i].push_back(o.tokens.at(0));
   }
   return tokens;
+}
+
+// Two drives of the same sessions gave the same tokens and logprobs, bit for bit, each
+// session `steps` outputs long.
+inline void expect_same_outputs(const std::vector<std::vector<Output>>& a,
+                                const std::vector<std::vector<Output>>& b, const std::string& mode,
+                                size_t steps) {
+  ASSERT_EQ(a.size(), b.size()) << mode;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), steps) << mode << " session " << i;
+    ASSERT_EQ(b[i].size(), steps) << mode << " session " << i;
+    for (size_t step = 0; step < steps; ++step) {
+      const std::string where =
+          mode + " session " + std::to_string(i) + " step " + std::to_string(step);
+      const Output& x = a[i][step];
+      const Output& y = b[i][step];
+      ASSERT_EQ(x.tokens, y.tokens) << where;
+      ASSERT_EQ(x.logprobs.size(), y.logprobs.size()) << where;
+      for (size_t t = 0; t < x.logprobs.size(); ++t) {
+        EXPECT_EQ(x.logprobs[t].logprob, y.logprobs[t].logprob) << where;
+        EXPECT_EQ(x.logprobs[t].top, y.logprobs[t].top) << where;
+      }
+    }
+  }
 }
 
 }  // namespace cellm::testing

@@ -253,28 +253,6 @@ CudaExecutorOptions small_options(CudaPrecision precision, bool graphs) {
   return o;
 }
 
-// Two drives of the same sessions gave the same tokens and the same logprobs, bit for bit.
-void expect_same_outputs(const std::vector<std::vector<Output>>& a,
-                         const std::vector<std::vector<Output>>& b, const std::string& mode) {
-  ASSERT_EQ(a.size(), b.size()) << mode;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].size(), 16u) << mode << " session " << i;
-    ASSERT_EQ(b[i].size(), a[i].size()) << mode << " session " << i;
-    for (size_t step = 0; step < a[i].size(); ++step) {
-      const std::string where =
-          mode + " session " + std::to_string(i) + " step " + std::to_string(step);
-      const Output& x = a[i][step];
-      const Output& y = b[i][step];
-      ASSERT_EQ(x.tokens, y.tokens) << where;
-      ASSERT_EQ(x.logprobs.size(), y.logprobs.size()) << where;
-      for (size_t t = 0; t < x.logprobs.size(); ++t) {
-        EXPECT_EQ(x.logprobs[t].logprob, y.logprobs[t].logprob) << where;
-        EXPECT_EQ(x.logprobs[t].top, y.logprobs[t].top) << where;
-      }
-    }
-  }
-}
-
 // Programmatic dependent launch only lets a kernel start before its predecessor has
 // finished; every kernel waits for it before touching the step's data, so tokens and
 // logprobs (from the raw logits) are bit for bit the same with it on and off: chunked
@@ -303,7 +281,7 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
       }
       const std::string mode = std::string(precision == CudaPrecision::kF32 ? "f32" : "bf16") +
                                (graphs ? " (graphs)" : " (eager)");
-      expect_same_outputs(by_switch[1], by_switch[0], mode);
+      testing::expect_same_outputs(by_switch[1], by_switch[0], mode, 16);
     }
   }
 }
@@ -364,9 +342,9 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
         }
       }
     }
-    expect_same_outputs(outputs[1], outputs[0], mode + " early vs late");
-    expect_same_outputs(outputs[2], outputs[0], mode + " timed vs late");
-    expect_same_outputs(outputs[3], outputs[0], mode + " timed on live steps vs late");
+    testing::expect_same_outputs(outputs[1], outputs[0], mode + " early vs late", 16);
+    testing::expect_same_outputs(outputs[2], outputs[0], mode + " timed vs late", 16);
+    testing::expect_same_outputs(outputs[3], outputs[0], mode + " timed on live steps vs late", 16);
   }
 }
 
@@ -432,8 +410,8 @@ TEST_P(CudaExecutorFixtureTest, EarlyAfterCublasChangesNoTokenAndNoLogprob) {
       }
     }
     for (int c = 1; c < 4; ++c) {
-      expect_same_outputs(outputs[c], outputs[0],
-                          mode + " early after cuBLASLt, choice " + std::to_string(c));
+      testing::expect_same_outputs(outputs[c], outputs[0],
+                                   mode + " early after cuBLASLt, choice " + std::to_string(c), 16);
     }
   }
 }
