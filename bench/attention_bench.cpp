@@ -1,7 +1,8 @@
 // attention_bench: microseconds per cuda::launch_attention, timed with CUDA events.
 //
 //   attention_bench [--iters N] [--no-pdl] [--target-blocks B] [--min-blocks B]
-//                   [--block-warps W] [--fresh-positions F]
+//                   [--block-warps W] [--fresh-positions F] [--sequential-cells]
+//                   [--shapes ROWSxCONTEXT,...] [--budget POSITIONS]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
 // rows 1, 16, 64 and 256, every row at context 192, 1024 or 8192 (8192 for up to 64
@@ -19,6 +20,11 @@
 // --block-warps the tensor-core kernel's warps per block (2, 4; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
+// --sequential-cells gives each row consecutive cells (as a prefill places them) instead of
+// scattered ones; --shapes runs only the listed rows x context (up to 256 rows, 8,192
+// positions; e.g. 128x1152, the long B = 128 row's average); --budget sets max_context,
+// the session budget the split count is sized for (default 8,192; `cellm bench -npp 1024
+// -ntg 256` runs at 1,280).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +35,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/kernels/attention.h"
@@ -70,6 +77,9 @@ int main(int argc, char** argv) {
   int64_t min_blocks = cellm::cuda::kAttentionMinBlocks;
   int32_t block_warps = 0;      // the launcher's choice
   int32_t fresh_positions = 1;  // decode rows: older K/V may load before the wait
+  bool sequential_cells = false;
+  int32_t budget = kMaxContext;
+  std::vector<std::pair<int64_t, int32_t>> shapes;  // empty: every default shape
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
@@ -84,6 +94,36 @@ int main(int argc, char** argv) {
       fresh_positions = std::max(0, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--no-pdl") == 0) {
       cellm::cuda::set_programmatic_launch(false);
+    } else if (std::strcmp(argv[i], "--sequential-cells") == 0) {
+      sequential_cells = true;
+    } else if (std::strcmp(argv[i], "--budget") == 0 && i + 1 < argc) {
+      budget = std::clamp(std::atoi(argv[++i]), 1, kMaxContext);
+    } else if (std::strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) {
+      for (const char* c = argv[++i]; *c != '\0';) {
+        char* end = nullptr;
+        const long rows = std::strtol(c, &end, 10);
+        if (end == c || *end != 'x') {
+          std::fprintf(stderr, "--shapes: expected ROWSxCONTEXT[,...], got \"%s\"\n", c);
+          return 2;
+        }
+        c = end + 1;
+        const long context = std::strtol(c, &end, 10);
+        if (end == c || rows < 1 || rows > kMaxRows || context < 1 || context > kMaxContext) {
+          std::fprintf(stderr, "--shapes: rows in [1, %ld], context in [1, %d]\n",
+                       static_cast<long>(kMaxRows), kMaxContext);
+          return 2;
+        }
+        shapes.emplace_back(rows, static_cast<int32_t>(context));
+        c = *end == ',' ? end + 1 : end;
+      }
+    } else {
+      std::fprintf(stderr, "attention_bench: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (shapes.empty()) {
+    for (const int32_t context : {192, 1024, 8192}) {
+      for (const int64_t rows : {1, 16, 64, 256}) shapes.emplace_back(rows, context);
     }
   }
   constexpr int64_t kv_dim = kKvHeads * kHeadDim;
@@ -126,8 +166,8 @@ int main(int argc, char** argv) {
         "upload row_seq");
   int32_t* positions = device_alloc<int32_t>(kMaxRows);
   Bf16* out = device_alloc<Bf16>(static_cast<size_t>(kMaxRows * q_dim));
-  const size_t ws_bytes = attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim,
-                                                    kMaxContext, target_blocks, min_blocks);
+  const size_t ws_bytes = attention_workspace_bytes(kMaxRows, kHeads, kKvHeads, kHeadDim, budget,
+                                                    target_blocks, min_blocks);
   float* workspace = device_alloc<float>(ws_bytes / sizeof(float));
   // The split counters start at zero; every launch leaves them so.
   check(cudaMemset(workspace, 0, ws_bytes), "clear workspace");
@@ -140,76 +180,80 @@ int main(int argc, char** argv) {
 
   std::printf(
       "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
-      "blocks %ld, min blocks %ld, block warps %d (0: chosen), fresh positions %d\n",
+      "blocks %ld, min blocks %ld, block warps %d (0: chosen), fresh positions %d, %s cells, "
+      "budget %d\n",
       cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
-      static_cast<long>(target_blocks), static_cast<long>(min_blocks), block_warps,
-      fresh_positions);
+      static_cast<long>(target_blocks), static_cast<long>(min_blocks), block_warps, fresh_positions,
+      sequential_cells ? "sequential" : "scattered", budget);
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
-  for (const int32_t context : {192, 1024, 8192}) {
-    const std::vector<int32_t> pos(kMaxRows, context - 1);
-    check(cudaMemcpy(positions, pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
-          "upload positions");
-    for (int64_t s = 0; s < kMaxRows; ++s) {
-      for (int32_t j = 0; j < context; ++j) {
-        table_host[static_cast<size_t>(s * kMaxContext + j)] =
-            order[static_cast<size_t>((s * context + j) % kCells)];
+  int32_t table_context = 0;  // the context the table holds
+  for (const auto& [rows, context] : shapes) {
+    if (rows * context > kCells) continue;
+    if (context != table_context) {
+      table_context = context;
+      const std::vector<int32_t> pos(kMaxRows, context - 1);
+      check(cudaMemcpy(positions, pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+            "upload positions");
+      for (int64_t s = 0; s < kMaxRows; ++s) {
+        for (int32_t j = 0; j < context; ++j) {
+          const auto k = static_cast<size_t>((s * context + j) % kCells);
+          table_host[static_cast<size_t>(s * kMaxContext + j)] =
+              sequential_cells ? static_cast<int32_t>(k) : order[k];
+        }
       }
+      check(cudaMemcpy(table, table_host.data(), table_host.size() * sizeof(int32_t),
+                       cudaMemcpyHostToDevice),
+            "upload table");
     }
-    check(cudaMemcpy(table, table_host.data(), table_host.size() * sizeof(int32_t),
-                     cudaMemcpyHostToDevice),
-          "upload table");
-    for (const int64_t rows : {1, 16, 64, 256}) {
-      if (rows * context > kCells) continue;
-      double us[2] = {0, 0};
-      for (int path = 0; path < 2; ++path) {
-        AttentionParams<Bf16> p;
-        p.qkv = qkv;
-        p.row_stride = row_stride;
-        p.q_offset = 2 * kv_dim;
-        p.n_rows = rows;
-        p.n_heads = kHeads;
-        p.n_kv_heads = kKvHeads;
-        p.head_dim = kHeadDim;
-        p.k_pool = k_pool;
-        p.v_pool = v_pool;
-        p.table = table;
-        p.table_stride = kMaxContext;
-        p.row_seq = row_seq;
-        p.positions = positions;
-        p.scale = 0.08838834764831845f;
-        p.max_context = kMaxContext;
-        p.workspace = workspace;
-        p.out = out;
-        p.path = path == 0 ? AttentionPath::kAuto : AttentionPath::kCudaCores;
-        p.target_blocks = target_blocks;
-        p.min_blocks = min_blocks;
-        p.block_warps = block_warps;
-        p.fresh_positions = fresh_positions;
-        check(launch_attention(p, stream), "warm-up launch");
-        cudaGraph_t graph = nullptr;
-        check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-        for (int i = 0; i < kLaunchesPerGraph; ++i) check(launch_attention(p, stream), "launch");
-        check(cudaStreamEndCapture(stream, &graph), "end capture");
-        cudaGraphExec_t exec = nullptr;
-        check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-        check(cudaGraphLaunch(exec, stream), "warm-up replay");
-        check(cudaEventRecord(start, stream), "record");
-        for (int i = 0; i < iters; ++i) check(cudaGraphLaunch(exec, stream), "replay");
-        check(cudaEventRecord(stop, stream), "record");
-        check(cudaEventSynchronize(stop), "sync");
-        float ms = 0.f;
-        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        us[path] = 1e3 * ms / (iters * kLaunchesPerGraph);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-      }
-      const double kv_bytes = static_cast<double>(rows) * context * 2 * kv_dim * sizeof(Bf16);
-      std::printf("%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows),
-                  context,
-                  cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, kMaxContext,
-                                                    target_blocks, min_blocks),
-                  us[0], kv_bytes / (us[0] * 1e3), us[1], kv_bytes / (us[1] * 1e3), us[1] / us[0]);
+    double us[2] = {0, 0};
+    for (int path = 0; path < 2; ++path) {
+      AttentionParams<Bf16> p;
+      p.qkv = qkv;
+      p.row_stride = row_stride;
+      p.q_offset = 2 * kv_dim;
+      p.n_rows = rows;
+      p.n_heads = kHeads;
+      p.n_kv_heads = kKvHeads;
+      p.head_dim = kHeadDim;
+      p.k_pool = k_pool;
+      p.v_pool = v_pool;
+      p.table = table;
+      p.table_stride = kMaxContext;
+      p.row_seq = row_seq;
+      p.positions = positions;
+      p.scale = 0.08838834764831845f;
+      p.max_context = budget;
+      p.workspace = workspace;
+      p.out = out;
+      p.path = path == 0 ? AttentionPath::kAuto : AttentionPath::kCudaCores;
+      p.target_blocks = target_blocks;
+      p.min_blocks = min_blocks;
+      p.block_warps = block_warps;
+      p.fresh_positions = fresh_positions;
+      check(launch_attention(p, stream), "warm-up launch");
+      cudaGraph_t graph = nullptr;
+      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+      for (int i = 0; i < kLaunchesPerGraph; ++i) check(launch_attention(p, stream), "launch");
+      check(cudaStreamEndCapture(stream, &graph), "end capture");
+      cudaGraphExec_t exec = nullptr;
+      check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+      check(cudaGraphLaunch(exec, stream), "warm-up replay");
+      check(cudaEventRecord(start, stream), "record");
+      for (int i = 0; i < iters; ++i) check(cudaGraphLaunch(exec, stream), "replay");
+      check(cudaEventRecord(stop, stream), "record");
+      check(cudaEventSynchronize(stop), "sync");
+      float ms = 0.f;
+      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      us[path] = 1e3 * ms / (iters * kLaunchesPerGraph);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
     }
+    const double kv_bytes = static_cast<double>(rows) * context * 2 * kv_dim * sizeof(Bf16);
+    std::printf("%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows),
+                context,
+                cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, budget, target_blocks,
+                                                  min_blocks),
+                us[0], kv_bytes / (us[0] * 1e3), us[1], kv_bytes / (us[1] * 1e3), us[1] / us[0]);
   }
   check(cudaStreamSynchronize(stream), "final sync");
   cudaEventDestroy(start);
