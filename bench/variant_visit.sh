@@ -6,7 +6,8 @@
 # e.g. bash bench/variant_visit.sh "new=-DMY_EXPERIMENT=1" "base=" -- "8b:--preset 8b -npl 1,16"
 # (session 5 compared PDL trigger placements this way before they became a runtime choice).
 # Results in $OUT/variants.txt (and gpu_tests.log); rows run as bench/bench_row.sh says;
-# PASSES=2 runs them twice.
+# PASSES=2 runs them twice. TESTS=0 skips the `gpu` tests: a later call on a machine still
+# warm, whose builds in /tmp/cellm-v-* are up to date, then goes straight to its rows.
 set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
@@ -29,11 +30,11 @@ for v in "${variants[@]}"; do
   cmake --build "$dir" -j "$(nproc)" "${target[@]}" >"$OUT/build_$name.log" 2>&1 ||
     { grep -E "error" "$OUT/build_$name.log" | head -30; exit 1; }
   echo "build $name ($flags): $(( $(date +%s) - t0 )) s"
-  if [ $first = 1 ]; then
+  if [ $first = 1 ] && [ "${TESTS:-1}" != 0 ]; then
     ctest --test-dir "$dir" -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
     grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
-    first=0
   fi
+  first=0
 done
 for pass in $(seq "${PASSES:-1}"); do
   for row in "$@"; do
