@@ -74,7 +74,11 @@ struct GemvParams {
 // weight stream keeps going while a small kernel before it (an rmsnorm, the attention)
 // runs: the loads of the first chunks alone cover ~1.5 µs of HBM time. The chunks
 // prefetched by the whole grid stay under kPrefetchBytes, a quarter of the H200's L2.
-constexpr int64_t kPrefetchBytes = int64_t{12} << 20;
+// (-DCELLM_ROWS_PREFETCH_MB=N for an A/B of the amount.)
+#ifndef CELLM_ROWS_PREFETCH_MB
+#define CELLM_ROWS_PREFETCH_MB 12
+#endif
+constexpr int64_t kPrefetchBytes = int64_t{CELLM_ROWS_PREFETCH_MB} << 20;
 constexpr int kMaxPrefetchChunks = 8;
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
