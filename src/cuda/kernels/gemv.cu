@@ -69,14 +69,17 @@ struct GemvParams {
   int prefetch;               // kRows: chunks of each row prefetched into L2 before the wait
 };
 
-// Before it waits for the previous kernel, a kRows warp also asks the L2 for the next
-// chunks of its rows (prefetch.global.L2: no registers held, nothing returned), so the
-// weight stream keeps going while a small kernel before it (an rmsnorm, the attention)
-// runs: the loads of the first chunks alone cover ~1.5 µs of HBM time. The chunks
-// prefetched by the whole grid stay under kPrefetchBytes, a quarter of the H200's L2.
-// (-DCELLM_ROWS_PREFETCH_MB=N for an A/B of the amount.)
+// Before it waits for the previous kernel, a kRows warp may also ask the L2 for the next
+// chunks of its rows (prefetch.global.L2: no registers held, nothing returned), up to
+// kPrefetchBytes a grid, so the weight stream keeps going while a small kernel before it
+// (an rmsnorm, the attention) runs. Off by default: on the H200 the one-row steps are
+// faster without (session 12: 8b 253.5-256.0 tok/s against 249.8-250.7 with 12 MB, 1b
+// 1,217-1,241 against 1,179-1,200; 4 MB in between): the prefetched lines queue ahead
+// of the small kernel's own loads, which are on the step's critical path, and the loads
+// the warps hold in registers already start the stream. -DCELLM_ROWS_PREFETCH_MB=N turns
+// it on for an A/B.
 #ifndef CELLM_ROWS_PREFETCH_MB
-#define CELLM_ROWS_PREFETCH_MB 12
+#define CELLM_ROWS_PREFETCH_MB 0
 #endif
 constexpr int64_t kPrefetchBytes = int64_t{CELLM_ROWS_PREFETCH_MB} << 20;
 constexpr int kMaxPrefetchChunks = 8;
