@@ -178,16 +178,14 @@ void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const ht
                         {"model", model},
                         {"choices", json::array({std::move(choice)})}};
           });
-          const JobSummary summary = job->run(sink);
-          request_log().completion_tokens = summary.completion_tokens;
-          request_log().client_gone = summary.client_gone;
-          if (include_usage && !summary.client_gone) {
-            sink.send({{"id", id},
-                       {"object", "chat.completion.chunk"},
-                       {"created", created},
-                       {"model", model},
-                       {"choices", json::array()},
-                       {"usage", usage_json(summary)}});
+          const JobSummary summary = run_logged(*job, sink);
+          if (include_usage) {
+            send_usage_chunk(sink,
+                             {{"id", id},
+                              {"object", "chat.completion.chunk"},
+                              {"created", created},
+                              {"model", model}},
+                             summary);
           }
           return sink.finish();
         });
@@ -195,9 +193,7 @@ void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const ht
   }
 
   CollectSink sink(peer, fields.n);
-  const JobSummary summary = job->run(sink);
-  request_log().completion_tokens = summary.completion_tokens;
-  request_log().client_gone = summary.client_gone;
+  const JobSummary summary = run_logged(*job, sink);
   if (std::string error = sink.first_error(); !error.empty()) {
     return send_error(res, ApiError{500, "generation failed: " + error, "server_error", "", ""});
   }

@@ -109,16 +109,12 @@ void handle_completions(const ServeContext& ctx, const httplib::Request& req,
         }
         return chunk(d.index, text, lp, d.finish_reason ? json(*d.finish_reason) : json());
       });
-      const JobSummary summary = job->run(sink);
-      request_log().completion_tokens = summary.completion_tokens;
-      request_log().client_gone = summary.client_gone;
-      if (include_usage && !summary.client_gone) {
-        sink.send({{"id", id},
-                   {"object", "text_completion"},
-                   {"created", created},
-                   {"model", model},
-                   {"choices", json::array()},
-                   {"usage", usage_json(summary)}});
+      const JobSummary summary = run_logged(*job, sink);
+      if (include_usage) {
+        send_usage_chunk(
+            sink,
+            {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}},
+            summary);
       }
       return sink.finish();
     });
@@ -126,9 +122,7 @@ void handle_completions(const ServeContext& ctx, const httplib::Request& req,
   }
 
   CollectSink sink(peer, r.fields.n);
-  const JobSummary summary = job->run(sink);
-  request_log().completion_tokens = summary.completion_tokens;
-  request_log().client_gone = summary.client_gone;
+  const JobSummary summary = run_logged(*job, sink);
   if (std::string error = sink.first_error(); !error.empty()) {
     return send_error(res, ApiError{500, "generation failed: " + error, "server_error", "", ""});
   }

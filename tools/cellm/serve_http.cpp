@@ -10,6 +10,13 @@ RequestLog& request_log() {
   return log;
 }
 
+JobSummary run_logged(Job& job, JobSink& sink) {
+  const JobSummary summary = job.run(sink);
+  request_log().completion_tokens = summary.completion_tokens;
+  request_log().client_gone = summary.client_gone;
+  return summary;
+}
+
 std::string dump_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -44,6 +44,10 @@ struct RequestLog {
 };
 RequestLog& request_log();
 
+// job.run(sink), with what the log line reports of it (the completion tokens, whether the
+// client left) noted in request_log().
+JobSummary run_logged(Job& job, JobSink& sink);
+
 // JSON text; invalid UTF-8 (echoed prompts, split tokens) becomes U+FFFD.
 std::string dump_json(const nlohmann::json& j);
 void send_json(httplib::Response& res, int status, const nlohmann::json& body);

@@ -60,4 +60,11 @@ nlohmann::json usage_json(const JobSummary& s) {
           {"prompt_tokens_details", {{"cached_tokens", s.prompt_tokens_cached}}}};
 }
 
+void send_usage_chunk(SseSink& sink, nlohmann::json head, const JobSummary& summary) {
+  if (summary.client_gone) return;
+  head["choices"] = nlohmann::json::array();
+  head["usage"] = usage_json(summary);
+  sink.send(head);
+}
+
 }  // namespace cellm::cli

@@ -66,4 +66,8 @@ class CollectSink final : public JobSink {
 // OpenAI's "usage" object.
 nlohmann::json usage_json(const JobSummary& summary);
 
+// A stream's closing usage chunk (stream_options.include_usage): `head` (id, object,
+// created, model) with no choices and the usage; nothing when the client has gone.
+void send_usage_chunk(SseSink& sink, nlohmann::json head, const JobSummary& summary);
+
 }  // namespace cellm::cli
