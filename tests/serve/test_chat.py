@@ -74,6 +74,20 @@ def test_chat_streaming_sends_deltas_that_add_up_to_the_answer(chat_server):
     assert finish == "length"
 
 
+def test_chat_streaming_ends_with_the_usage_when_asked(chat_server):
+    m = model_id(chat_server)
+    chunks = list(chat(chat_server, model=m, max_tokens=7, temperature=0, stream=True,
+                       stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.object == "chat.completion.chunk"
+    assert last.choices == []
+    assert last.usage.completion_tokens == 7
+    assert last.usage.prompt_tokens > 12
+    assert last.usage.total_tokens == last.usage.prompt_tokens + 7
+    # Only the last chunk carries it.
+    assert all(c.usage is None for c in chunks[:-1])
+
+
 def test_chat_n_seeds_and_stop_strings(chat_server):
     m = model_id(chat_server)
     r = chat(chat_server, model=m, max_tokens=16, temperature=1.0, seed=5, n=3)
