@@ -138,6 +138,10 @@ __device__ __forceinline__ void stage_swiglu(const __nv_bfloat16* x, int m, int 
   }
 }
 
+#ifndef CELLM_GEMV_PREWAIT_LOADS
+#define CELLM_GEMV_PREWAIT_LOADS 1
+#endif
+
 template <GemvInput kInput, int kWarps, typename TOut>
 __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvParams<TOut> p) {
   constexpr bool kSwiglu = kInput == GemvInput::kSwiGLU;
@@ -185,8 +189,11 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
     }
   };
 
-  load_iteration(0);  // weights only: in flight while the previous kernel finishes
+  // Weights only: in flight while the previous kernel finishes (unless
+  // CELLM_GEMV_PREWAIT_LOADS is 0, an A/B knob: see kRowsPrewaitChunks).
+  if constexpr (CELLM_GEMV_PREWAIT_LOADS != 0) load_iteration(0);
   detail::wait_for_prior_grids();
+  if constexpr (CELLM_GEMV_PREWAIT_LOADS == 0) load_iteration(0);
   if constexpr (kSwiglu) {
     stage_swiglu(p.x, p.m, k, 0, per_iter * kStepCols, stage);
     __syncthreads();
@@ -286,6 +293,15 @@ constexpr int kChunkCols = 256;
 // U, the chunks in flight: 2 measured faster than 4 on every 8B and 1B shape at m = 1 (4
 // holds twice the registers, so fewer warps per SM).
 constexpr int kRowsUnroll = 2;
+// How many of a warp's first U chunks it loads before its wait for the previous kernel
+// (the rest right after): the loads a launched grid queues at the memory ahead of the
+// small kernel it launched during (session 12: an L2 prefetch of 12 MB a grid before
+// the wait cost the one-row steps 1.5-5%). An A/B knob: -DCELLM_ROWS_PREWAIT_CHUNKS=N.
+#ifndef CELLM_ROWS_PREWAIT_CHUNKS
+#define CELLM_ROWS_PREWAIT_CHUNKS 2
+#endif
+constexpr int kRowsPrewaitChunks = CELLM_ROWS_PREWAIT_CHUNKS;
+static_assert(kRowsPrewaitChunks >= 0 && kRowsPrewaitChunks <= kRowsUnroll);
 
 __device__ __forceinline__ void bf16x8_to_floats(const uint4& v, float (&out)[8]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -321,9 +337,11 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
   for (int r = 0; r < R; ++r) w_row[r] = p.w + min(row0 + r, p.n - 1) * k + 8 * lane;
 
   uint4 wv[U][R];
-  const auto load_chunks = [&](int c0) {
+  // Chunks [c0 + u_begin, c0 + u_end) of the warp's run into wv[u_begin, u_end).
+  const auto load_run = [&](int c0, int u_begin, int u_end) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      if (u < u_begin || u >= u_end) continue;
       const int col = (c0 + u) * kChunkCols;
       const bool in_k = col + 8 * lane < k;
 #pragma unroll
@@ -332,7 +350,10 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
       }
     }
   };
-  load_chunks(part * U);  // weights only: in flight while the previous kernel finishes
+  const auto load_chunks = [&](int c0) { load_run(c0, 0, U); };
+  // Weights only: in flight while the previous kernel finishes (the first
+  // kRowsPrewaitChunks chunks of the run; the rest right after the wait).
+  load_run(part * U, 0, kRowsPrewaitChunks);
   // The warp's next chunks, p.prefetch per row among the group's S warps. One prefetch
   // per 128-byte line: lanes 0, 8, 16 and 24 start the chunk's 4 lines.
   if ((lane & 7) == 0) {
@@ -347,6 +368,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
     }
   }
   detail::wait_for_prior_grids();
+  if constexpr (kRowsPrewaitChunks < U) load_run(part * U, kRowsPrewaitChunks, U);
 
   float acc[R][M];
 #pragma unroll
