@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
   };
 
   // Weights only: in flight while the previous kernel finishes (unless
-  // CELLM_GEMV_PREWAIT_LOADS is 0, an A/B knob: see kRowsPrewaitChunks).
+  // CELLM_GEMV_PREWAIT_LOADS is 0, an A/B knob: see kRowsPrewaitLoads).
   if constexpr (CELLM_GEMV_PREWAIT_LOADS != 0) load_iteration(0);
   detail::wait_for_prior_grids();
   if constexpr (CELLM_GEMV_PREWAIT_LOADS == 0) load_iteration(0);
@@ -293,15 +293,17 @@ constexpr int kChunkCols = 256;
 // U, the chunks in flight: 2 measured faster than 4 on every 8B and 1B shape at m = 1 (4
 // holds twice the registers, so fewer warps per SM).
 constexpr int kRowsUnroll = 2;
-// How many of a warp's first U chunks it loads before its wait for the previous kernel
-// (the rest right after): the loads a launched grid queues at the memory ahead of the
-// small kernel it launched during (session 12: an L2 prefetch of 12 MB a grid before
-// the wait cost the one-row steps 1.5-5%). An A/B knob: -DCELLM_ROWS_PREWAIT_CHUNKS=N.
-#ifndef CELLM_ROWS_PREWAIT_CHUNKS
-#define CELLM_ROWS_PREWAIT_CHUNKS 2
+// How many of a warp's first U x R weight loads (chunk-major: chunk 0's R rows, then
+// chunk 1's) it issues before its wait for the previous kernel, the rest right after:
+// the loads a launched grid queues at the memory ahead of the small kernel (a norm, the
+// attention) it launched during, which is on the step's critical path. Session 12: an
+// L2 prefetch of 12 MB a grid before the wait cost the one-row steps 1.5-5%; session 13:
+// one chunk (R loads) beat both chunks and none. -DCELLM_ROWS_PREWAIT_LOADS=N for an A/B.
+#ifndef CELLM_ROWS_PREWAIT_LOADS
+#define CELLM_ROWS_PREWAIT_LOADS 4
 #endif
-constexpr int kRowsPrewaitChunks = CELLM_ROWS_PREWAIT_CHUNKS;
-static_assert(kRowsPrewaitChunks >= 0 && kRowsPrewaitChunks <= kRowsUnroll);
+constexpr int kRowsPrewaitLoads = CELLM_ROWS_PREWAIT_LOADS;
+static_assert(kRowsPrewaitLoads >= 0 && kRowsPrewaitLoads <= kRowsUnroll * kGemvRowsPerWarp);
 
 __device__ __forceinline__ void bf16x8_to_floats(const uint4& v, float (&out)[8]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -337,23 +339,24 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
   for (int r = 0; r < R; ++r) w_row[r] = p.w + min(row0 + r, p.n - 1) * k + 8 * lane;
 
   uint4 wv[U][R];
-  // Chunks [c0 + u_begin, c0 + u_end) of the warp's run into wv[u_begin, u_end).
-  const auto load_run = [&](int c0, int u_begin, int u_end) {
+  // Loads [begin, end) of the run from chunk c0 (load u R + r is chunk c0 + u's row r)
+  // into wv.
+  const auto load_run = [&](int c0, int begin, int end) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (u < u_begin || u >= u_end) continue;
       const int col = (c0 + u) * kChunkCols;
       const bool in_k = col + 8 * lane < k;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
+        if (u * R + r < begin || u * R + r >= end) continue;
         wv[u][r] = in_k ? load_weights(w_row[r] + col) : make_uint4(0, 0, 0, 0);
       }
     }
   };
-  const auto load_chunks = [&](int c0) { load_run(c0, 0, U); };
+  const auto load_chunks = [&](int c0) { load_run(c0, 0, U * R); };
   // Weights only: in flight while the previous kernel finishes (the first
-  // kRowsPrewaitChunks chunks of the run; the rest right after the wait).
-  load_run(part * U, 0, kRowsPrewaitChunks);
+  // kRowsPrewaitLoads loads of the run; the rest right after the wait).
+  load_run(part * U, 0, kRowsPrewaitLoads);
   // The warp's next chunks, p.prefetch per row among the group's S warps. One prefetch
   // per 128-byte line: lanes 0, 8, 16 and 24 start the chunk's 4 lines.
   if ((lane & 7) == 0) {
@@ -368,7 +371,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
     }
   }
   detail::wait_for_prior_grids();
-  if constexpr (kRowsPrewaitChunks < U) load_run(part * U, kRowsPrewaitChunks, U);
+  if constexpr (kRowsPrewaitLoads < U * R) load_run(part * U, kRowsPrewaitLoads, U * R);
 
   float acc[R][M];
 #pragma unroll
