@@ -68,6 +68,14 @@ constexpr int kTileKeys = 16;    // keys per warp step: P·V's k
 constexpr int kStages = 2;
 constexpr int kRowPad = 8;  // bf16 of padding per shared K/V row
 constexpr int kMaxGroup = 16;
+// Tiles of its own a warp loads before the wait when they are settled: 1, or 2 for an A/B
+// (-DCELLM_ATTENTION_PREWAIT_TILES=2; the loads a kernel queues before its wait delay the
+// one it launched during, session 13).
+#ifndef CELLM_ATTENTION_PREWAIT_TILES
+#define CELLM_ATTENTION_PREWAIT_TILES 1
+#endif
+constexpr int kPrewaitTiles = CELLM_ATTENTION_PREWAIT_TILES;
+static_assert(kPrewaitTiles == 1 || kPrewaitTiles == 2);
 
 template <int HD>
 constexpr int row_elems() {
@@ -205,13 +213,24 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   if (first_early) load_tile(cell_of(begin + t * kTileKeys), 0);
   const bool next_early = t + W < n_tiles && settled_tile(t + W);
   int32_t next_cells = next_early ? cell_of(begin + (t + W) * kTileKeys) : -1;
+  // With CELLM_ATTENTION_PREWAIT_TILES 2 (an A/B knob) the warp's second tile, when it
+  // is settled too (then so is the first), goes into stage 1 before the wait as well:
+  // its group is committed right after the wait, and the loop's first round skips it.
+  bool second_loaded = false;
+  if constexpr (kPrewaitTiles >= 2) {
+    if (next_early) {
+      cp_async_commit();  // tile t's group
+      load_tile(next_cells, 1);
+      second_loaded = true;
+    }
+  }
 
   // Q, this step's K/V and table entries, and the workspace come from the kernels
   // ahead of this one.
   if (early) allow_dependent_grids();
   wait_for_prior_grids();
   if (!first_early && t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
-  cp_async_commit();  // tile t's group, loaded before or after the wait
+  cp_async_commit();  // tile t's group (or, second_loaded, tile t + W's)
   if (!next_early && t + W < n_tiles) next_cells = cell_of(begin + (t + W) * kTileKeys);
 
   // Q as A fragments for the whole block: rows g and g + 8 are heads h0 + g, h0 + g + 8
@@ -233,8 +252,12 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   for (int s = 0; t < n_tiles; t += W, s ^= 1) {
     // Start the warp's next tile, and the table read of the one after, before
     // waiting for this one. An empty group keeps the wait count uniform.
-    if (t + W < n_tiles) load_tile(next_cells, s ^ 1);
-    cp_async_commit();
+    if (second_loaded) {
+      second_loaded = false;  // in flight since before the wait, its group committed
+    } else {
+      if (t + W < n_tiles) load_tile(next_cells, s ^ 1);
+      cp_async_commit();
+    }
     if (t + 2 * W < n_tiles) next_cells = cell_of(begin + (t + 2 * W) * kTileKeys);
     cp_async_wait<1>();
     __syncwarp();  // every lane's copies of this tile are visible to the warp
