@@ -68,14 +68,19 @@ constexpr int kTileKeys = 16;    // keys per warp step: P·V's k
 constexpr int kStages = 2;
 constexpr int kRowPad = 8;  // bf16 of padding per shared K/V row
 constexpr int kMaxGroup = 16;
-// Tiles of its own a warp loads before the wait when they are settled: 1, or 2 for an A/B
-// (-DCELLM_ATTENTION_PREWAIT_TILES=2; the loads a kernel queues before its wait delay the
-// one it launched during, session 13).
-#ifndef CELLM_ATTENTION_PREWAIT_TILES
-#define CELLM_ATTENTION_PREWAIT_TILES 1
-#endif
+// Tiles of its own a warp loads before the wait when they are settled, by head_dim: the
+// second tile's latency then leaves the chain after the wait, but the loads a kernel
+// queues before its wait delay the one it launched during (RoPE + K/V write). On the
+// H200 (session 13, one row of 129-256 keys, 8-warp blocks) 2 tiles gave the 8B (head_dim
+// 128, 8 KB a tile) 259.6-260.5 tok/s against 258.5-258.9 with 1, and the 1B (head_dim
+// 64) 1,250-1,256 against 1,262-1,265. -DCELLM_ATTENTION_PREWAIT_TILES=N sets both.
+#ifdef CELLM_ATTENTION_PREWAIT_TILES
+template <int HD>
 constexpr int kPrewaitTiles = CELLM_ATTENTION_PREWAIT_TILES;
-static_assert(kPrewaitTiles == 1 || kPrewaitTiles == 2);
+#else
+template <int HD>
+constexpr int kPrewaitTiles = HD >= 128 ? 2 : 1;
+#endif
 
 template <int HD>
 constexpr int row_elems() {
@@ -213,11 +218,11 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   if (first_early) load_tile(cell_of(begin + t * kTileKeys), 0);
   const bool next_early = t + W < n_tiles && settled_tile(t + W);
   int32_t next_cells = next_early ? cell_of(begin + (t + W) * kTileKeys) : -1;
-  // With CELLM_ATTENTION_PREWAIT_TILES 2 (an A/B knob) the warp's second tile, when it
-  // is settled too (then so is the first), goes into stage 1 before the wait as well:
+  // With kPrewaitTiles 2 the warp's second tile, when it is settled too (then so is the first), goes into stage 1 before the wait as well:
   // its group is committed right after the wait, and the loop's first round skips it.
   bool second_loaded = false;
-  if constexpr (kPrewaitTiles >= 2) {
+  static_assert(kPrewaitTiles<HD> == 1 || kPrewaitTiles<HD> == 2);
+  if constexpr (kPrewaitTiles<HD> >= 2) {
     if (next_early) {
       cp_async_commit();  // tile t's group
       load_tile(next_cells, 1);
