@@ -218,8 +218,9 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   if (first_early) load_tile(cell_of(begin + t * kTileKeys), 0);
   const bool next_early = t + W < n_tiles && settled_tile(t + W);
   int32_t next_cells = next_early ? cell_of(begin + (t + W) * kTileKeys) : -1;
-  // With kPrewaitTiles 2 the warp's second tile, when it is settled too (then so is the first), goes into stage 1 before the wait as well:
-  // its group is committed right after the wait, and the loop's first round skips it.
+  // With kPrewaitTiles 2 the warp's second tile, when it is settled too (then so is
+  // the first), goes into stage 1 before the wait as well: its group is committed
+  // right after the wait, and the loop's first round skips it.
   bool second_loaded = false;
   static_assert(kPrewaitTiles<HD> == 1 || kPrewaitTiles<HD> == 2);
   if constexpr (kPrewaitTiles<HD> >= 2) {
