@@ -138,10 +138,6 @@ __device__ __forceinline__ void stage_swiglu(const __nv_bfloat16* x, int m, int 
   }
 }
 
-#ifndef CELLM_GEMV_PREWAIT_LOADS
-#define CELLM_GEMV_PREWAIT_LOADS 1
-#endif
-
 template <GemvInput kInput, int kWarps, typename TOut>
 __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvParams<TOut> p) {
   constexpr bool kSwiglu = kInput == GemvInput::kSwiGLU;
@@ -189,11 +185,8 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_kernel(GemvPara
     }
   };
 
-  // Weights only: in flight while the previous kernel finishes (unless
-  // CELLM_GEMV_PREWAIT_LOADS is 0, an A/B knob: see kRowsPrewaitLoads).
-  if constexpr (CELLM_GEMV_PREWAIT_LOADS != 0) load_iteration(0);
+  load_iteration(0);  // weights only: in flight while the previous kernel finishes
   detail::wait_for_prior_grids();
-  if constexpr (CELLM_GEMV_PREWAIT_LOADS == 0) load_iteration(0);
   if constexpr (kSwiglu) {
     stage_swiglu(p.x, p.m, k, 0, per_iter * kStepCols, stage);
     __syncthreads();

@@ -36,10 +36,6 @@
 #define CELLM_SKINNY_SUM_UNROLL 2
 #endif
 
-#ifndef CELLM_SKINNY_PREWAIT_STAGES
-#define CELLM_SKINNY_PREWAIT_STAGES 1024
-#endif
-
 namespace cellm::cuda {
 namespace {
 
@@ -243,19 +239,11 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
                    (first + s) * kStageCols + b * kBoxCols, 0, bar);
         }
       };
-      // The first `early` stages' weights before the wait (CELLM_SKINNY_PREWAIT_STAGES, an
-      // A/B knob: what a launched grid queues at the memory ahead of the kernel it
-      // launched during; default every stage of the prologue), the rest after it.
-      const int early = min(prologue, CELLM_SKINNY_PREWAIT_STAGES);
-      for (int s = 0; s < early; ++s) {
+      for (int s = 0; s < prologue; ++s) {
         barrier_arrive_expect(&full[s], kStageBytes);
         load_weights(ring + s * kStageBytes, s, &full[s]);
       }
       detail::wait_for_prior_grids();
-      for (int s = early; s < prologue; ++s) {
-        barrier_arrive_expect(&full[s], kStageBytes);
-        load_weights(ring + s * kStageBytes, s, &full[s]);
-      }
       for (int s = 0; s < prologue; ++s) load_x(ring + s * kStageBytes, s, &full[s]);
       for (int s = S; s < n_stages; ++s) {
         const int slot = s % S;
