@@ -291,7 +291,8 @@ constexpr int kRowsUnroll = 2;
 // the loads a launched grid queues at the memory ahead of the small kernel (a norm, the
 // attention) it launched during, which is on the step's critical path. Session 12: an
 // L2 prefetch of 12 MB a grid before the wait cost the one-row steps 1.5-5%; session 13:
-// one chunk (R loads) beat both chunks and none. -DCELLM_ROWS_PREWAIT_LOADS=N for an A/B.
+// 4 loads (one chunk) beat 0, 2, 6 and 8 on the 8B and the 1B at one row (H200,
+// docs/PERFORMANCE.md). -DCELLM_ROWS_PREWAIT_LOADS=N for an A/B.
 #ifndef CELLM_ROWS_PREWAIT_LOADS
 #define CELLM_ROWS_PREWAIT_LOADS 4
 #endif
