@@ -98,6 +98,11 @@ class ExecutorImpl;
 // True when this process can use a CUDA device.
 bool cuda_device_available();
 
+// Which GPU device `device` is, for benchmark logs: "NVIDIA H200, 132 SMs, 139.8 GiB,
+// GPU-1a2b3c4d" (its name, SM count, memory, and the first 8 hex digits of its UUID,
+// which tell apart machines of one kind); empty when there is no such device.
+std::string describe_cuda_device(int device = 0);
+
 // One line per GEMM shape tuned so far in this process (tune_gemm), for logs:
 // "<gemm|swiglu+down> <types> m=M n=N k=K[ +bias]: <kernel> X us (heuristic Y us)".
 std::vector<std::string> describe_tuned_gemms();

@@ -320,6 +320,24 @@ bool cuda_device_available() {
   return cuda::gpu_available();
 }
 
+std::string describe_cuda_device(int device) {
+  int count = 0;
+  if (!cuda::gpu_available() || cudaGetDeviceCount(&count) != cudaSuccess || device < 0 ||
+      device >= count) {
+    return "";
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";
+  char uuid[9];
+  for (int i = 0; i < 4; ++i) {
+    std::snprintf(uuid + 2 * i, 3, "%02x", static_cast<unsigned char>(p.uuid.bytes[i]));
+  }
+  char text[384];
+  std::snprintf(text, sizeof(text), "%s, %d SMs, %.1f GiB, GPU-%s", p.name, p.multiProcessorCount,
+                static_cast<double>(p.totalGlobalMem) / static_cast<double>(1ull << 30), uuid);
+  return text;
+}
+
 std::vector<std::string> describe_tuned_gemms() {
   std::vector<cuda::TunedGemm> tuned = cuda::tuned_gemms();
   // By batch size, so a bucket's shapes read together.

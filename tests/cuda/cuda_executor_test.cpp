@@ -464,6 +464,21 @@ TEST_F(CudaExecutorTest, RefusesLimitsThePoolCannotHold) {
   EXPECT_EQ(CudaExecutor::create(w_, o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// `cellm bench` names the GPU it ran on: its name, SMs, memory and the start of its UUID
+// (machines of one kind differ by a percent or so); nothing without a device.
+TEST_F(CudaExecutorTest, DescribesTheDeviceItRunsOn) {
+  EXPECT_EQ(describe_cuda_device(-1), "");
+  EXPECT_EQ(describe_cuda_device(1 << 20), "");
+  const std::string d = describe_cuda_device(0);
+  if (!cuda_device_available()) {
+    EXPECT_EQ(d, "");
+    return;
+  }
+  EXPECT_NE(d.find(" SMs, "), std::string::npos) << d;
+  EXPECT_NE(d.find(" GiB, GPU-"), std::string::npos) << d;
+  EXPECT_EQ(d.size() - d.rfind("GPU-"), 12u) << d;  // "GPU-" and 8 hex digits
+}
+
 // A decode graph hands the final norm of every row to the LM head, so the engine refuses a
 // graph step whose selection is not every row in order, before it runs anything.
 TEST_F(CudaExecutorTest, ADecodeGraphStepMustSelectEveryRowInOrder) {

@@ -158,13 +158,15 @@ void print_row(const Row& r) {
   std::fflush(stdout);
 }
 
-void print_json(const Row& r) {
+// `device`: describe_cuda_device's text, or empty (the CPU executor).
+void print_json(const Row& r, const std::string& device) {
   const double t = r.t_pp + r.t_tg;
   nlohmann::json j = {{"pp", r.pp},     {"tg", r.tg},
                       {"pl", r.b},      {"n_kv", r.n_kv},
                       {"t_pp", r.t_pp}, {"speed_pp", static_cast<double>(r.b * r.pp) / r.t_pp},
                       {"t_tg", r.t_tg}, {"speed_tg", static_cast<double>(r.b * r.tg) / r.t_tg},
                       {"t", t},         {"speed", static_cast<double>(r.n_kv) / t}};
+  if (!device.empty()) j["device"] = device;
   if (r.floor_fraction) j["tg_floor_fraction"] = *r.floor_fraction;
   if (r.steps && r.steps->decode_steps > 0) {
     const auto n = static_cast<double>(r.steps->decode_steps);
@@ -236,17 +238,19 @@ int run_bench(int argc, const char* const* argv) {
     *choice = *parsed;
   }
   const bool json = args->has("json");
+  // Which GPU ran (several machines of one kind differ by a percent or so).
+  const std::string device = device_report(*kind);
   if (!json) {
     const ModelConfig& c = model->weights->config();
     std::printf(
         "model %s: %lld layers, d %lld, %lld/%lld heads, ff %lld, vocab %lld, %.2f GB "
-        "of weights; executor %s, step width %d\n\n",
+        "of weights; executor %s%s%s, step width %d\n\n",
         model->name.c_str(), static_cast<long long>(c.num_layers()),
         static_cast<long long>(c.hidden_size()), static_cast<long long>(c.num_heads()),
         static_cast<long long>(c.num_kv_heads()), static_cast<long long>(c.intermediate_size()),
         static_cast<long long>(c.vocab_size()),
         static_cast<double>(model->weights->total_bytes()) / 1e9, to_string(*kind),
-        limits.step_width);
+        device.empty() ? "" : " on ", device.c_str(), limits.step_width);
   }
   std::vector<std::string> startups;  // per executor: "B=b x.x s"
   const auto note_startup = [&](const char* what, int64_t b, const Row& row) {
@@ -275,7 +279,7 @@ int run_bench(int argc, const char* const* argv) {
         if (!row.ok()) return fail(cmd, row.status());
         note_startup("", b, *row);
         if (json) {
-          print_json(*row);
+          print_json(*row, device);
         } else {
           print_row(*row);
         }

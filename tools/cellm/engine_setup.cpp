@@ -184,6 +184,15 @@ std::vector<std::string> tuned_gemm_report() {
 #endif
 }
 
+std::string device_report(ExecutorKind kind) {
+#ifdef CELLM_HAVE_CUDA
+  if (kind == ExecutorKind::kCuda) return describe_cuda_device(0);
+#else
+  (void)kind;
+#endif
+  return "";
+}
+
 Result<std::unique_ptr<Scheduler>> make_scheduler(const EngineLimits& limits) {
   const auto budget = static_cast<size_t>(std::max(2, limits.step_width));
   const size_t decodes =

@@ -79,6 +79,9 @@ std::optional<StepTimeReport> step_time_report(const Executor& executor);
 // The GEMM shapes tuned so far in this process and the kernel each chose, one line
 // each (describe_tuned_gemms); empty without CUDA.
 std::vector<std::string> tuned_gemm_report();
+// The device an executor of `kind` runs on, for benchmark logs (describe_cuda_device);
+// empty for the CPU executor or without one.
+std::string device_report(ExecutorKind kind);
 
 // DecodeFirstScheduler sized for one forward per batch: a budget of step_width
 // tokens, up to min(max_sessions, step_width / 2) decodes, and prefill chunks of
