@@ -17,7 +17,7 @@
 // --min-blocks the blocks a launch keeps at least for rows above 256 positions
 // (AttentionParams::min_blocks; default kAttentionMinBlocks; at or above the target, every
 // such row takes the full split count, the cut before session 5),
-// --block-warps the tensor-core kernel's warps per block (2, 4; default 0, the
+// --block-warps the tensor-core kernel's warps per block (2, 4, 8; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
 // --sequential-cells gives each row consecutive cells (as a prefill places them) instead of
