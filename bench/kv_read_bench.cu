@@ -1,0 +1,241 @@
+// kv_read_bench: how the memory system sees the decode attention's K/V gather, without
+// the attention's math.
+//
+//   kv_read_bench [--rows N] [--context C] [--iters N]
+//
+// The tensor-core attention (src/cuda/kernels/attention_mma.cu) gathers, for one kv head,
+// each key's 256-byte K and V rows (head_dim 128, bf16) from cells 2 KB apart (8 kv
+// heads a cell), with cp.async: a half-warp a row, so one instruction copies two keys'
+// rows. Under ncu the L2 is asked for 1.5 sectors for each sector the DRAM delivers
+// (docs/PERFORMANCE.md, session 14). Three read kernels over the same scattered cells
+// (a shuffle, as bench/attention_bench places them), each block one (row, kv head) or
+// (row, kv-head pair), 4-warp blocks of 68 KB of shared memory (3 an SM, as the attention
+// at 128 rows):
+//   tile   the attention's copies: cp.async 16 bytes a lane, a half-warp a key's row,
+//          two stages of 16 keys a warp;
+//   pair   cp.async with a half-warp a kv head: two adjacent kv heads of one key, 512
+//          contiguous bytes an instruction (2-warp blocks, the same bytes in flight);
+//   ldg    the attention's lane map with 16-byte loads into registers.
+// Each prints its time and read rate; run it under
+//   ncu --clock-control none -k regex:read_ --metrics
+//     lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,gpu__time_duration.sum
+// to see whether the extra L2 sectors come with the lane map (tile against pair) or with
+// every read of this pattern (the L2 itself).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/kernels/mma.cuh"  // the attention's cp.async helpers
+
+namespace {
+
+using cellm::cuda::detail::cp_async16;
+using cellm::cuda::detail::cp_async_commit;
+using cellm::cuda::detail::cp_async_wait;
+
+constexpr int kKvHeads = 8;
+constexpr int kHeadDim = 128;
+constexpr int kRowBytes = kHeadDim * 2;          // one kv head's K (or V) row of a cell
+constexpr int kCellElems = kKvHeads * kHeadDim;  // bf16 a cell holds of K (and of V)
+constexpr int kTileKeys = 16;
+constexpr int kRowPad = 8;  // bf16, as the attention pads its rows
+constexpr int kRowElems = kHeadDim + kRowPad;
+constexpr int kStageElems = 2 * kTileKeys * kRowElems;  // K and V of one tile
+constexpr int kSmemBytes = 4 * 2 * kStageElems * 2;     // 4 warps x 2 stages: 68 KB
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "kv_read_bench: %s: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+
+// One block per (row, kv head) = (blockIdx.x, blockIdx.y); warp w copies tiles w, w + 4,
+// ... of the row's `context` keys into its two stages, as the attention does.
+__global__ void __launch_bounds__(128, 3)
+    read_tile(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+              int32_t context, float* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* cells = table + int64_t{blockIdx.x} * context;
+  const int64_t head_off = int64_t{blockIdx.y} * kHeadDim;
+  __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 2 * kStageElems;
+  const int row_in_pass = lane / 16, col = (lane % 16) * 8;
+  const int n_tiles = context / kTileKeys;
+  float acc = 0.f;
+  int s = 0;
+  for (int t = warp; t < n_tiles; t += 4, s ^= 1) {
+    __nv_bfloat16* ks = stages + s * kStageElems;
+    __nv_bfloat16* vs = ks + kTileKeys * kRowElems;
+    const int32_t cell_lane = cells[t * kTileKeys + lane % 16];
+#pragma unroll
+    for (int pass = 0; pass < kTileKeys / 2; ++pass) {
+      const int key = 2 * pass + row_in_pass;
+      const int64_t off =
+          int64_t{__shfl_sync(0xffffffffu, cell_lane, key)} * kCellElems + head_off + col;
+      cp_async16(ks + key * kRowElems + col, k_pool + off, true);
+      cp_async16(vs + key * kRowElems + col, v_pool + off, true);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncwarp();
+    acc += __bfloat162float(stages[(s ^ 1) * kStageElems + lane]);  // the previous tile
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+  if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
+}
+
+// One block per (row, kv-head pair); lanes 0-15 copy head 2p's row of a key, lanes 16-31
+// head 2p + 1's: 512 contiguous bytes an instruction. 2 warps, each stage twice a tile's.
+__global__ void __launch_bounds__(64, 3)
+    read_pair(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+              int32_t context, float* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* cells = table + int64_t{blockIdx.x} * context;
+  const int64_t pair_off = int64_t{blockIdx.y} * 2 * kHeadDim;
+  __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 4 * kStageElems;
+  const int col = lane * 8;  // 0..255 over the pair's two rows
+  const int n_tiles = context / kTileKeys;
+  float acc = 0.f;
+  int s = 0;
+  for (int t = warp; t < n_tiles; t += 2, s ^= 1) {
+    __nv_bfloat16* ks = stages + s * 2 * kStageElems;
+    __nv_bfloat16* vs = ks + kTileKeys * 2 * kRowElems;
+    const int32_t cell_lane = cells[t * kTileKeys + lane % 16];
+#pragma unroll
+    for (int key = 0; key < kTileKeys; ++key) {
+      const int64_t off =
+          int64_t{__shfl_sync(0xffffffffu, cell_lane, key)} * kCellElems + pair_off + col;
+      cp_async16(ks + key * 2 * kRowElems + col + (lane / 16) * kRowPad, k_pool + off, true);
+      cp_async16(vs + key * 2 * kRowElems + col + (lane / 16) * kRowPad, v_pool + off, true);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncwarp();
+    acc += __bfloat162float(stages[(s ^ 1) * 2 * kStageElems + lane]);
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+  if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
+}
+
+// read_tile's blocks and lane map, with 16-byte loads into registers (its 68 KB of shared
+// memory only hold it to 3 blocks an SM).
+__global__ void __launch_bounds__(128, 3)
+    read_ldg(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+             int32_t context, float* out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* cells = table + int64_t{blockIdx.x} * context;
+  const int64_t head_off = int64_t{blockIdx.y} * kHeadDim;
+  const int row_in_pass = lane / 16, col = (lane % 16) * 8;
+  const int n_tiles = context / kTileKeys;
+  uint32_t acc = 0;
+  for (int t = warp; t < n_tiles; t += 4) {
+    const int32_t cell_lane = cells[t * kTileKeys + lane % 16];
+    uint4 k[kTileKeys / 2], v[kTileKeys / 2];
+#pragma unroll
+    for (int pass = 0; pass < kTileKeys / 2; ++pass) {
+      const int key = 2 * pass + row_in_pass;
+      const int64_t off =
+          int64_t{__shfl_sync(0xffffffffu, cell_lane, key)} * kCellElems + head_off + col;
+      k[pass] = __ldcs(reinterpret_cast<const uint4*>(k_pool + off));
+      v[pass] = __ldcs(reinterpret_cast<const uint4*>(v_pool + off));
+    }
+#pragma unroll
+    for (int pass = 0; pass < kTileKeys / 2; ++pass) acc ^= k[pass].x ^ v[pass].w;
+  }
+  if (lane == 0) {
+    out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = static_cast<float>(acc);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rows = 128, context = 1152, iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+      rows = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--context") == 0 && i + 1 < argc) {
+      context = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "kv_read_bench: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  constexpr int64_t kCells = 512 * 1024;  // 1 GiB of K and 1 GiB of V
+  if (rows < 1 || context < kTileKeys || context % kTileKeys != 0 ||
+      int64_t{rows} * context > kCells) {
+    std::fprintf(stderr,
+                 "kv_read_bench: --rows >= 1 and --context a multiple of %d, rows x context <= "
+                 "%ld; got %d x %d\n",
+                 kTileKeys, static_cast<long>(kCells), rows, context);
+    return 2;
+  }
+  __nv_bfloat16 *k_pool = nullptr, *v_pool = nullptr;
+  check(cudaMalloc(&k_pool, kCells * kCellElems * sizeof(__nv_bfloat16)), "cudaMalloc k");
+  check(cudaMalloc(&v_pool, kCells * kCellElems * sizeof(__nv_bfloat16)), "cudaMalloc v");
+  check(cudaMemset(k_pool, 0x3c, kCells * kCellElems * sizeof(__nv_bfloat16)), "fill k");
+  check(cudaMemset(v_pool, 0x3c, kCells * kCellElems * sizeof(__nv_bfloat16)), "fill v");
+  // Row r's keys: cells [r context, (r + 1) context) of a shuffle of every cell.
+  std::vector<int32_t> order(kCells);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(1));
+  int32_t* table = nullptr;
+  check(cudaMalloc(&table, sizeof(int32_t) * rows * context), "cudaMalloc table");
+  check(cudaMemcpy(table, order.data(), sizeof(int32_t) * rows * context, cudaMemcpyHostToDevice),
+        "upload table");
+  float* out = nullptr;
+  check(cudaMalloc(&out, sizeof(float) * rows * kKvHeads * 4), "cudaMalloc out");
+  for (auto kernel : {read_tile, read_pair, read_ldg}) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+          "opt in to shared memory");
+  }
+
+  const double bytes = 2.0 * rows * context * kKvHeads * kRowBytes;
+  std::printf(
+      "kv_read_bench: %d rows x %d keys, %d kv heads of %d bytes, K and V: %.1f MB a "
+      "launch, %d launches\n",
+      rows, context, kKvHeads, kRowBytes, bytes / 1e6, iters);
+  std::printf("kernel |     us |   GB/s\n");
+  struct Case {
+    const char* name;
+    void (*kernel)(const __nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int32_t, float*);
+    dim3 grid;
+    int threads;
+  };
+  const Case cases[] = {{"tile", read_tile, dim3(rows, kKvHeads), 128},
+                        {"pair", read_pair, dim3(rows, kKvHeads / 2), 64},
+                        {"ldg", read_ldg, dim3(rows, kKvHeads), 128}};
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  for (const Case& c : cases) {
+    const auto launch = [&] {
+      c.kernel<<<c.grid, c.threads, kSmemBytes>>>(k_pool, v_pool, table, context, out);
+    };
+    launch();  // warm-up
+    check(cudaDeviceSynchronize(), c.name);
+    check(cudaEventRecord(start), "record");
+    for (int i = 0; i < iters; ++i) launch();
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), c.name);
+    float ms = 0.f;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    const double us = 1e3 * ms / iters;
+    std::printf("%-6s | %6.2f | %6.0f\n", c.name, us, bytes / (us * 1e3));
+  }
+  return 0;
+}
