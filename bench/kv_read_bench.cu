@@ -58,6 +58,17 @@ void check(cudaError_t err, const char* what) {
   }
 }
 
+// Commits the tile just issued, waits for the one before it (in `previous`, the warp's
+// other stage) and reads an element of it, so its copies have a consumer.
+__device__ __forceinline__ float land_previous(const __nv_bfloat16* previous, int lane) {
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncwarp();
+  const float x = __bfloat162float(previous[lane]);
+  __syncwarp();  // read before the next tile refills the stage
+  return x;
+}
+
 // One block per (row, kv head) = (blockIdx.x, blockIdx.y); warp w copies tiles w, w + 4,
 // ... of the row's `context` keys into its two stages, as the attention does.
 __global__ void __launch_bounds__(128, 3)
@@ -84,11 +95,7 @@ __global__ void __launch_bounds__(128, 3)
       cp_async16(ks + key * kRowElems + col, k_pool + off, true);
       cp_async16(vs + key * kRowElems + col, v_pool + off, true);
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncwarp();
-    acc += __bfloat162float(stages[(s ^ 1) * kStageElems + lane]);  // the previous tile
-    __syncwarp();
+    acc += land_previous(stages + (s ^ 1) * kStageElems, lane);
   }
   cp_async_wait<0>();
   if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
@@ -119,11 +126,7 @@ __global__ void __launch_bounds__(64, 3)
       cp_async16(ks + key * 2 * kRowElems + col + (lane / 16) * kRowPad, k_pool + off, true);
       cp_async16(vs + key * 2 * kRowElems + col + (lane / 16) * kRowPad, v_pool + off, true);
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncwarp();
-    acc += __bfloat162float(stages[(s ^ 1) * 2 * kStageElems + lane]);
-    __syncwarp();
+    acc += land_previous(stages + (s ^ 1) * 2 * kStageElems, lane);
   }
   cp_async_wait<0>();
   if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
