@@ -7,7 +7,7 @@
 // each key's 256-byte K and V rows (head_dim 128, bf16) from cells 2 KB apart (8 kv
 // heads a cell), with cp.async: a half-warp a row, so one instruction copies two keys'
 // rows. Under ncu the L2 is asked for 1.5 sectors for each sector the DRAM delivers
-// (docs/PERFORMANCE.md, session 14). Three read kernels over the same scattered cells
+// (docs/PERFORMANCE.md, session 14). Five read kernels over the same scattered cells
 // (a shuffle, as bench/attention_bench places them), each block one (row, kv head) or
 // (row, kv-head pair), 4-warp blocks of 68 KB of shared memory (3 an SM, as the attention
 // at 128 rows):
@@ -15,10 +15,13 @@
 //          two stages of 16 keys a warp;
 //   pair   cp.async with a half-warp a kv head: two adjacent kv heads of one key, 512
 //          contiguous bytes an instruction (2-warp blocks, the same bytes in flight);
-//   ldg    the attention's lane map with 16-byte loads into registers.
+//   ldg    the attention's lane map with 16-byte loads into registers;
+//   bulk   tile's blocks and stages, each key's K or V row one 256-byte Hopper bulk copy
+//          (cp.async.bulk, a lane a row) landing on the stage's mbarrier;
+//   bulkef bulk with the L2 told to evict its lines first.
 // Each prints its time and read rate; run it under
 //   ncu --clock-control none -k regex:read_ --metrics
-//     lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum,gpu__time_duration.sum
+//     lts__t_sectors_op_read.sum,dram__bytes_read.sum,gpu__time_duration.sum
 // to see whether the extra L2 sectors come with the lane map (tile against pair) or with
 // every read of this pattern (the L2 itself).
 #include <cuda_bf16.h>
@@ -33,13 +36,21 @@
 #include <random>
 #include <vector>
 
-#include "cuda/kernels/mma.cuh"  // the attention's cp.async helpers
+#include "cuda/kernels/mbarrier.cuh"  // the bulk copy and its barriers
+#include "cuda/kernels/mma.cuh"       // the attention's cp.async helpers
 
 namespace {
 
+using cellm::cuda::detail::barrier_arrive_expect;
+using cellm::cuda::detail::barrier_init;
+using cellm::cuda::detail::barrier_wait;
+using cellm::cuda::detail::bulk_copy;
 using cellm::cuda::detail::cp_async16;
 using cellm::cuda::detail::cp_async_commit;
 using cellm::cuda::detail::cp_async_wait;
+using cellm::cuda::detail::fence_barrier_init;
+using cellm::cuda::detail::fence_proxy_async_shared;
+using cellm::cuda::detail::smem_addr;
 
 constexpr int kKvHeads = 8;
 constexpr int kHeadDim = 128;
@@ -162,6 +173,81 @@ __global__ void __launch_bounds__(128, 3)
   }
 }
 
+// --- the Hopper bulk copy (the barriers and the plain copy in mbarrier.cuh) ---
+
+// `bytes` contiguous bytes from global `src` to shared `dst`, completing on `bar`; with
+// kEvictFirst the L2 is told to drop them first.
+template <bool kEvictFirst>
+__device__ __forceinline__ void bulk_read(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  if constexpr (kEvictFirst) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+        : "memory");
+  } else {
+    bulk_copy(dst, src, bytes, bar);
+  }
+}
+
+// read_tile's blocks and stages, each key's K and V rows one 256-byte bulk copy (lane l
+// copies key l % 16's K row for l < 16, its V row otherwise), a tile landing on its
+// stage's mbarrier.
+template <bool kEvictFirst>
+__device__ __forceinline__ void bulk_tiles(const __nv_bfloat16* k_pool,
+                                           const __nv_bfloat16* v_pool, const int32_t* table,
+                                           int32_t context, float* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ alignas(8) uint64_t full[4][2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* cells = table + int64_t{blockIdx.x} * context;
+  const int64_t head_off = int64_t{blockIdx.y} * kHeadDim;
+  __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 2 * kStageElems;
+  if (lane < 2) {
+    barrier_init(&full[warp][lane], 1);
+    fence_barrier_init();
+  }
+  __syncwarp();
+  const int n_tiles = context / kTileKeys;
+  const int key = lane % 16;
+  const __nv_bfloat16* pool = lane < 16 ? k_pool : v_pool;
+  uint32_t parity[2] = {0, 0};
+  float acc = 0.f;
+  int s = 0;
+  bool previous = false;
+  for (int t = warp; t < n_tiles; t += 4, s ^= 1) {
+    __nv_bfloat16* dst = stages + s * kStageElems + (lane / 16) * kTileKeys * kRowElems;
+    if (lane == 0) barrier_arrive_expect(&full[warp][s], 2 * kTileKeys * kRowBytes);
+    fence_proxy_async_shared();
+    __syncwarp();
+    const int64_t cell = cells[t * kTileKeys + key];
+    bulk_read<kEvictFirst>(dst + key * kRowElems, pool + cell * kCellElems + head_off, kRowBytes,
+                           &full[warp][s]);
+    if (previous) {
+      barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
+      parity[s ^ 1] ^= 1;
+      acc += __bfloat162float(stages[(s ^ 1) * kStageElems + lane]);
+      __syncwarp();
+    }
+    previous = true;
+  }
+  if (previous) barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
+  if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
+}
+__global__ void __launch_bounds__(128, 3)
+    read_bulk(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+              int32_t context, float* out) {
+  bulk_tiles<false>(k_pool, v_pool, table, context, out);
+}
+__global__ void __launch_bounds__(128, 3)
+    read_efbulk(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+                int32_t context, float* out) {
+  bulk_tiles<true>(k_pool, v_pool, table, context, out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,7 +288,7 @@ int main(int argc, char** argv) {
         "upload table");
   float* out = nullptr;
   check(cudaMalloc(&out, sizeof(float) * rows * kKvHeads * 4), "cudaMalloc out");
-  for (auto kernel : {read_tile, read_pair, read_ldg}) {
+  for (auto kernel : {read_tile, read_pair, read_ldg, read_bulk, read_efbulk}) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
           "opt in to shared memory");
   }
@@ -221,7 +307,9 @@ int main(int argc, char** argv) {
   };
   const Case cases[] = {{"tile", read_tile, dim3(rows, kKvHeads), 128},
                         {"pair", read_pair, dim3(rows, kKvHeads / 2), 64},
-                        {"ldg", read_ldg, dim3(rows, kKvHeads), 128}};
+                        {"ldg", read_ldg, dim3(rows, kKvHeads), 128},
+                        {"bulk", read_bulk, dim3(rows, kKvHeads), 128},
+                        {"bulkef", read_efbulk, dim3(rows, kKvHeads), 128}};
   cudaEvent_t start = nullptr, stop = nullptr;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");

@@ -19,9 +19,9 @@ nvidia-smi --query-gpu=name,uuid --format=csv,noheader | tee "$OUT/kv_read.txt"
 $B/bench/kv_read_bench --rows "$rows" --context "$context" | tee -a "$OUT/kv_read.txt"
 $B/bench/attention_bench --shapes "${rows}x$context" --budget "$((context + 128))" |
   tail -n 2 | tee -a "$OUT/kv_read.txt"
-metrics=lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum
+metrics=lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_op_read.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum
 metrics=$metrics,gpu__time_duration.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed
-for k in read_tile read_pair read_ldg; do
+for k in read_tile read_pair read_ldg read_bulk read_efbulk; do
   timeout 120 ncu --clock-control none -k "regex:$k" --launch-count 1 --metrics "$metrics" \
     $B/bench/kv_read_bench --rows "$rows" --context "$context" --iters 2 2>&1 |
     grep -E "^\s+(lts__|dram__|gpu__)" | sed "s/^/$k /"

@@ -11,6 +11,7 @@
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/mbarrier.cuh"
 #include "cuda/kernels/mma.cuh"
 #include "cuda/kernels/wgmma.cuh"
 
@@ -40,6 +41,11 @@ namespace cellm::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using detail::barrier_arrive;
+using detail::barrier_arrive_expect;
+using detail::barrier_init;
+using detail::barrier_wait;
+using detail::fence_barrier_init;
 using detail::ldmatrix_x4;
 using detail::mma_16816;
 using detail::smem_addr;
@@ -127,39 +133,8 @@ struct SkinnyParams {
   int k_stages;      // k / kStageCols
 };
 
-// --- mbarrier and TMA (PTX ISA: "mbarrier", "cp.async.bulk.tensor") ---
+// --- TMA (PTX ISA: "cp.async.bulk.tensor"; the barriers in mbarrier.cuh) ---
 
-__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
-               : "memory");
-}
-// Arrives once and adds `bytes` to the transactions the current phase waits for.
-__device__ __forceinline__ void barrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// Waits until the phase of parity `parity` has completed. A wait that outlasts ~2^26
-// tries (seconds; a stage lands in microseconds) traps: a broken pipeline becomes a
-// launch error the caller sees, not a hung process.
-__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  for (uint32_t tries = 0; !done; ++tries) {
-    if (tries == (1u << 26)) __trap();
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-}
 // The box of `map` at (column col, row row) into shared `dst`, completing on `bar`.
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int col, int row,
                                          uint64_t* bar) {
@@ -217,7 +192,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
       barrier_init(&full[s], 1);
       barrier_init(&empty[s], kConsumers);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_barrier_init();
   }
   __syncthreads();
 
