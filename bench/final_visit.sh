@@ -3,7 +3,7 @@
 # docs/PERFORMANCE.md, most important first (each step writes under $OUT at
 # once, so a visit cut short by its time limit still brings back what ran):
 # build, every `gpu` test, memcheck on the attention, the bench rows of the
-# issue (8b twice, 1b, 8b long context), then the kernel benches.
+# issue (each twice: 8b, 1b, 8b long context, interleaved), then the kernel benches.
 #   bash bench/final_visit.sh   (carry .deps)
 set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
@@ -26,10 +26,11 @@ run_bench() {  # name, args...
   timeout 150 $B/cellm bench --executor cuda --peak-bandwidth 4250 --step-times "$@" 2>&1 |
     tee -a "$OUT/bench.txt" | grep -E "^\| +[0-9]"
 }
-run_bench 8b_run1 --preset 8b -npp 128 -ntg 128 -npl 1,16,64,256
-run_bench 1b --preset 1b -npp 128 -ntg 128 -npl 1,16,64,256
-run_bench 8b_long --preset 8b -npp 1024 -ntg 256 -npl 1,128
-run_bench 8b_run2 --preset 8b -npp 128 -ntg 128 -npl 1,16,64,256
+for run in 1 2; do
+  run_bench "8b_run$run" --preset 8b -npp 128 -ntg 128 -npl 1,16,64,256
+  run_bench "1b_run$run" --preset 1b -npp 128 -ntg 128 -npl 1,256
+  run_bench "8b_long_run$run" --preset 8b -npp 1024 -ntg 256 -npl 1,128
+done
 timeout 60 $B/bench/attention_bench >>"$OUT/micro.txt" 2>&1
 timeout 60 $B/bench/gemv_bench >>"$OUT/micro.txt" 2>&1
 tail -50 "$OUT/micro.txt"
