@@ -37,13 +37,6 @@
 #define CELLM_SKINNY_SUM_UNROLL 2
 #endif
 
-// How many of the ring's first stages of weights the producer puts in flight before the
-// programmatic wait (-1: all of them), for bench/variant_visit.sh: those bytes queue at
-// the memory ahead of the loads of the small kernel still running before this one.
-#ifndef CELLM_SKINNY_PREWAIT_STAGES
-#define CELLM_SKINNY_PREWAIT_STAGES -1
-#endif
-
 namespace cellm::cuda {
 namespace {
 
@@ -221,15 +214,11 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
                    (first + s) * kStageCols + b * kBoxCols, 0, bar);
         }
       };
-      const int early = CELLM_SKINNY_PREWAIT_STAGES < 0 ? prologue
-                                                        : min(prologue, CELLM_SKINNY_PREWAIT_STAGES);
-      const auto arm_weights = [&](int s) {
+      for (int s = 0; s < prologue; ++s) {
         barrier_arrive_expect(&full[s], kStageBytes);
         load_weights(ring + s * kStageBytes, s, &full[s]);
-      };
-      for (int s = 0; s < early; ++s) arm_weights(s);
+      }
       detail::wait_for_prior_grids();
-      for (int s = early; s < prologue; ++s) arm_weights(s);
       for (int s = 0; s < prologue; ++s) load_x(ring + s * kStageBytes, s, &full[s]);
       for (int s = S; s < n_stages; ++s) {
         const int slot = s % S;
