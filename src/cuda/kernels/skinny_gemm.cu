@@ -87,6 +87,10 @@ static_assert(CELLM_SKINNY_WIDE_CONSUMERS == 4 || CELLM_SKINNY_WIDE_CONSUMERS ==
 constexpr int consumers_for(int mt) {
   return mt == 16 ? 8 : mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
 }
+// Whether launches of x tiles MT may pair their row tiles (CELLM_SKINNY_MULTICAST_X).
+constexpr bool multicast_pairs(int mt) {
+  return CELLM_SKINNY_MULTICAST_X != 0 && mt == 16;
+}
 constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
 constexpr int kRowBytes = kBoxCols * 2;
 constexpr int kStageCols = static_cast<int>(kSkinnyKStep);
@@ -207,7 +211,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   const int n_stages = min(p.split_stages, p.k_stages - first);
   // A cluster is (pair, splits) blocks, ranked x first: this block is (pair_rank, split).
   namespace cg = cooperative_groups;
-  const int pair = p.pair;
+  const int pair = multicast_pairs(MT) ? p.pair : 1;  // without them, the kernel of old
   const int pair_rank = static_cast<int>(blockIdx.x) % pair;
   const auto rank_of = [&](int of_pair, int of_split) {
     return static_cast<uint32_t>(of_pair + of_split * pair);
@@ -536,7 +540,7 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
     SkinnyClusters clusters{};       // of (1, s) blocks
     SkinnyClusters pair_clusters{};  // of (2, s) blocks, s <= kPairMaxSplits
   };
-  constexpr bool kPairs = CELLM_SKINNY_MULTICAST_X != 0 && MT == 16;
+  constexpr bool kPairs = multicast_pairs(MT);
   static std::mutex mutex;
   static std::map<int, Setup> setups;
   Setup setup;
