@@ -411,7 +411,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   const int rows = static_cast<int>(min(int64_t{kBlockRows}, p.n - row0));
   const int quads = p.m * kQuads;
   const int share = (quads + p.splits - 1) / p.splits;
-  const int begin = split * share;
+  const int begin = static_cast<int>(cluster.block_rank()) / pair * share;  // by split
   const int end = min(quads, begin + share);
   for (int first = begin + tid; first < end; first += kSumUnroll * kThreads) {
     float4 part[kSumUnroll][kSkinnyMaxSplits];
