@@ -28,16 +28,6 @@ __device__ __forceinline__ void barrier_arrive_expect(uint64_t* bar, uint32_t by
 __device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// Arrives once on the barrier at `bar`'s offset in the shared memory of the block of
-// cluster rank `rank` (releasing this thread's earlier accesses to the cluster).
-__device__ __forceinline__ void barrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  uint32_t remote = 0;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote)
-               : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
-               : "memory");
-}
 // Waits until the phase of parity `parity` has completed. A wait that outlasts ~2^26
 // tries (seconds; a copy lands in microseconds) traps: a broken pipeline becomes a
 // launch error the caller sees, not a hung process.

@@ -37,22 +37,11 @@
 #define CELLM_SKINNY_SUM_UNROLL 2
 #endif
 
-// 1: at 65-128 x rows, row tiles go in pairs that share their x: each block of a pair
-// copies half of every stage's x boxes into both blocks' rings at once (TMA multicast),
-// so the L2 serves x once for 256 weight rows instead of 128 (at 128 x rows a block
-// reads as many bytes of x as of weights; docs/PERFORMANCE.md, session 16). A pair is
-// two blocks of a cluster along n, beside the splits along k (at most 4 of them then).
-// 0 (default): every block copies its own x. For bench/variant_visit.sh.
-#ifndef CELLM_SKINNY_MULTICAST_X
-#define CELLM_SKINNY_MULTICAST_X 0
-#endif
-
 namespace cellm::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
 using detail::barrier_arrive;
-using detail::barrier_arrive_cluster;
 using detail::barrier_arrive_expect;
 using detail::barrier_init;
 using detail::barrier_wait;
@@ -86,10 +75,6 @@ using detail::smem_addr;
 static_assert(CELLM_SKINNY_WIDE_CONSUMERS == 4 || CELLM_SKINNY_WIDE_CONSUMERS == 8);
 constexpr int consumers_for(int mt) {
   return mt == 16 ? 8 : mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
-}
-// Whether launches of x tiles MT may pair their row tiles (CELLM_SKINNY_MULTICAST_X).
-constexpr bool multicast_pairs(int mt) {
-  return CELLM_SKINNY_MULTICAST_X != 0 && mt == 16;
 }
 constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
 constexpr int kRowBytes = kBoxCols * 2;
@@ -144,7 +129,6 @@ struct SkinnyParams {
   int m;
   int64_t n;
   int splits;        // blocks along k per row tile (gridDim.y, one cluster)
-  int pair;          // row tiles of a cluster sharing x (CELLM_SKINNY_MULTICAST_X): 1 or 2
   int split_stages;  // stages of k a split covers (the last split may cover fewer)
   int k_stages;      // k / kStageCols
 };
@@ -158,17 +142,6 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
-      : "memory");
-}
-
-// The box of `map` at (column col, row row) into shared `dst` of every block of the
-// cluster in `blocks` (a mask of cluster ranks), completing on `bar` in each of them.
-__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, int col,
-                                                   int row, uint64_t* bar, uint16_t blocks) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"(blocks)
       : "memory");
 }
 
@@ -209,13 +182,6 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   const int64_t row0 = tile * kBlockRows;
   const int first = split * p.split_stages;  // first stage of k of this split
   const int n_stages = min(p.split_stages, p.k_stages - first);
-  // A cluster is (pair, splits) blocks, ranked x first: this block is (pair_rank, split).
-  namespace cg = cooperative_groups;
-  const int pair = multicast_pairs(MT) ? p.pair : 1;  // without them, the kernel of old
-  const int pair_rank = static_cast<int>(blockIdx.x) % pair;
-  const auto rank_of = [&](int of_pair, int of_split) {
-    return static_cast<uint32_t>(of_pair + of_split * pair);
-  };
 
   if (warp == kConsumers && lane == 0) {  // the producer's descriptors, while barriers start
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&p.w_map)) : "memory");
@@ -224,14 +190,11 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       barrier_init(&full[s], 1);
-      barrier_init(&empty[s], kConsumers * pair);  // a pair's consumers free both slots
+      barrier_init(&empty[s], kConsumers);
     }
     fence_barrier_init();
   }
   __syncthreads();
-  // The other block of a pair copies into this block's ring and arrives on its barriers:
-  // they are initialised first.
-  if (pair > 1) cg::this_cluster().sync();
 
   if (warp == kConsumers) {
     // The producer. The weights of the first stages go in flight before the programmatic
@@ -245,17 +208,10 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
                    (first + s) * kStageCols + b * kBoxCols, static_cast<int>(row0), bar);
         }
       };
-      // In a pair, block r copies the boxes b with b % 2 == r into both rings.
-      const auto pair_blocks = static_cast<uint16_t>(3u << rank_of(0, split));
       const auto load_x = [&](unsigned char* stage, int s, uint64_t* bar) {
         for (int b = 0; b < kBoxes; ++b) {
-          unsigned char* dst = stage + kWeightBytes + b * x_box_bytes<MT>();
-          const int col = (first + s) * kStageCols + b * kBoxCols;
-          if (pair == 1) {
-            tma_load(dst, &p.x_map, col, 0, bar);
-          } else if (b % 2 == pair_rank) {
-            tma_load_multicast(dst, &p.x_map, col, 0, bar, pair_blocks);
-          }
+          tma_load(stage + kWeightBytes + b * x_box_bytes<MT>(), &p.x_map,
+                   (first + s) * kStageCols + b * kBoxCols, 0, bar);
         }
       };
       for (int s = 0; s < prologue; ++s) {
@@ -275,7 +231,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     }
     // The producer writes nothing; with splits it still takes part in the cluster's
     // barriers and in writing y, after the programmatic wait as every writer.
-    if (p.splits == 1 && pair == 1) return;
+    if (p.splits == 1) return;
     detail::wait_for_prior_grids();
   }
 
@@ -342,10 +298,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
       }
 #endif
       __syncwarp();
-      if (lane == 0) {  // this warp is done with the slot (in a pair, with both blocks' slot)
-        barrier_arrive(&empty[slot]);
-        if (pair > 1) barrier_arrive_cluster(&empty[slot], rank_of(pair_rank ^ 1, split));
-      }
+      if (lane == 0) barrier_arrive(&empty[slot]);  // this warp is done with the slot
     }
     detail::allow_dependent_grids();
   }
@@ -368,24 +321,21 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   // Without splits each consumer writes its sums from its registers (staging them through
   // shared memory for whole-sector stores measured slower at 16 x rows, session 8).
   if (p.splits == 1) {
-    if (consumer) {
-      for_each_sum([&](int i, int64_t row, float v) {
-        if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
-        p.y[int64_t{i} * p.n + row] = detail::from_float<TOut>(v);
-      });
-    }
-    // A pair's blocks stay until neither copies into nor arrives on the other's memory.
-    if (pair > 1) cg::this_cluster().sync();
+    for_each_sum([&](int i, int64_t row, float v) {
+      if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
+      p.y[int64_t{i} * p.n + row] = detail::from_float<TOut>(v);
+    });
     return;
   }
 
-  // Splits: the tile's blocks are a cluster (in a pair, half of one). Each puts its sums in its own
-  // shared memory (the ring, once every consumer warp is past its last stage: the copies into it
+  // Splits: the tile's blocks form one cluster. Each puts its sums in its own shared
+  // memory (the ring, once every consumer warp is past its last stage: the copies into it
   // have all completed), and after the cluster's barrier block j adds up its share of
   // the tile's outputs from every block's shared memory in order of split (distributed
   // shared memory), adds the bias and writes y four adjacent outputs a store (a warp's
   // stores then cover whole 32-byte sectors: scalar stores filled a quarter of each). The
   // second barrier keeps each block's shared memory alive until the others have read it.
+  namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   // sums[i][r]: x row i, weight row row0 + r; rows padded by 4 floats, so the lanes of a
   // store (8 weight rows, 4 x rows 2 apart) hit 32 distinct banks.
@@ -411,7 +361,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   const int rows = static_cast<int>(min(int64_t{kBlockRows}, p.n - row0));
   const int quads = p.m * kQuads;
   const int share = (quads + p.splits - 1) / p.splits;
-  const int begin = static_cast<int>(cluster.block_rank()) / pair * share;  // by split
+  const int begin = static_cast<int>(cluster.block_rank()) * share;
   const int end = min(quads, begin + share);
   for (int first = begin + tid; first < end; first += kSumUnroll * kThreads) {
     float4 part[kSumUnroll][kSkinnyMaxSplits];
@@ -423,8 +373,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
 #pragma unroll
       for (int s = 0; s < kSkinnyMaxSplits; ++s) {
         if (s < p.splits) {
-          part[u][s] = *reinterpret_cast<const float4*>(
-              cluster.map_shared_rank(sums, rank_of(pair_rank, s)) + at);
+          part[u][s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, s) + at);
         }
       }
     }
@@ -505,24 +454,6 @@ constexpr CUtensorMapL2promotion kWeightPromotion = CELLM_SKINNY_PROMOTION == 0
                                                         ? CU_TENSOR_MAP_L2_PROMOTION_NONE
                                                         : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
 
-// The most splits (up to `most`) whose `needed` clusters all fit one wave of `clusters`,
-// each split keeping at least kMinSplitStages stages of k: a block streams its range of k
-// through a ring deep enough to cover the memory latency, so a grid that holds every SM in
-// one wave streams at the rate of all of them; another wave would add a ramp of latency,
-// and more splits mean more, shorter blocks.
-constexpr int64_t kMinSplitStages = 512 / kStageCols;  // 512 columns of k
-int32_t splits_fitting(int64_t needed, int64_t k_stages, const SkinnyClusters& clusters,
-                       int32_t most) {
-  int32_t best = 1;
-  for (int32_t s = 2; s <= most; ++s) {
-    if (k_stages < kMinSplitStages * s) break;
-    if (needed <= clusters[s - 1]) best = s;
-  }
-  return best;
-}
-// A pair's cluster is 2 x splits blocks, at most kSkinnyMaxSplits (the portable size).
-constexpr int32_t kPairMaxSplits = kSkinnyMaxSplits / 2;
-
 template <int MT, SkinnyRing kRing, typename TOut>
 cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
                          cudaStream_t stream) {
@@ -537,10 +468,8 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
   // stay inside a GPC, so this is less than the SMs' blocks over the cluster size).
   struct Setup {
     cudaError_t error = cudaSuccess;
-    SkinnyClusters clusters{};       // of (1, s) blocks
-    SkinnyClusters pair_clusters{};  // of (2, s) blocks, s <= kPairMaxSplits
+    SkinnyClusters clusters{};
   };
-  constexpr bool kPairs = multicast_pairs(MT);
   static std::mutex mutex;
   static std::map<int, Setup> setups;
   Setup setup;
@@ -551,26 +480,19 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
       Setup s;
       s.error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(bytes));
-      const auto count = [&](unsigned pair, int32_t splits, int* clusters) {
+      for (int32_t splits = 1; splits <= kSkinnyMaxSplits && s.error == cudaSuccess; ++splits) {
         cudaLaunchConfig_t config{};
-        config.gridDim = dim3(pair, static_cast<unsigned>(splits));
+        config.gridDim = dim3(1, static_cast<unsigned>(splits));
         config.blockDim = dim3(kThreads);
         config.dynamicSmemBytes = bytes;
         cudaLaunchAttribute cluster{};
         cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim.x = pair;
+        cluster.val.clusterDim.x = 1;
         cluster.val.clusterDim.y = static_cast<unsigned>(splits);
         cluster.val.clusterDim.z = 1;
         config.attrs = &cluster;
         config.numAttrs = 1;
-        return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
-      };
-      for (int32_t splits = 1; splits <= kSkinnyMaxSplits && s.error == cudaSuccess; ++splits) {
-        s.error = count(1, splits, &s.clusters[splits - 1]);
-      }
-      for (int32_t splits = 1; kPairs && splits <= kPairMaxSplits && s.error == cudaSuccess;
-           ++splits) {
-        s.error = count(2, splits, &s.pair_clusters[splits - 1]);
+        s.error = cudaOccupancyMaxActiveClusters(&s.clusters[splits - 1], kernel, &config);
       }
       it = setups.emplace(device, s).first;
     }
@@ -586,18 +508,15 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
       e != cudaSuccess) {
     return e;
   }
+  const int32_t splits = skinny_gemm_splits(p.m, p.n, k, setup.clusters);
   const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
-  p.pair = kPairs && tiles % 2 == 0 ? 2 : 1;
-  const int32_t splits =
-      p.pair == 1 ? skinny_gemm_splits(p.m, p.n, k, setup.clusters)
-                  : splits_fitting(tiles / 2, p.k_stages, setup.pair_clusters, kPairMaxSplits);
   p.split_stages = (p.k_stages + splits - 1) / splits;
   p.splits = (p.k_stages + p.split_stages - 1) / p.split_stages;  // each with work
   const auto splits_now = static_cast<unsigned>(p.splits);
   return detail::launch_kernel_in_clusters(kernel, dim3(static_cast<unsigned>(tiles), splits_now),
-                                           dim3(kThreads), bytes, stream,
-                                           dim3(static_cast<unsigned>(p.pair), splits_now, 1), p);
+                                           dim3(kThreads), bytes, stream, dim3(1, splits_now, 1),
+                                           p);
 }
 
 template <int MT, typename TOut>
@@ -623,9 +542,20 @@ int64_t skinny_gemm_block_rows(int64_t m) {
 }
 
 int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters) {
-  // Up to kSkinnyMaxSplits, a cluster's portable size.
+  // The most splits (up to kSkinnyMaxSplits, a cluster's portable size) whose clusters all
+  // fit one wave, each split keeping at least kMinSplitStages stages. A block streams its
+  // range of k through a ring deep enough to cover the memory latency, so a grid that
+  // holds every SM in one wave streams at the rate of all of them; another wave would add
+  // a ramp of latency, and more splits mean more, shorter blocks.
+  constexpr int64_t kMinSplitStages = 512 / kStageCols;  // 512 columns of k
   const int64_t tiles = (n + skinny_gemm_block_rows(m) - 1) / skinny_gemm_block_rows(m);
-  return splits_fitting(tiles, k / kStageCols, clusters, kSkinnyMaxSplits);
+  const int64_t k_stages = k / kStageCols;
+  int32_t best = 1;
+  for (int32_t s = 2; s <= kSkinnyMaxSplits; ++s) {
+    if (k_stages < kMinSplitStages * s) break;
+    if (tiles <= clusters[s - 1]) best = s;
+  }
+  return best;
 }
 
 template <typename TOut>
@@ -638,7 +568,6 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.m = static_cast<int>(m);
   p.n = n;
   p.splits = 1;
-  p.pair = 1;
   p.k_stages = static_cast<int>(k / kStageCols);
   if (m <= 16) return launch_rows<2>(p, x, w, k, ring, stream);
   if (m <= 32) return launch_rows<4>(p, x, w, k, ring, stream);

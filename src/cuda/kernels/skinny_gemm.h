@@ -19,9 +19,6 @@
 // up the j-th share of the tile's outputs from all of them (distributed shared memory) in
 // order of split, adds the bias and writes y. No workspace, no second pass. The order of
 // every sum depends on (m, n, k, splits) only: every launch of a shape gives the same bits.
-// Built with CELLM_SKINNY_MULTICAST_X=1 (an experiment, off by default), launches of 65-128
-// rows with an even count of row tiles run two tiles' splits as one cluster, each block
-// copying half of every stage's x into both blocks' rings (TMA multicast).
 //
 // Needs sm_90 (TMA, mbarrier transaction counts) and cuTensorMapEncodeTiled from the
 // driver (found through the runtime; launches return cudaErrorNotSupported without it).
