@@ -89,6 +89,17 @@ struct CudaExecutorOptions {
   // without (with both trigger placements under early_triggers kTimed: four graphs).
   // Needs programmatic_launch.
   TimedChoice early_after_cublas = TimedChoice::kTimed;
+  // With graphs: once a decode batch has run from its captured graph, queue the next
+  // decode step of the same sessions before returning, each fed on the device with the
+  // token just sampled for it, so the device runs it while the runner handles this step's
+  // tokens and schedules the next batch (the host's share of a step leaves the device's
+  // critical path). When the next batch is that step (the same sessions, in order, each
+  // continuing with its token) it is already running; otherwise (a session finished, was
+  // cancelled or closed, a prefill arrived, another executor call came) its cells go back
+  // to the pool and its tokens are dropped: each step's tokens are the same either way
+  // (sampling draws depend on the seed and the position only). Not for sessions that ask
+  // for logprobs. Off: every step waits for its batch.
+  bool overlap_decode = true;
 };
 
 namespace cuda {
@@ -140,6 +151,10 @@ class CudaExecutor final : public Executor {
   struct MethodCalls {
     int64_t decode_graph_replays = 0;
     int64_t decode_graph_captures = 0;
+    // overlap_decode: steps queued ahead that the next batch was (used) or was not
+    // (dropped: their work is lost).
+    int64_t decode_steps_ahead_used = 0;
+    int64_t decode_steps_ahead_dropped = 0;
     int64_t decode_eager = 0;
     int64_t prefill = 0;
   };
@@ -148,7 +163,9 @@ class CudaExecutor final : public Executor {
   // decodes and the rest (prefill slices, lone decodes). wall: execute() from entry
   // to return (packing, placement, staging, the forwards and the wait for them);
   // device: from each forward's first to its last stream operation (CUDA events).
-  // wall - device is the host's share of a step. All zero while time_steps is off.
+  // wall - device is the host's share of a step; with overlap_decode a batch whose step
+  // was queued ahead started on the device before execute() was called, so its wall time
+  // can be below its device time. All zero while time_steps is off.
   struct StepTimes {
     int64_t decode_batches = 0;
     double decode_wall_ms = 0, decode_device_ms = 0;

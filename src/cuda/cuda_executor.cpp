@@ -15,6 +15,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_forward.h"
 #include "cuda/gemm_tuning.h"
+#include "cuda/kernels/embedding.h"
 #include "cuda/launch_control.h"
 
 namespace cellm {
@@ -105,7 +106,10 @@ class ExecutorImpl {
 
   // Fills the sampling row of selected row `s` for batch input `input`.
   bool fill_sampling(int32_t s, const Input& input, Position next) {
-    const SamplingPolicy* policy = sessions_.policy_of(input.sid);
+    return fill_sampling_of(s, input.sid, next);
+  }
+  bool fill_sampling_of(int32_t s, SessionId sid, Position next) {
+    const SamplingPolicy* policy = sessions_.policy_of(sid);
     if (policy == nullptr) return false;
     SamplingRow& r = engine_->host().sampling[s];
     r.temperature = policy->params.temperature;
@@ -182,6 +186,10 @@ class ExecutorImpl {
     last_error_.clear();
     out.outputs.assign(batch.inputs.size(), std::nullopt);
     if (broken_) return fail("a previous CUDA error left the device unusable");
+    if (ahead_) {
+      if (ahead_matches(batch)) return run_ahead(out);
+      if (!drop_ahead()) return false;
+    }
     Result<PackedStep> packed_or = sessions_.pack(batch);
     if (!packed_or.ok()) return fail(packed_or.status().to_string());
     const PackedStep& packed = *packed_or;
@@ -246,6 +254,17 @@ class ExecutorImpl {
       }
     }
     const std::vector<int32_t> logit_rows = logit_rows_for(packed.sids);
+    // Overlapped once the same sessions decode twice in a row, in the same order (a
+    // step queued ahead for a batch that keeps changing would mostly be dropped).
+    const bool stable = packed.sids == last_decode_sids_;
+    last_decode_sids_ = packed.sids;
+    if (stable && options_.overlap_decode && options_.cuda_graph_for_decode && logit_rows.empty() &&
+        engine_->has_decode_graph(bucket)) {
+      Ahead step{bucket, packed.sids, packed.seq_ids, packed.positions, {}};
+      if (Status q = engine_->queue_decode_graph(bucket); !q.ok()) return fail_cuda(q);
+      ++calls_.decode_graph_replays;
+      return finish_overlapped(std::move(step), out);
+    }
     Status s;
     if (options_.cuda_graph_for_decode) {
       const int64_t captures = engine_->graph_captures();
@@ -263,6 +282,132 @@ class ExecutorImpl {
           output_for(batch.inputs[static_cast<size_t>(r)].sid, r, logit_rows);
     }
     return true;
+  }
+
+  // The overlapped decode path (CudaExecutorOptions::overlap_decode). A decode step of
+  // graph `bucket`: row r is session sids[r] (pool sequence seqs[r]) at positions[r];
+  // `tokens` are the tokens it consumes, known on the host once the step before it is
+  // read (a step queued ahead takes them from that step on the device).
+  struct Ahead {
+    int32_t bucket = 0;
+    std::vector<SessionId> sids;
+    std::vector<SeqId> seqs;
+    std::vector<Position> positions;
+    std::vector<Token> tokens;
+  };
+  // The step queued ahead of the runner's next batch, if any: `step` one position
+  // further for the same sessions. Its cells are declared in the pool.
+  std::optional<Ahead> ahead_;
+  std::vector<SessionId> last_decode_sids_;  // the sessions of the last decode batch, in order
+
+  // Cells the step ahead holds (kv_metrics leaves them out: no session has them yet).
+  int32_t ahead_cells() const { return ahead_ ? static_cast<int32_t>(ahead_->seqs.size()) : 0; }
+
+  // True when `batch` is the step ahead: the same sessions in the same order, each a
+  // one-token decode at the step's position with the token the step consumed.
+  bool ahead_matches(const BatchInput& batch) const {
+    const Ahead& a = *ahead_;
+    if (!is_batched_decode(batch) || batch.inputs.size() != a.sids.size()) return false;
+    for (size_t r = 0; r < a.sids.size(); ++r) {
+      const Input& in = batch.inputs[r];
+      if (in.sid != a.sids[r] || in.start() != a.positions[r] || in.token(0) != a.tokens[r]) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Gives up the step ahead: waits for it (the device may still run it, and its staging
+  // slot is reused), drops its tokens and gives its cells back. The device's cell table
+  // may keep entries past a sequence's length; nothing reads them, and later steps
+  // overwrite them in stream order.
+  bool drop_ahead() {
+    Ahead a = std::move(*ahead_);
+    ahead_.reset();
+    ++calls_.decode_steps_ahead_dropped;
+    for (size_t r = 0; r < a.seqs.size(); ++r) {
+      if (pool_.seq_live(a.seqs[r])) pool_.rewind(a.seqs[r], a.positions[r]);
+    }
+    if (Result<std::span<const int32_t>> done = engine_->wait_queued(); !done.ok()) {
+      return fail_cuda(done.status());
+    }
+    return true;
+  }
+
+  // Executor calls that change a session or its policy settle the step ahead first when
+  // it holds that session.
+  void settle_for(SessionId sid) {
+    if (ahead_ && std::find(ahead_->sids.begin(), ahead_->sids.end(), sid) != ahead_->sids.end()) {
+      drop_ahead();
+    }
+  }
+
+  // The runner's batch is the step ahead, already queued: queue the one after it, then
+  // wait for it.
+  bool run_ahead(BatchOutput& out) {
+    Ahead step = std::move(*ahead_);
+    ahead_.reset();
+    ++calls_.decode_steps_ahead_used;
+    return finish_overlapped(std::move(step), out);
+  }
+
+  // `step` is queued (the newest on the stream): queues the step after it when it can,
+  // then waits for `step` and answers the batch with its tokens.
+  bool finish_overlapped(Ahead step, BatchOutput& out) {
+    std::optional<Ahead> next = queue_next(step);
+    if (broken_) return false;
+    Result<std::span<const int32_t>> tokens = engine_->wait_queued();
+    if (!tokens.ok()) return fail_cuda(tokens.status());
+    count_device_time();
+    const size_t b = step.sids.size();
+    for (size_t r = 0; r < b; ++r) {
+      out.outputs[r] = Output{step.sids[r], {(*tokens)[r]}, {}};
+    }
+    if (next) {
+      next->tokens.assign(tokens->begin(), tokens->begin() + static_cast<std::ptrdiff_t>(b));
+      ahead_ = std::move(next);
+    }
+    return true;
+  }
+
+  // Queues `step`'s successor (each row one position further, fed the token `step`
+  // samples for it) and returns it, or nullopt when a row would pass its session's
+  // budget, the pool has no cells for it, or a session now wants logprobs.
+  std::optional<Ahead> queue_next(const Ahead& step) {
+    const auto b = static_cast<int32_t>(step.sids.size());
+    Ahead next{step.bucket, step.sids, step.seqs, step.positions, {}};
+    for (int32_t r = 0; r < b; ++r) {
+      Position& p = next.positions[static_cast<size_t>(r)];
+      if (++p + 1 > options_.max_session_tokens ||
+          sessions_.wants_logprobs(step.sids[static_cast<size_t>(r)])) {
+        return std::nullopt;
+      }
+    }
+    std::optional<StepPlacement> placement = pool_.declare_step(next.seqs);
+    if (!placement) return std::nullopt;
+    StepHost& h = engine_->host();
+    for (int32_t r = 0; r < step.bucket; ++r) {
+      const bool real = r < b;
+      const auto i = static_cast<size_t>(r);
+      h.tokens[r] = real ? kFedToken : 0;  // real rows take `step`'s tokens on the device
+      h.positions[r] = real ? next.positions[i] : 0;
+      h.row_seq[r] = real ? next.seqs[i] : engine_->scratch_seq();
+      h.cells[r] = real ? placement->cells[i] : engine_->scratch_cell();
+      h.selected[r] = r;
+      if (!real) {
+        h.sampling[r] = SamplingRow{};
+      } else if (!fill_sampling_of(r, next.sids[i], next.positions[i] + 1)) {
+        for (size_t k = 0; k < next.seqs.size(); ++k) pool_.rewind(next.seqs[k], next.positions[k]);
+        return std::nullopt;
+      }
+    }
+    if (Status q = engine_->queue_decode_graph(step.bucket); !q.ok()) {
+      for (size_t k = 0; k < next.seqs.size(); ++k) pool_.rewind(next.seqs[k], next.positions[k]);
+      fail_cuda(q);
+      return std::nullopt;
+    }
+    ++calls_.decode_graph_replays;
+    return next;
   }
 
   // One slice of the plan: an eager prefill, or a one-token decode.
@@ -406,10 +551,12 @@ std::optional<SessionId> CudaExecutor::open_session() {
 }
 
 void CudaExecutor::close_session(SessionId id) {
+  impl_->settle_for(id);
   impl_->sessions_.close(id);
 }
 
 std::optional<SessionId> CudaExecutor::clone(SessionId source, Position upto) {
+  impl_->settle_for(source);
   std::optional<SeqId> src_seq = impl_->sessions_.seq_of(source);
   std::optional<SessionId> child = impl_->sessions_.clone(source, upto);
   if (!child) return std::nullopt;
@@ -425,6 +572,7 @@ std::optional<SessionId> CudaExecutor::clone(SessionId source, Position upto) {
 
 void CudaExecutor::set_sampling(SessionId id, const SamplingParams& params,
                                 std::optional<uint64_t> seed) {
+  impl_->settle_for(id);
   impl_->sessions_.set_sampling(id, params, seed);
 }
 
@@ -435,7 +583,7 @@ bool CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
 KvMetrics CudaExecutor::kv_metrics() const {
   KvMetrics m;
   m.cells_capacity = impl_->pool_.capacity();
-  m.cells_in_use = impl_->pool_.used_cells();
+  m.cells_in_use = impl_->pool_.used_cells() - impl_->ahead_cells();
   m.used_end = impl_->pool_.used_end();
   m.rows_allocated = impl_->options_.max_cells;
   m.allocated_bytes = impl_->engine_->kv_allocated_bytes();

@@ -3,8 +3,10 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -120,7 +122,12 @@ class CudaForward final : public ForwardEngine {
         gemm_,
         Gemm::create(size_t{32} << 20, tune_gemm_ ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
     CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
-    CELLM_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(meta_.bytes + dims_.max_rows * 4));
+    // Two staging slots (StepHost): a queued step reads one while the host fills the other.
+    slot_bytes_ = align_up(meta_.bytes + static_cast<size_t>(dims_.max_rows) * sizeof(int32_t));
+    CELLM_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(kSlots * slot_bytes_));
+    for (Event& done : done_) {
+      CELLM_ASSIGN_OR_RETURN(done, Event::create());
+    }
     CELLM_ASSIGN_OR_RETURN(meta_dev_, DeviceBuffer::allocate(meta_.bytes));
     CELLM_ASSIGN_OR_RETURN(buffers_, DeviceBuffer::allocate(buf_.bytes));
     // Attention's split counters start at zero (every launch leaves them so); on
@@ -141,18 +148,26 @@ class CudaForward final : public ForwardEngine {
     CELLM_CUDA_RETURN_IF_ERROR(cudaMemset(meta_host_.get(), 0, meta_host_.bytes()),
                                "clearing the step staging");
 
-    auto* h = static_cast<unsigned char*>(meta_host_.get());
-    host_.tokens = reinterpret_cast<int32_t*>(h + meta_.tokens);
-    host_.positions = reinterpret_cast<int32_t*>(h + meta_.positions);
-    host_.row_seq = reinterpret_cast<int32_t*>(h + meta_.row_seq);
-    host_.cells = reinterpret_cast<int32_t*>(h + meta_.cells);
-    host_.selected = reinterpret_cast<int32_t*>(h + meta_.selected);
-    host_.sampling = reinterpret_cast<SamplingRow*>(h + meta_.sampling);
-    host_.out_tokens = reinterpret_cast<int32_t*>(h + meta_.bytes);
+    for (int slot = 0; slot < kSlots; ++slot) {
+      unsigned char* h = staging(slot);
+      StepHost& host = hosts_[slot];
+      host.tokens = reinterpret_cast<int32_t*>(h + meta_.tokens);
+      host.positions = reinterpret_cast<int32_t*>(h + meta_.positions);
+      host.row_seq = reinterpret_cast<int32_t*>(h + meta_.row_seq);
+      host.cells = reinterpret_cast<int32_t*>(h + meta_.cells);
+      host.selected = reinterpret_cast<int32_t*>(h + meta_.selected);
+      host.sampling = reinterpret_cast<SamplingRow*>(h + meta_.sampling);
+      host.out_tokens = reinterpret_cast<int32_t*>(h + meta_.bytes);
+    }
     return Status::Ok();
   }
 
-  StepHost& host() override { return host_; }
+  // Queued steps read the staging and the buffers they name until they end.
+  ~CudaForward() override {
+    if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+  }
+
+  StepHost& host() override { return hosts_[slot_]; }
   const ForwardDims& dims() const override { return dims_; }
 
   Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows) override {
@@ -160,7 +175,7 @@ class CudaForward final : public ForwardEngine {
     CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, n_sel));
     CELLM_RETURN_IF_ERROR(mark(timing_start_));
     // A sequence's rows of an eager step are its newest consecutive positions.
-    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n));
+    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n, slot_));
     CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
     CELLM_RETURN_IF_ERROR(mark(timing_end_));
     return finish_run();
@@ -189,12 +204,62 @@ class CudaForward final : public ForwardEngine {
     }
     CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, bucket));
     CELLM_RETURN_IF_ERROR(mark(timing_start_));
-    CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.get(), stream_.get()),
+    CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second[slot_].get(), stream_.get()),
                                "replaying the decode graph");
     ++replays_;
     CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
     CELLM_RETURN_IF_ERROR(mark(timing_end_));
     return finish_run();
+  }
+
+  bool has_decode_graph(int32_t bucket) const override { return graphs_.count(bucket) > 0; }
+
+  Status queue_decode_graph(int32_t bucket) override {
+    CELLM_CHECK_MSG(queued_.size() < kSlots &&
+                        std::find(queued_.begin(), queued_.end(), slot_) == queued_.end(),
+                    "queue_decode_graph with both staging slots in flight");
+    auto it = graphs_.find(bucket);
+    if (it == graphs_.end()) {
+      return InvalidArgument("queue_decode_graph: bucket " + std::to_string(bucket) +
+                             " has no captured decode graph");
+    }
+    if (!selects_every_row(bucket, bucket)) {
+      return InvalidArgument(
+          "a decode graph step selects every row in order (host().selected[r] == r)");
+    }
+    const int slot = slot_;
+    cudaStream_t s = stream_.get();
+    if (timing_) {
+      CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot_start_[slot].get(), s), "timing a step");
+    }
+    CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second[slot].get(), s),
+                               "replaying the decode graph");
+    ++replays_;
+    if (timing_) {
+      CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot_end_[slot].get(), s), "timing a step");
+    }
+    CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_[slot].get(), s), "queueing a step");
+    queued_.push_back(slot);
+    slot_ = (slot + 1) % kSlots;
+    n_host_logit_rows_ = 0;
+    return Status::Ok();
+  }
+
+  int32_t queued_steps() const override { return static_cast<int32_t>(queued_.size()); }
+
+  Result<std::span<const int32_t>> wait_queued() override {
+    CELLM_CHECK_MSG(!queued_.empty(), "wait_queued with no step queued");
+    const int slot = queued_.front();
+    queued_.pop_front();
+    CELLM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_[slot].get()), "running a step");
+    if (timing_) {
+      float ms = 0;
+      CELLM_CUDA_RETURN_IF_ERROR(
+          cudaEventElapsedTime(&ms, slot_start_[slot].get(), slot_end_[slot].get()),
+          "reading a step's device time");
+      last_device_ms_ = ms;
+    }
+    return std::span<const int32_t>(hosts_[slot].out_tokens, static_cast<size_t>(dims_.max_rows));
   }
 
   std::span<const float> host_logits(size_t k) const override {
@@ -222,6 +287,10 @@ class CudaForward final : public ForwardEngine {
     if (on && timing_start_.get() == nullptr) {
       CELLM_ASSIGN_OR_RETURN(timing_start_, Event::create());
       CELLM_ASSIGN_OR_RETURN(timing_end_, Event::create());
+      for (int slot = 0; slot < kSlots; ++slot) {
+        CELLM_ASSIGN_OR_RETURN(slot_start_[slot], Event::create());
+        CELLM_ASSIGN_OR_RETURN(slot_end_[slot], Event::create());
+      }
     }
     timing_ = on;
     last_device_ms_ = 0;
@@ -325,10 +394,15 @@ class CudaForward final : public ForwardEngine {
     std::vector<bool> edge_choices = {pdl && early_after_cublas_ == TimedChoice::kOn};
     if (pdl && early_after_cublas_ == TimedChoice::kTimed) edge_choices = {false, true};
     std::vector<GraphExec> graphs;
+    std::vector<std::pair<bool, bool>> ways;  // (early triggers, early edges) of each
     std::vector<std::string> labels;
     int edges = 0;
+    // The ways are timed (and the idle launch noted) from the current slot, which holds
+    // the step being run: each replay recomputes that step, writing the K/V it writes.
+    // A replay from another slot would recompute whatever step that slot last held.
+    const int current = slot_;
     for (const bool early : placements) {
-      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph, capture_graph(bucket, early));
+      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph, capture_graph(bucket, early, current));
       for (const bool rewrite : edge_choices) {
         Result<GraphExec> exec = instantiate(graph, rewrite);
         if (!exec.ok()) {
@@ -337,6 +411,7 @@ class CudaForward final : public ForwardEngine {
         }
         if (rewrite) edges = last_rewritten_edges_;
         graphs.push_back(std::move(*exec));
+        ways.emplace_back(early, rewrite);
         labels.push_back(std::string(early ? "early" : "late") + (rewrite ? "+edges" : ""));
       }
       cudaGraphDestroy(graph);
@@ -362,19 +437,30 @@ class CudaForward final : public ForwardEngine {
     }
     CELLM_ASSIGN_OR_RETURN(const std::string idle, idle_launch_note(graphs[kept]));
     note += "; " + idle;
-    graphs_.emplace(bucket, std::move(graphs[kept]));
+    // The kept way again for each other staging slot (its copies name that slot).
+    std::array<GraphExec, kSlots> execs;
+    execs[static_cast<size_t>(current)] = std::move(graphs[kept]);
+    for (int slot = 0; slot < kSlots; ++slot) {
+      if (slot == current) continue;
+      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph, capture_graph(bucket, ways[kept].first, slot));
+      Result<GraphExec> exec = instantiate(graph, ways[kept].second);
+      cudaGraphDestroy(graph);
+      CELLM_RETURN_IF_ERROR(exec.status());
+      execs[static_cast<size_t>(slot)] = std::move(*exec);
+    }
+    graphs_.emplace(bucket, std::move(execs));
     graph_notes_.push_back(note);
     return Status::Ok();
   }
 
   // One capture of the decode step of `bucket` rows; the caller destroys the graph.
-  Result<cudaGraph_t> capture_graph(int32_t bucket, bool early_triggers) {
+  Result<cudaGraph_t> capture_graph(int32_t bucket, bool early_triggers, int slot) {
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
         "beginning a decode graph capture");
     // A decode step holds one row per sequence (padded rows attend position 0 only).
     set_early_triggers(early_triggers);
-    const Status enqueued = enqueue_step(bucket, bucket, 1);
+    const Status enqueued = enqueue_step(bucket, bucket, 1, slot);
     set_early_triggers(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
@@ -477,13 +563,13 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  // Everything of one step on the stream: metadata in, forward, sampling, tokens out.
-  // `fresh_positions`: how many of each row's newest positions the step writes
-  // (AttentionParams::fresh_positions).
-  Status enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions) {
+  // Everything of one step on the stream: metadata in (from staging slot `slot`),
+  // forward, sampling, tokens out (into that slot). `fresh_positions`: how many of each
+  // row's newest positions the step writes (AttentionParams::fresh_positions).
+  Status enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions, int slot) {
     cudaStream_t s = stream_.get();
     CELLM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(), meta_.bytes, cudaMemcpyHostToDevice, s),
+        cudaMemcpyAsync(meta_dev_.get(), staging(slot), meta_.bytes, cudaMemcpyHostToDevice, s),
         "copying the step metadata");
     CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel, fresh_positions));
     if (n_sel > 0) {
@@ -494,7 +580,7 @@ class CudaForward final : public ForwardEngine {
                         sample_workspace_bytes(dims_.max_rows, config_.vocab_size()), s),
           "sampling");
       CELLM_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(host_.out_tokens, buf<int32_t>(buf_.out_tokens),
+          cudaMemcpyAsync(hosts_[slot].out_tokens, buf<int32_t>(buf_.out_tokens),
                           static_cast<size_t>(n_sel) * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
           "copying the sampled tokens");
     }
@@ -520,7 +606,8 @@ class CudaForward final : public ForwardEngine {
     T* act = buf<T>(buf_.act);
 
     CELLM_CUDA_RETURN_IF_ERROR(
-        launch_embedding<T>(model_->embed(), c.vocab_size(), d, tokens, n, residual, s),
+        launch_embedding<T>(model_->embed(), c.vocab_size(), d, tokens, n, residual, s,
+                            buf<int32_t>(buf_.out_tokens)),  // kFedToken: the last step's token
         "embedding");
     // Every norm after the first finds the residual written by the norm before it, with
     // qkv or gate_up between them (ResidualWriter::kEarlierKernel: read before the wait).
@@ -613,11 +700,11 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  // Whether the step's selection (host_.selected, [0, n_sel)) is every row in order.
+  // Whether the step's selection (host().selected, [0, n_sel)) is every row in order.
   bool selects_every_row(int32_t n, int32_t n_sel) const {
     if (n_sel != n) return false;
     for (int32_t r = 0; r < n; ++r) {
-      if (host_.selected[r] != r) return false;
+      if (hosts_[slot_].selected[r] != r) return false;
     }
     return true;
   }
@@ -634,19 +721,29 @@ class CudaForward final : public ForwardEngine {
   std::unique_ptr<DeviceModel<T>> model_;
   std::optional<Gemm> gemm_;  // set by init()
   Stream stream_;
-  PinnedBuffer meta_host_;  // [meta_.bytes] staging + [max_rows] sampled tokens
+  static constexpr int kSlots = 2;
+  unsigned char* staging(int slot) const {
+    return static_cast<unsigned char*>(meta_host_.get()) + static_cast<size_t>(slot) * slot_bytes_;
+  }
+  size_t slot_bytes_ = 0;
+  PinnedBuffer meta_host_;  // kSlots x ([meta_.bytes] staging + [max_rows] sampled tokens)
   DeviceBuffer meta_dev_;   // [meta_.bytes]
   DeviceBuffer buffers_;    // activations and workspaces, carved by buf_
   DeviceBuffer kv_;         // [layers][K, V][max_cells, kv_dim] of T
   DeviceBuffer table_;      // [max_seqs + 1, max_session_tokens] int32
   DeviceBuffer inv_freq_;   // [head_dim / 2] f32
-  StepHost host_;
+  StepHost hosts_[kSlots];
+  int slot_ = 0;              // the slot host() fills
+  std::deque<int> queued_;    // slots of the steps queue_decode_graph queued, oldest first
+  Event done_[kSlots];        // recorded after each slot's queued step
+  Event slot_start_[kSlots];  // device time of each slot's queued step, when timing
+  Event slot_end_[kSlots];
   PinnedBuffer logits_host_;  // [rows asked for, vocab] f32: raw logits after a run
   size_t n_host_logit_rows_ = 0;
   bool timing_ = false;
   Event timing_start_, timing_end_;
   double last_device_ms_ = 0;
-  std::map<int32_t, GraphExec> graphs_;
+  std::map<int32_t, std::array<GraphExec, kSlots>> graphs_;  // one per staging slot
   std::set<int32_t> warmed_;
   int64_t replays_ = 0;
 };

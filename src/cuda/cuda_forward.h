@@ -15,6 +15,8 @@
 //   -> sample on the device -> D2H copy of the sampled tokens
 //   [-> D2H copy of the raw logits of the rows asked for, one copy per row,
 //       after the forward or graph replay and outside any graph].
+// There are two staging slots, and a decode graph per bucket and slot, so that a step
+// can be queued while the one before it runs (queue_decode_graph).
 //
 // Thread-safety: none; one step at a time (the executor's engine thread).
 #pragma once
@@ -43,7 +45,9 @@ struct ForwardDims {
 
 // The pinned host side of a step. Arrays hold max_rows entries.
 struct StepHost {
-  int32_t* tokens = nullptr;        // [n] token ids
+  // [n] token ids; kFedToken (cuda/kernels/embedding.h) takes the token the step before
+  // on the stream sampled for the same row (queue_decode_graph).
+  int32_t* tokens = nullptr;
   int32_t* positions = nullptr;     // [n] absolute positions
   int32_t* row_seq = nullptr;       // [n] cell-table row (pool sequence) of each token
   int32_t* cells = nullptr;         // [n] the cell each token's K/V goes to
@@ -57,7 +61,7 @@ struct ForwardOptions {
   CudaPrecision precision = CudaPrecision::kBF16;
   // GemmPath::kTuned, each decode bucket's products timed as it warms; else kCublasLtOnly.
   bool tune_gemm = true;
-  TimedChoice early_triggers = TimedChoice::kTimed;  // of the decode graphs
+  TimedChoice early_triggers = TimedChoice::kTimed;      // of the decode graphs
   TimedChoice early_after_cublas = TimedChoice::kTimed;  // (CudaExecutorOptions)
 };
 
@@ -96,6 +100,19 @@ class ForwardEngine {
   // before keeping the fastest.
   // REQUIRES: every logit row < bucket.
   virtual Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows = {}) = 0;
+  // The overlapped decode path (CudaExecutor's step ahead, CudaExecutorOptions::
+  // overlap_decode). has_decode_graph: the bucket's graph is captured.
+  // queue_decode_graph queues a replay of it from host(), as run_decode_graph does,
+  // without waiting, then switches host() to the other of two staging slots (each slot
+  // has its own replay of the graph, whose copies name it); a row whose host token is
+  // kFedToken takes the token the step before it on the stream sampled for the same row.
+  // wait_queued waits for the oldest queued step and returns its sampled tokens (row r's
+  // at [r]), valid until the step after next is queued. No logits are copied.
+  // REQUIRES (queue): fewer than two steps queued. REQUIRES (wait): a step queued.
+  virtual bool has_decode_graph(int32_t bucket) const = 0;
+  virtual Status queue_decode_graph(int32_t bucket) = 0;
+  virtual int32_t queued_steps() const = 0;
+  virtual Result<std::span<const int32_t>> wait_queued() = 0;
   // After a run: the host copy of the raw logits of the run's logit_rows[k],
   // [vocab] f32 in pinned memory, valid until the next run.
   // REQUIRES: k < the last run's logit_rows.size().

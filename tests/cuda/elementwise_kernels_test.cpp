@@ -132,6 +132,43 @@ TYPED_TEST(EmbeddingKernelTest, TokensOutsideTheVocabularyWriteZeroRows) {
   }
 }
 
+TYPED_TEST(EmbeddingKernelTest, FedTokensTakeTheFedRowsToken) {
+  CELLM_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  std::mt19937 rng(3);
+  constexpr int64_t kVocab = 40;
+  constexpr int64_t kD = 64;
+  const std::vector<float> table = random_values<T>(rng, kVocab * kD);
+  const auto dev_table = device_array<T>(table);
+  // Row i's token is tokens[i], or fed[i] where tokens[i] is kFedToken; a fed token
+  // outside the vocabulary writes zeros as any other; other negative tokens stay invalid.
+  const std::vector<int32_t> tokens = {kFedToken, 5, kFedToken, kFedToken, -2, kVocab};
+  const std::vector<int32_t> fed = {3, 11, 39, kVocab + 3, 7, 7};
+  const std::vector<int32_t> want_tokens = {3, 5, 39, -1, -1, -1};
+  const DeviceArray<int32_t> dev_tokens(tokens);
+  const DeviceArray<int32_t> dev_fed(fed);
+  const auto n = static_cast<int64_t>(tokens.size());
+  DeviceArray<float> out(static_cast<size_t>(n * kD));
+  poison(out);
+  CELLM_ASSERT_CUDA(launch_embedding<T>(dev_table.get(), kVocab, kD, dev_tokens.get(), n, out.get(),
+                                        nullptr, dev_fed.get()));
+  std::vector<float> want(static_cast<size_t>(n * kD), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = want_tokens[static_cast<size_t>(i)];
+    if (t < 0) continue;
+    for (int64_t c = 0; c < kD; ++c) want[i * kD + c] = table[t * kD + c];
+  }
+  expect_all_close(download_floats(out), want, 0.0f, 0.0f, "embedding");
+  // Without `fed`, kFedToken is a token outside the vocabulary.
+  poison(out);
+  CELLM_ASSERT_CUDA(
+      launch_embedding<T>(dev_table.get(), kVocab, kD, dev_tokens.get(), n, out.get(), nullptr));
+  for (int64_t i : {int64_t{0}, int64_t{2}, int64_t{3}}) {
+    for (int64_t c = 0; c < kD; ++c) want[i * kD + c] = 0.0f;
+  }
+  expect_all_close(download_floats(out), want, 0.0f, 0.0f, "embedding without fed");
+}
+
 TEST(GatherRowsKernelTest, SelectedRowsAreCopiedExactlyAndNegativeRowsAreZero) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(3);

@@ -41,6 +41,9 @@ const std::vector<FlagSpec> kFlags = {
     {"early-after-cublas", "WHEN",
      "CUDA: in decode graphs, launch a cellm kernel behind a cuBLASLt kernel once all of that "
      "kernel's blocks have started (it still waits for the results): timed (default), on or off"},
+    {"no-overlap", "",
+     "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
+     "next step during the host's work buys)"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
@@ -230,6 +233,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.time_steps = args->has("step-times");
   limits.programmatic_launch = !args->has("no-pdl");
   limits.tune_gemm = !args->has("no-gemm-tuning");
+  limits.overlap_decode = !args->has("no-overlap");
   for (const auto& [option, choice] :
        {std::pair{"early-triggers", &limits.early_triggers},
         std::pair{"early-after-cublas", &limits.early_after_cublas}}) {

@@ -17,6 +17,7 @@ struct GatherParams {
   int64_t d;              // row width, elements
   const int32_t* tokens;  // [n] row indices
   float* out;             // [n, d]
+  const int32_t* fed;     // [n] or null: the index of a row whose index is kFedToken
 };
 
 // One block per output row; each thread moves N consecutive elements per step.
@@ -25,7 +26,8 @@ template <typename T, int N>
 __global__ void gather_kernel(GatherParams<T> p, bool early) {
   detail::wait_and_allow(early);  // the next kernel may launch once every block is here
   const int64_t i = blockIdx.x;
-  const int32_t t = p.tokens[i];
+  int32_t t = p.tokens[i];
+  if (t == kFedToken && p.fed != nullptr) t = p.fed[i];
   const bool valid = t >= 0 && t < p.vocab;
   const T* src = p.table + (valid ? int64_t{t} * p.d : 0);
   float* dst = p.out + i * p.d;
@@ -63,20 +65,22 @@ cudaError_t launch_gather(const GatherParams<T>& p, int64_t n, cudaStream_t stre
 
 template <typename T>
 cudaError_t launch_embedding(const T* table, int64_t vocab, int64_t d, const int32_t* tokens,
-                             int64_t n, float* out, cudaStream_t stream) {
-  return launch_gather(GatherParams<T>{table, vocab, d, tokens, out}, n, stream);
+                             int64_t n, float* out, cudaStream_t stream, const int32_t* fed) {
+  return launch_gather(GatherParams<T>{table, vocab, d, tokens, out, fed}, n, stream);
 }
 
 cudaError_t launch_gather_rows(const float* x, int64_t d, const int32_t* rows, int64_t n_rows,
                                float* out, cudaStream_t stream) {
   // The row count of x is not known here: every non-negative row is taken as valid.
-  return launch_gather(GatherParams<float>{x, std::numeric_limits<int64_t>::max(), d, rows, out},
-                       n_rows, stream);
+  return launch_gather(
+      GatherParams<float>{x, std::numeric_limits<int64_t>::max(), d, rows, out, nullptr}, n_rows,
+      stream);
 }
 
 template cudaError_t launch_embedding<float>(const float*, int64_t, int64_t, const int32_t*,
-                                             int64_t, float*, cudaStream_t);
+                                             int64_t, float*, cudaStream_t, const int32_t*);
 template cudaError_t launch_embedding<__nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t,
-                                                     const int32_t*, int64_t, float*, cudaStream_t);
+                                                     const int32_t*, int64_t, float*, cudaStream_t,
+                                                     const int32_t*);
 
 }  // namespace cellm::cuda
