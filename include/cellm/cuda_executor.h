@@ -100,6 +100,11 @@ struct CudaExecutorOptions {
   // (sampling draws depend on the seed and the position only). Not for sessions that ask
   // for logprobs. Off: every step waits for its batch.
   bool overlap_decode = true;
+  // With overlap_decode: queue a step ahead only once the same sessions have decoded a
+  // threshold of batches in a row; each dropped step doubles the threshold (from 2, up to
+  // 64), each 8 steps used in a row halve it (cuda/step_ahead_policy.h). Batches that keep
+  // changing then rarely cost a dropped step. Off: from the second batch of every run.
+  bool overlap_adaptive = true;
 };
 
 namespace cuda {

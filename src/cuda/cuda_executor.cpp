@@ -17,6 +17,7 @@
 #include "cuda/gemm_tuning.h"
 #include "cuda/kernels/embedding.h"
 #include "cuda/launch_control.h"
+#include "cuda/step_ahead_policy.h"
 
 namespace cellm {
 namespace cuda {
@@ -254,12 +255,13 @@ class ExecutorImpl {
       }
     }
     const std::vector<int32_t> logit_rows = logit_rows_for(packed.sids);
-    // Overlapped once the same sessions decode twice in a row, in the same order (a
-    // step queued ahead for a batch that keeps changing would mostly be dropped).
-    const bool stable = packed.sids == last_decode_sids_;
+    // Overlapped once the same sessions have decoded in the same order for as many
+    // batches in a row as the policy asks (a step queued ahead of a batch that keeps
+    // changing would mostly be dropped).
+    stable_run_ = packed.sids == last_decode_sids_ ? stable_run_ + 1 : 1;
     last_decode_sids_ = packed.sids;
-    if (stable && options_.overlap_decode && options_.cuda_graph_for_decode && logit_rows.empty() &&
-        engine_->has_decode_graph(bucket)) {
+    if (options_.overlap_decode && ahead_policy_.should_queue(stable_run_) &&
+        options_.cuda_graph_for_decode && logit_rows.empty() && engine_->has_decode_graph(bucket)) {
       Ahead step{bucket, packed.sids, packed.seq_ids, packed.positions, {}};
       if (Status q = engine_->queue_decode_graph(bucket); !q.ok()) return fail_cuda(q);
       ++calls_.decode_graph_replays;
@@ -299,6 +301,8 @@ class ExecutorImpl {
   // further for the same sessions. Its cells are declared in the pool.
   std::optional<Ahead> ahead_;
   std::vector<SessionId> last_decode_sids_;  // the sessions of the last decode batch, in order
+  int64_t stable_run_ = 0;  // decode batches in a row with those sessions, the last included
+  StepAheadPolicy ahead_policy_{options_.overlap_adaptive};
 
   // Cells the step ahead holds (kv_metrics leaves them out: no session has them yet).
   int32_t ahead_cells() const { return ahead_ ? static_cast<int32_t>(ahead_->seqs.size()) : 0; }
@@ -325,6 +329,7 @@ class ExecutorImpl {
     Ahead a = std::move(*ahead_);
     ahead_.reset();
     ++calls_.decode_steps_ahead_dropped;
+    ahead_policy_.dropped();
     for (size_t r = 0; r < a.seqs.size(); ++r) {
       if (pool_.seq_live(a.seqs[r])) pool_.rewind(a.seqs[r], a.positions[r]);
     }
@@ -348,13 +353,16 @@ class ExecutorImpl {
     Ahead step = std::move(*ahead_);
     ahead_.reset();
     ++calls_.decode_steps_ahead_used;
+    ahead_policy_.used();
+    ++stable_run_;
     return finish_overlapped(std::move(step), out);
   }
 
   // `step` is queued (the newest on the stream): queues the step after it when it can,
   // then waits for `step` and answers the batch with its tokens.
   bool finish_overlapped(Ahead step, BatchOutput& out) {
-    std::optional<Ahead> next = queue_next(step);
+    std::optional<Ahead> next;
+    if (ahead_policy_.should_queue(stable_run_)) next = queue_next(step);
     if (broken_) return false;
     Result<std::span<const int32_t>> tokens = engine_->wait_queued();
     if (!tokens.ok()) return fail_cuda(tokens.status());

@@ -27,7 +27,7 @@ using testing::single_token;
 // each bucket warms and captures in its first two steps, between steps that may have run
 // from either staging slot.
 std::unique_ptr<CudaExecutor> make(const Fixture& f, bool overlap, CudaPrecision precision,
-                                   bool at_start) {
+                                   bool at_start, bool adaptive = false) {
   Result<ModelWeights> w = ModelWeights::load(f.dir);
   CELLM_CHECK_MSG(w.ok(), w.status().to_string());
   CudaExecutorOptions o;
@@ -36,6 +36,7 @@ std::unique_ptr<CudaExecutor> make(const Fixture& f, bool overlap, CudaPrecision
   o.step_width = 16;
   o.precision = precision;
   o.overlap_decode = overlap;
+  o.overlap_adaptive = adaptive;
   Result<std::unique_ptr<CudaExecutor>> e =
       CudaExecutor::create(std::make_shared<const ModelWeights>(std::move(*w)), o);
   CELLM_CHECK_MSG(e.ok(), e.status().to_string());
@@ -212,6 +213,35 @@ TEST_P(OverlapDecodeTest, TheStepAheadChangesNoOutputAndNoCellCountUsedOrDropped
 
 INSTANTIATE_TEST_SUITE_P(Architectures, OverlapDecodeTest,
                          ::testing::ValuesIn(testing::fixture_names()), testing::fixture_test_name);
+
+// The adaptive policy (the default): batches that change every third step stop the
+// queueing after the first dropped step (the threshold doubles to 4 batches), and a run of
+// unchanged batches long enough starts it again; the outputs stay those of an executor
+// without the overlap.
+TEST(OverlapDecodeAdaptiveTest, BatchesThatKeepChangingSoonStopTheStepsAhead) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const Fixture f = testing::load_fixture("mistral-tiny");
+  std::map<bool, Transcript> got;
+  for (bool overlap : {false, true}) {
+    auto e = make(f, overlap, CudaPrecision::kF32, /*at_start=*/true, /*adaptive=*/true);
+    Script s(*e);
+    const size_t a = s.open(SamplingParams{}, 0, f.prompts[0].ids);
+    const size_t b = s.open(SamplingParams{}, 0, f.prompts[1].ids);
+    const size_t c = s.open(SamplingParams{}, 0, f.prompts[2].ids);
+    s.step({}, {a, b, c});
+    for (int round = 0; round < 6; ++round) {
+      for (int k = 0; k < 3; ++k) s.step({a, b, c});  // round 0: 1 used; then none
+      for (int k = 0; k < 3; ++k) s.step({a, c});     // round 0: 1 dropped; then none
+    }
+    for (int k = 0; k < 10; ++k) s.step({a, b, c});  // the 4th queues: 6 used
+    got[overlap] = s.transcript();
+    if (overlap) {
+      EXPECT_EQ(e->method_calls().decode_steps_ahead_used, 7);
+      EXPECT_EQ(e->method_calls().decode_steps_ahead_dropped, 1);
+    }
+  }
+  expect_same(got[true], got[false]);
+}
 
 // An executor destroyed while its step ahead may still run: the device stays usable and
 // a new executor gives the same tokens.
