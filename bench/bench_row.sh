@@ -17,3 +17,12 @@ bench_row() {
   env "${envs[@]}" timeout 200 "$cellm" bench --executor cuda "${shape[@]}" \
     --peak-bandwidth 4250 --step-times "${args[@]}" 2>&1 | tee -a "$log" | grep -E "^\| +[0-9]"
 }
+
+# Builds cellm for a visit (bench/gpu_visit.sh none, into /tmp/cellm-build) with its logs
+# kept aside, since the device tool brings back a handful of files; on failure prints
+# the log's tail, copies it to $OUT/visit.log and exits the calling script.
+visit_build() {
+  OUT=/tmp/cellm-build-logs bash "$(dirname "${BASH_SOURCE[0]}")/gpu_visit.sh" none \
+    >/tmp/cellm-visit.log 2>&1 ||
+    { tail -30 /tmp/cellm-visit.log; cp /tmp/cellm-visit.log "$OUT/visit.log"; exit 1; }
+}

@@ -9,10 +9,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
 B=/tmp/cellm-build
-# The device tool brings back a handful of files: keep the build's logs aside
-# and the results in four files (gpu_tests.log, memcheck.log, bench.txt, micro.txt).
-OUT=/tmp/cellm-build-logs bash "$(dirname "$0")/gpu_visit.sh" none >/tmp/cellm-visit.log 2>&1 ||
-  { tail -30 /tmp/cellm-visit.log; cp /tmp/cellm-visit.log "$OUT/visit.log"; exit 1; }
+# The results go in four files (gpu_tests.log, memcheck.log, bench.txt, micro.txt).
+# shellcheck source=bench/bench_row.sh
+. "$(dirname "$0")/bench_row.sh"
+visit_build
 ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
 grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
 # The bf16 attention cases run the tensor-core kernel (cp.async gathers through the table).

@@ -10,8 +10,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
 B=/tmp/cellm-build
-OUT=/tmp/cellm-build-logs bash "$(dirname "$0")/gpu_visit.sh" none >/tmp/cellm-visit.log 2>&1 ||
-  { tail -30 /tmp/cellm-visit.log; cp /tmp/cellm-visit.log "$OUT/visit.log"; exit 1; }
+# shellcheck source=bench/bench_row.sh
+. "$(dirname "$0")/bench_row.sh"
+visit_build
 if [ "${TESTS:-1}" != 0 ]; then
   ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
@@ -20,8 +21,6 @@ if [ "${TESTS:-1}" != 0 ]; then
   [ "${MEMCHECK:-1}" = 0 ] ||
     echo "overlap memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"
 fi
-# shellcheck source=bench/bench_row.sh
-. "$(dirname "$0")/bench_row.sh"
 for pass in $(seq "${PASSES:-2}"); do
   for row in "1b:--preset 1b -npl 1" "8b:--preset 8b -npl 1,16"; do
     for v in overlap no-overlap; do

@@ -74,6 +74,18 @@ using ActivationTypes = ::testing::Types<float, __nv_bfloat16>;
 
 // ---- embedding and row gather ----
 
+// What a gather of `rows` from src ([*, d]) writes: each row's values, zeros for a
+// negative row.
+std::vector<float> gathered(const std::vector<float>& src, int64_t d,
+                            const std::vector<int32_t>& rows) {
+  std::vector<float> out(rows.size() * static_cast<size_t>(d), 0.0f);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0) continue;
+    std::copy_n(src.begin() + rows[i] * d, d, out.begin() + static_cast<int64_t>(i) * d);
+  }
+  return out;
+}
+
 template <typename T>
 class EmbeddingKernelTest : public ::testing::Test {};
 TYPED_TEST_SUITE(EmbeddingKernelTest, ActivationTypes, testing::TypeNames);
@@ -122,13 +134,9 @@ TYPED_TEST(EmbeddingKernelTest, TokensOutsideTheVocabularyWriteZeroRows) {
     poison(out);
     CELLM_ASSERT_CUDA(
         launch_embedding<T>(dev_table.get(), kVocab, d, dev_tokens.get(), n, out.get(), nullptr));
-    std::vector<float> want(static_cast<size_t>(n * d), 0.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t t = tokens[static_cast<size_t>(i)];
-      if (t < 0 || t >= kVocab) continue;
-      for (int64_t c = 0; c < d; ++c) want[i * d + c] = table[t * d + c];
-    }
-    expect_all_close(download_floats(out), want, 0.0f, 0.0f, "embedding");
+    std::vector<int32_t> rows = tokens;
+    for (int32_t& t : rows) t = t < 0 || t >= kVocab ? -1 : t;
+    expect_all_close(download_floats(out), gathered(table, d, rows), 0.0f, 0.0f, "embedding");
   }
 }
 
@@ -152,21 +160,13 @@ TYPED_TEST(EmbeddingKernelTest, FedTokensTakeTheFedRowsToken) {
   poison(out);
   CELLM_ASSERT_CUDA(launch_embedding<T>(dev_table.get(), kVocab, kD, dev_tokens.get(), n, out.get(),
                                         nullptr, dev_fed.get()));
-  std::vector<float> want(static_cast<size_t>(n * kD), 0.0f);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t t = want_tokens[static_cast<size_t>(i)];
-    if (t < 0) continue;
-    for (int64_t c = 0; c < kD; ++c) want[i * kD + c] = table[t * kD + c];
-  }
-  expect_all_close(download_floats(out), want, 0.0f, 0.0f, "embedding");
+  expect_all_close(download_floats(out), gathered(table, kD, want_tokens), 0.0f, 0.0f, "embedding");
   // Without `fed`, kFedToken is a token outside the vocabulary.
   poison(out);
   CELLM_ASSERT_CUDA(
       launch_embedding<T>(dev_table.get(), kVocab, kD, dev_tokens.get(), n, out.get(), nullptr));
-  for (int64_t i : {int64_t{0}, int64_t{2}, int64_t{3}}) {
-    for (int64_t c = 0; c < kD; ++c) want[i * kD + c] = 0.0f;
-  }
-  expect_all_close(download_floats(out), want, 0.0f, 0.0f, "embedding without fed");
+  expect_all_close(download_floats(out), gathered(table, kD, {-1, 5, -1, -1, -1, -1}), 0.0f, 0.0f,
+                   "embedding without fed");
 }
 
 TEST(GatherRowsKernelTest, SelectedRowsAreCopiedExactlyAndNegativeRowsAreZero) {
@@ -187,13 +187,7 @@ TEST(GatherRowsKernelTest, SelectedRowsAreCopiedExactlyAndNegativeRowsAreZero) {
       DeviceArray<float> out(static_cast<size_t>(n * d));
       poison(out);
       CELLM_ASSERT_CUDA(launch_gather_rows(dev_x.get(), d, dev_rows.get(), n, out.get(), nullptr));
-      std::vector<float> want(static_cast<size_t>(n * d), 0.0f);
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t r = rows[static_cast<size_t>(i)];
-        if (r < 0) continue;
-        for (int64_t c = 0; c < d; ++c) want[i * d + c] = x[r * d + c];
-      }
-      expect_all_close(download_floats(out), want, 0.0f, 0.0f, "gather_rows");
+      expect_all_close(download_floats(out), gathered(x, d, rows), 0.0f, 0.0f, "gather_rows");
     }
   }
 }
