@@ -245,8 +245,6 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  int32_t queued_steps() const override { return static_cast<int32_t>(queued_.size()); }
-
   Result<std::span<const int32_t>> wait_queued() override {
     CELLM_CHECK_MSG(!queued_.empty(), "wait_queued with no step queued");
     const int slot = queued_.front();

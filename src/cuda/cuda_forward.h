@@ -111,7 +111,6 @@ class ForwardEngine {
   // REQUIRES (queue): fewer than two steps queued. REQUIRES (wait): a step queued.
   virtual bool has_decode_graph(int32_t bucket) const = 0;
   virtual Status queue_decode_graph(int32_t bucket) = 0;
-  virtual int32_t queued_steps() const = 0;
   virtual Result<std::span<const int32_t>> wait_queued() = 0;
   // After a run: the host copy of the raw logits of the run's logit_rows[k],
   // [vocab] f32 in pinned memory, valid until the next run.
