@@ -57,6 +57,9 @@ const std::vector<FlagSpec> kFlags = {
     {"step-width", "W", "tokens per forward (default 256)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
+    {"no-overlap", "",
+     "CUDA: wait for each decode step before queueing the next (to measure what queueing it "
+     "during the host's work buys under this load)"},
 };
 
 constexpr size_t kMaxBodyBytes = 4 << 20;
@@ -84,6 +87,7 @@ struct Flags {
   int32_t step_width = 256;
   int32_t threads = 0;
   bool cuda_graphs = true;
+  bool overlap_decode = true;
 };
 
 Result<Flags> read_flags(const Args& args) {
@@ -109,6 +113,7 @@ Result<Flags> read_flags(const Args& args) {
   f.step_width = static_cast<int32_t>(step_width);
   f.threads = static_cast<int32_t>(threads);
   f.cuda_graphs = !args.has("no-cuda-graphs");
+  f.overlap_decode = !args.has("no-overlap");
   if (auto key = args.get("api-key")) {
     if (key->empty()) return InvalidArgument("--api-key must not be empty");
     f.api_key = *key;
@@ -193,6 +198,7 @@ int run_serve(int argc, const char* const* argv) {
   limits.step_width = std::min(flags.step_width, limits.max_session_tokens);
   limits.num_threads = flags.threads;
   limits.cuda_graphs = flags.cuda_graphs;
+  limits.overlap_decode = flags.overlap_decode;
   Result<std::unique_ptr<Executor>> executor =
       make_executor(flags.executor, model->weights, limits);
   if (!executor.ok()) return fail(cmd, executor.status());
