@@ -22,6 +22,7 @@
 #include "cuda/graph_edges.h"
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/embedding.h"
+#include "cuda/kernels/l2_prefetch.h"
 #include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/rope_kv_write.h"
 #include "cuda/launch_control.h"
@@ -108,6 +109,7 @@ class CudaForward final : public ForwardEngine {
         tune_gemm_(options.tune_gemm),
         early_triggers_(options.early_triggers),
         early_after_cublas_(options.early_after_cublas),
+        l2_prefetch_(options.l2_prefetch),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -122,6 +124,9 @@ class CudaForward final : public ForwardEngine {
         gemm_,
         Gemm::create(size_t{32} << 20, tune_gemm_ ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
     CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
+    CELLM_ASSIGN_OR_RETURN(side_, Stream::create());
+    CELLM_ASSIGN_OR_RETURN(fork_, Event::create());
+    CELLM_ASSIGN_OR_RETURN(join_, Event::create());
     // Two staging slots (StepHost): a queued step reads one while the host fills the other.
     slot_bytes_ = align_up(meta_.bytes + static_cast<size_t>(dims_.max_rows) * sizeof(int32_t));
     CELLM_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(kSlots * slot_bytes_));
@@ -400,7 +405,7 @@ class CudaForward final : public ForwardEngine {
     // A replay from another slot would recompute whatever step that slot last held.
     const int current = slot_;
     for (const bool early : placements) {
-      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph, capture_graph(bucket, early, current));
+      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph, capture_graph(bucket, early, current, false));
       for (const bool rewrite : edge_choices) {
         Result<GraphExec> exec = instantiate(graph, rewrite);
         if (!exec.ok()) {
@@ -433,6 +438,31 @@ class CudaForward final : public ForwardEngine {
       if (edge_choices.back()) note += "; " + edges_note;
       note += ": kept " + labels[kept];
     }
+    // Then the L2 prefetch beside the attention, for the kept way.
+    bool prefetch = false;
+    if (l2_prefetch_ != TimedChoice::kOff && bucket <= kPrefetchMaxRows) {
+      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph,
+                             capture_graph(bucket, ways[kept].first, current, true));
+      Result<GraphExec> exec = instantiate(graph, ways[kept].second);
+      cudaGraphDestroy(graph);
+      CELLM_RETURN_IF_ERROR(exec.status());
+      std::vector<GraphExec> pair;
+      pair.push_back(std::move(graphs[kept]));
+      pair.push_back(std::move(*exec));
+      if (l2_prefetch_ == TimedChoice::kOn) {
+        prefetch = true;
+        note += "; L2 prefetch";
+      } else {
+        std::vector<double> ms;
+        CELLM_RETURN_IF_ERROR(time_replays(pair, &ms));
+        prefetch = ms[1] < ms[0];
+        char time[96];
+        std::snprintf(time, sizeof time, "; L2 prefetch off %.3f ms, on %.3f ms: kept %s", ms[0],
+                      ms[1], prefetch ? "on" : "off");
+        note += time;
+      }
+      graphs[kept] = std::move(pair[prefetch ? 1 : 0]);
+    }
     CELLM_ASSIGN_OR_RETURN(const std::string idle, idle_launch_note(graphs[kept]));
     note += "; " + idle;
     // The kept way again for each other staging slot (its copies name that slot).
@@ -440,7 +470,8 @@ class CudaForward final : public ForwardEngine {
     execs[static_cast<size_t>(current)] = std::move(graphs[kept]);
     for (int slot = 0; slot < kSlots; ++slot) {
       if (slot == current) continue;
-      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph, capture_graph(bucket, ways[kept].first, slot));
+      CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph,
+                             capture_graph(bucket, ways[kept].first, slot, prefetch));
       Result<GraphExec> exec = instantiate(graph, ways[kept].second);
       cudaGraphDestroy(graph);
       CELLM_RETURN_IF_ERROR(exec.status());
@@ -451,14 +482,19 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  // One capture of the decode step of `bucket` rows; the caller destroys the graph.
-  Result<cudaGraph_t> capture_graph(int32_t bucket, bool early_triggers, int slot) {
+  // One capture of the decode step of `bucket` rows, with the L2 prefetch beside each
+  // layer's attention when `prefetch`; the caller destroys the graph.
+  Result<cudaGraph_t> capture_graph(int32_t bucket, bool early_triggers, int slot, bool prefetch) {
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
         "beginning a decode graph capture");
     // A decode step holds one row per sequence (padded rows attend position 0 only).
     set_early_triggers(early_triggers);
-    const Status enqueued = enqueue_step(bucket, bucket, 1, slot);
+    prefetching_ = prefetch;
+    forked_ = false;
+    Status enqueued = enqueue_step(bucket, bucket, 1, slot);
+    if (enqueued.ok()) enqueued = join_prefetch();
+    prefetching_ = false;
     set_early_triggers(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_.get(), &graph);
@@ -577,6 +613,8 @@ class CudaForward final : public ForwardEngine {
                         buf<void>(buf_.sample_ws),
                         sample_workspace_bytes(dims_.max_rows, config_.vocab_size()), s),
           "sampling");
+      // The prefetch branch ends before the token copy, the graph's last node.
+      CELLM_RETURN_IF_ERROR(join_prefetch());
       CELLM_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(hosts_[slot].out_tokens, buf<int32_t>(buf_.out_tokens),
                           static_cast<size_t>(n_sel) * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
@@ -617,6 +655,7 @@ class CudaForward final : public ForwardEngine {
                                 l == 0 ? ResidualWriter::kPreviousKernel : settled),
           "input rmsnorm");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.qkv, qkv_dim, w.qkv_bias, qkv, s)));
+      if (prefetching_) CELLM_RETURN_IF_ERROR(prefetch_gate_up(w));
       if (w.q_norm != nullptr) {
         CELLM_CUDA_RETURN_IF_ERROR(
             launch_head_rmsnorm<T>(qkv, n, qkv_dim, 0, c.num_heads(), hd, w.q_norm, eps, s),
@@ -698,6 +737,37 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
+  // The L2 prefetch of a layer's gate_up rows (each row's first sixteenth) on a side
+  // branch of the graph being captured, forked after the q/k/v product: it runs beside
+  // RoPE and the attention, whose few blocks leave the HBM idle, and the gate_up product
+  // then reads those bytes from the L2. Measured on the H200: the 8B at one row gains
+  // ~1.2%, the 1B loses; more than a sixteenth gains less (docs/PERFORMANCE.md).
+  Status prefetch_gate_up(const DeviceLayer<T>& w) {
+    cudaStream_t s = stream_.get();
+    const size_t row_bytes = static_cast<size_t>(config_.hidden_size()) * sizeof(T);
+    if (row_bytes % 16 != 0) return Status::Ok();
+    const size_t lead = std::max<size_t>(16, row_bytes / 16 / 16 * 16);
+    CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_.get(), s), "forking the L2 prefetch");
+    CELLM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_.get(), fork_.get()),
+                               "forking the L2 prefetch");
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_l2_prefetch_rows(w.gate_up, 2 * config_.intermediate_size(), row_bytes, lead,
+                                kPrefetchBlocks, side_.get()),
+        "the L2 prefetch");
+    forked_ = true;
+    return Status::Ok();
+  }
+
+  // Joins the prefetch branch back into the captured stream (a capture must end joined).
+  Status join_prefetch() {
+    if (!forked_) return Status::Ok();
+    forked_ = false;
+    CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_.get(), side_.get()), "joining the L2 prefetch");
+    CELLM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), join_.get()),
+                               "joining the L2 prefetch");
+    return Status::Ok();
+  }
+
   // Whether the step's selection (host().selected, [0, n_sel)) is every row in order.
   bool selects_every_row(int32_t n, int32_t n_sel) const {
     if (n_sel != n) return false;
@@ -712,6 +782,11 @@ class CudaForward final : public ForwardEngine {
   bool tune_gemm_ = true;                                 // GemmPath::kTuned, else kCublasLtOnly
   TimedChoice early_triggers_ = TimedChoice::kTimed;      // of the decode graphs
   TimedChoice early_after_cublas_ = TimedChoice::kTimed;  // edges after cuBLASLt kernels
+  TimedChoice l2_prefetch_ = TimedChoice::kTimed;         // beside the attention
+  // Buckets that may take the prefetch (the products are GEMVs up to 8 rows; at 16 the
+  // 8B loses 3%), and the prefetch kernel's blocks.
+  static constexpr int32_t kPrefetchMaxRows = 8;
+  static constexpr int kPrefetchBlocks = 16;
   int last_rewritten_edges_ = 0;          // by the last instantiate with early edges, for the notes
   std::vector<std::string> graph_notes_;  // one per captured decode graph
   MetaLayout meta_;
@@ -719,6 +794,10 @@ class CudaForward final : public ForwardEngine {
   std::unique_ptr<DeviceModel<T>> model_;
   std::optional<Gemm> gemm_;  // set by init()
   Stream stream_;
+  Stream side_;              // the L2 prefetch branch of a graph being captured
+  Event fork_, join_;        // its fork and join
+  bool prefetching_ = false;  // the capture in progress takes the prefetch
+  bool forked_ = false;       // a prefetch branch is not joined yet
   static constexpr int kSlots = 2;
   unsigned char* staging(int slot) const {
     return static_cast<unsigned char*>(meta_host_.get()) + static_cast<size_t>(slot) * slot_bytes_;

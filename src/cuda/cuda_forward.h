@@ -63,6 +63,7 @@ struct ForwardOptions {
   bool tune_gemm = true;
   TimedChoice early_triggers = TimedChoice::kTimed;      // of the decode graphs
   TimedChoice early_after_cublas = TimedChoice::kTimed;  // (CudaExecutorOptions)
+  TimedChoice l2_prefetch = TimedChoice::kTimed;         // (CudaExecutorOptions)
 };
 
 class ForwardEngine {

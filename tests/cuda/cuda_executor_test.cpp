@@ -250,6 +250,8 @@ CudaExecutorOptions small_options(CudaPrecision precision, bool graphs) {
   o.step_width = 16;
   o.precision = precision;
   o.cuda_graph_for_decode = graphs;
+  // The L2 prefetch adds its part to the graphs' notes: its own test below.
+  o.l2_prefetch = TimedChoice::kOff;
   return o;
 }
 
@@ -345,6 +347,51 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
     testing::expect_same_outputs(outputs[1], outputs[0], mode + " early vs late", 16);
     testing::expect_same_outputs(outputs[2], outputs[0], mode + " timed vs late", 16);
     testing::expect_same_outputs(outputs[3], outputs[0], mode + " timed on live steps vs late", 16);
+  }
+}
+
+// The L2 prefetch beside each layer's attention only asks the L2 for weight bytes: graphs
+// with it, without it, and the timed choice give the same bits, in both precisions. Every
+// bucket here has at most 8 rows, so every note names it (on: "; L2 prefetch"; timed:
+// both times and the one kept); off, none does.
+TEST_P(CudaExecutorFixtureTest, L2PrefetchChangesNoTokenAndNoLogprob) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const Fixture f = testing::load_fixture(GetParam());
+  auto w = load_weights(f);
+  const auto prompts = prompts_of(f);
+  const std::vector<SamplingParams> params = mixed_sampling(prompts.size());
+  for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
+    const std::string mode = precision == CudaPrecision::kF32 ? "f32" : "bf16";
+    const TimedChoice choices[3] = {TimedChoice::kOff, TimedChoice::kOn, TimedChoice::kTimed};
+    std::vector<std::vector<Output>> outputs[3];
+    for (int c = 0; c < 3; ++c) {
+      CudaExecutorOptions o = small_options(precision, true);
+      o.l2_prefetch = choices[c];
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
+      EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
+      const std::vector<std::string> notes = (*e)->decode_graph_notes();
+      ASSERT_FALSE(notes.empty());
+      for (const std::string& full : notes) {
+        const std::string note = placement_of(full);
+        switch (choices[c]) {
+          case TimedChoice::kOff:
+            EXPECT_EQ(note.find("L2 prefetch"), std::string::npos) << note;
+            break;
+          case TimedChoice::kOn:
+            EXPECT_TRUE(note.ends_with("; L2 prefetch")) << note;
+            break;
+          case TimedChoice::kTimed:
+            EXPECT_NE(note.find("; L2 prefetch off "), std::string::npos) << note;
+            EXPECT_TRUE(note.ends_with(" ms: kept on") || note.ends_with(" ms: kept off")) << note;
+            break;
+        }
+      }
+    }
+    testing::expect_same_outputs(outputs[1], outputs[0], mode + " prefetch vs none", 16);
+    testing::expect_same_outputs(outputs[2], outputs[0], mode + " timed vs none", 16);
   }
 }
 

@@ -30,6 +30,7 @@
 #include "cuda/kernels/bias.h"
 #include "cuda/kernels/convert.h"
 #include "cuda/kernels/embedding.h"
+#include "cuda/kernels/l2_prefetch.h"
 #include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/rope.h"
 #include "cuda/kernels/swiglu.h"
@@ -549,6 +550,32 @@ TEST(KernelLaunchTest, EmptyShapesLaunchNothingAndMalformedShapesAreRefused) {
             cudaErrorInvalidValue);
   EXPECT_EQ(launch_swiglu<B>(nullptr, 1, 0, nullptr, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(launch_f32_to<B>(nullptr, -1, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// The L2 prefetch is a hint: on rows more than a wave of threads covers, with a lead of
+// part of a row and of all of it, it completes without error and leaves the matrix as it
+// was. Leads and rows off 16 bytes are refused.
+TEST(L2PrefetchKernelTest, PrefetchesRowsWithoutChangingThemAndRefusesUnalignedLeads) {
+  CELLM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  constexpr int64_t kRows = 2 * 4 * 128 + 5, kD = 64;  // more rows than 4 blocks' threads
+  const std::vector<float> x = random_values<float>(rng, kRows * kD);
+  DeviceArray<float> dev = device_array<float>(x);
+  const size_t row_bytes = kD * sizeof(float);
+  for (const size_t lead : {size_t{16}, size_t{64}, row_bytes}) {
+    CELLM_ASSERT_CUDA(launch_l2_prefetch_rows(dev.get(), kRows, row_bytes, lead, 4, nullptr));
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+  }
+  expect_all_close(download_floats(dev), x, 0.0f, 0.0f, "prefetched rows");
+  EXPECT_EQ(launch_l2_prefetch_rows(dev.get(), 0, row_bytes, 16, 4, nullptr), cudaSuccess);
+  EXPECT_EQ(launch_l2_prefetch_rows(dev.get(), kRows, row_bytes, 24, 4, nullptr),
+            cudaErrorInvalidValue);  // a lead off 16 bytes
+  EXPECT_EQ(launch_l2_prefetch_rows(dev.get(), kRows, 200, 16, 4, nullptr),
+            cudaErrorInvalidValue);  // rows off 16 bytes
+  EXPECT_EQ(launch_l2_prefetch_rows(dev.get(), kRows, row_bytes, row_bytes + 16, 4, nullptr),
+            cudaErrorInvalidValue);  // a lead past the row
+  EXPECT_EQ(launch_l2_prefetch_rows(dev.get(), kRows, row_bytes, 16, 0, nullptr),
+            cudaErrorInvalidValue);  // no blocks
 }
 
 // Every launcher recorded into one CUDA graph and replayed gives exactly what the same

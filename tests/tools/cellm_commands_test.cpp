@@ -66,7 +66,7 @@ TEST(CellmHelpTest, EverySubcommandDescribesItsFlags) {
       {"bench",
        {"model", "preset", "npp", "ntg", "npl", "executor", "step-width", "threads", "seed",
         "peak-bandwidth", "no-pdl", "no-gemm-tuning", "early-triggers", "early-after-cublas",
-        "json", "help"}},
+        "l2-prefetch", "json", "help"}},
   };
   for (const HelpCase& c : cases) {
     for (const char* help : {"--help", "-h"}) {
@@ -133,10 +133,12 @@ TEST(CellmBenchTest, JsonPrintsOneRowPerParallelismWithEveryColumn) {
 TEST(CellmBenchTest, CudaSwitchesAreAcceptedByTheCpuExecutor) {
   // --no-pdl switches the CUDA executor's kernels to plain launches, --no-gemm-tuning
   // its decode GEMMs to cuBLASLt's heuristic, --early-triggers and --early-after-cublas
-  // how its graphs are built; the CPU executor has none of them, so it runs as usual.
+  // and --l2-prefetch how its graphs are built; the CPU executor has none of them, so it
+  // runs as usual.
   const CellmRun r = run_cellm({"bench", "--preset", "110m", "-npp", "8", "-ntg", "4", "--executor",
                                 "cpu", "--no-pdl", "--no-gemm-tuning", "--early-triggers", "on",
-                                "--early-after-cublas", "off", "--json", "--threads", "2"});
+                                "--early-after-cublas", "off", "--l2-prefetch", "on", "--json",
+                                "--threads", "2"});
   ExpectSuccess(r);
   EXPECT_EQ(json::parse(r.out).at("pp").get<int64_t>(), 8) << r.out;
 }

@@ -254,6 +254,11 @@ TEST(CellmBadRequestTest, BenchWithAnUnknownEdgeChoiceIsRefused) {
                      "cellm bench", {"--early-after-cublas must be timed, on or off, not 'yes'"});
 }
 
+TEST(CellmBadRequestTest, BenchWithAnUnknownPrefetchChoiceIsRefused) {
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--l2-prefetch", "always"}),
+                     "cellm bench", {"--l2-prefetch must be timed, on or off, not 'always'"});
+}
+
 TEST(CellmBadRequestTest, TokenizeWithoutTextIsRefused) {
   ExpectOneErrorLine(run_cellm({"tokenize", "--model", testing::kjv_dir()}), "cellm tokenize",
                      {"--text is required"});

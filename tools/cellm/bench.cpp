@@ -41,6 +41,9 @@ const std::vector<FlagSpec> kFlags = {
     {"early-after-cublas", "WHEN",
      "CUDA: in decode graphs, launch a cellm kernel behind a cuBLASLt kernel once all of that "
      "kernel's blocks have started (it still waits for the results): timed (default), on or off"},
+    {"l2-prefetch", "WHEN",
+     "CUDA: in decode graphs of up to 8 rows, prefetch the head of each layer's gate_up rows into "
+     "the L2 beside the attention: timed (default), on or off"},
     {"no-overlap", "",
      "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
      "next step during the host's work buys)"},
@@ -236,7 +239,8 @@ int run_bench(int argc, const char* const* argv) {
   limits.overlap_decode = !args->has("no-overlap");
   for (const auto& [option, choice] :
        {std::pair{"early-triggers", &limits.early_triggers},
-        std::pair{"early-after-cublas", &limits.early_after_cublas}}) {
+        std::pair{"early-after-cublas", &limits.early_after_cublas},
+        std::pair{"l2-prefetch", &limits.l2_prefetch}}) {
     Result<TimedChoice> parsed = parse_timed_choice(args->get(option).value_or("timed"), option);
     if (!parsed.ok()) return fail(cmd, parsed.status());
     *choice = *parsed;

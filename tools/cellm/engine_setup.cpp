@@ -136,6 +136,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.tune_gemm = limits.tune_gemm;
     o.early_triggers = limits.early_triggers;
     o.early_after_cublas = limits.early_after_cublas;
+    o.l2_prefetch = limits.l2_prefetch;
     o.overlap_decode = limits.overlap_decode;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));

@@ -56,6 +56,7 @@ struct EngineLimits {
   // CUDA: how the decode graphs are built (CudaExecutorOptions::early_triggers, ...).
   TimedChoice early_triggers = TimedChoice::kTimed;
   TimedChoice early_after_cublas = TimedChoice::kTimed;  // CUDA: (CudaExecutorOptions)
+  TimedChoice l2_prefetch = TimedChoice::kTimed;         // CUDA: (CudaExecutorOptions)
   bool overlap_decode = true;  // CUDA: queue the next decode step early (overlap_decode)
 };
 
