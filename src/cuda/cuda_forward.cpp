@@ -762,7 +762,8 @@ class CudaForward final : public ForwardEngine {
   Status join_prefetch() {
     if (!forked_) return Status::Ok();
     forked_ = false;
-    CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_.get(), side_.get()), "joining the L2 prefetch");
+    CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_.get(), side_.get()),
+                               "joining the L2 prefetch");
     CELLM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), join_.get()),
                                "joining the L2 prefetch");
     return Status::Ok();
@@ -794,8 +795,8 @@ class CudaForward final : public ForwardEngine {
   std::unique_ptr<DeviceModel<T>> model_;
   std::optional<Gemm> gemm_;  // set by init()
   Stream stream_;
-  Stream side_;              // the L2 prefetch branch of a graph being captured
-  Event fork_, join_;        // its fork and join
+  Stream side_;               // the L2 prefetch branch of a graph being captured
+  Event fork_, join_;         // its fork and join
   bool prefetching_ = false;  // the capture in progress takes the prefetch
   bool forked_ = false;       // a prefetch branch is not joined yet
   static constexpr int kSlots = 2;

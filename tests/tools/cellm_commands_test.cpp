@@ -135,10 +135,26 @@ TEST(CellmBenchTest, CudaSwitchesAreAcceptedByTheCpuExecutor) {
   // its decode GEMMs to cuBLASLt's heuristic, --early-triggers and --early-after-cublas
   // and --l2-prefetch how its graphs are built; the CPU executor has none of them, so it
   // runs as usual.
-  const CellmRun r = run_cellm({"bench", "--preset", "110m", "-npp", "8", "-ntg", "4", "--executor",
-                                "cpu", "--no-pdl", "--no-gemm-tuning", "--early-triggers", "on",
-                                "--early-after-cublas", "off", "--l2-prefetch", "on", "--json",
-                                "--threads", "2"});
+  const CellmRun r = run_cellm({"bench",
+                                "--preset",
+                                "110m",
+                                "-npp",
+                                "8",
+                                "-ntg",
+                                "4",
+                                "--executor",
+                                "cpu",
+                                "--no-pdl",
+                                "--no-gemm-tuning",
+                                "--early-triggers",
+                                "on",
+                                "--early-after-cublas",
+                                "off",
+                                "--l2-prefetch",
+                                "on",
+                                "--json",
+                                "--threads",
+                                "2"});
   ExpectSuccess(r);
   EXPECT_EQ(json::parse(r.out).at("pp").get<int64_t>(), 8) << r.out;
 }

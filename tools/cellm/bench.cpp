@@ -237,10 +237,9 @@ int run_bench(int argc, const char* const* argv) {
   limits.programmatic_launch = !args->has("no-pdl");
   limits.tune_gemm = !args->has("no-gemm-tuning");
   limits.overlap_decode = !args->has("no-overlap");
-  for (const auto& [option, choice] :
-       {std::pair{"early-triggers", &limits.early_triggers},
-        std::pair{"early-after-cublas", &limits.early_after_cublas},
-        std::pair{"l2-prefetch", &limits.l2_prefetch}}) {
+  for (const auto& [option, choice] : {std::pair{"early-triggers", &limits.early_triggers},
+                                       std::pair{"early-after-cublas", &limits.early_after_cublas},
+                                       std::pair{"l2-prefetch", &limits.l2_prefetch}}) {
     Result<TimedChoice> parsed = parse_timed_choice(args->get(option).value_or("timed"), option);
     if (!parsed.ok()) return fail(cmd, parsed.status());
     *choice = *parsed;
