@@ -132,29 +132,17 @@ TEST(CellmBenchTest, JsonPrintsOneRowPerParallelismWithEveryColumn) {
 
 TEST(CellmBenchTest, CudaSwitchesAreAcceptedByTheCpuExecutor) {
   // --no-pdl switches the CUDA executor's kernels to plain launches, --no-gemm-tuning
-  // its decode GEMMs to cuBLASLt's heuristic, --early-triggers and --early-after-cublas
-  // and --l2-prefetch how its graphs are built; the CPU executor has none of them, so it
-  // runs as usual.
-  const CellmRun r = run_cellm({"bench",
-                                "--preset",
-                                "110m",
-                                "-npp",
-                                "8",
-                                "-ntg",
-                                "4",
-                                "--executor",
-                                "cpu",
-                                "--no-pdl",
-                                "--no-gemm-tuning",
-                                "--early-triggers",
-                                "on",
-                                "--early-after-cublas",
-                                "off",
-                                "--l2-prefetch",
-                                "on",
-                                "--json",
-                                "--threads",
-                                "2"});
+  // its decode GEMMs to cuBLASLt's heuristic, --early-triggers, --early-after-cublas and
+  // --l2-prefetch how its graphs are built; the CPU executor has none of them, so it runs
+  // as usual.
+  std::vector<std::string> args = {"bench", "--preset", "110m",      "-npp", "8",          "-ntg",
+                                   "4",     "--json",   "--threads", "2",    "--executor", "cpu"};
+  for (const char* cuda_only : {"--no-pdl", "--no-gemm-tuning"}) args.emplace_back(cuda_only);
+  for (const char* choice : {"--early-triggers", "--early-after-cublas", "--l2-prefetch"}) {
+    args.emplace_back(choice);
+    args.emplace_back("on");
+  }
+  const CellmRun r = run_cellm(args);
   ExpectSuccess(r);
   EXPECT_EQ(json::parse(r.out).at("pp").get<int64_t>(), 8) << r.out;
 }
