@@ -100,12 +100,15 @@ struct CudaExecutorOptions {
   // decode step of the same sessions before returning, each fed on the device with the
   // token just sampled for it, so the device runs it while the runner handles this step's
   // tokens and schedules the next batch (the host's share of a step leaves the device's
-  // critical path). When the next batch is that step (the same sessions, in order, each
-  // continuing with its token) it is already running; otherwise (a session finished, was
-  // cancelled or closed, a prefill arrived, another executor call came) its cells go back
-  // to the pool and its tokens are dropped: each step's tokens are the same either way
-  // (sampling draws depend on the seed and the position only). Not for sessions that ask
-  // for logprobs. Off: every step waits for its batch.
+  // critical path). When the next batch is that step (its sessions, each continuing with
+  // its token) it is already running. When it is part of it (a session finished, paused
+  // or was closed) the step answers the others and the rows left out give their cells
+  // back; the steps queued after it keep its graph, those rows padded, while the rest
+  // still need its bucket. Otherwise (a session joined, took another token or position,
+  // was cloned or given a new policy, a prefill arrived) its cells go back to the pool and
+  // its tokens are dropped: each step's tokens are the same either way (sampling draws
+  // depend on the seed and the position only). Not for sessions that ask for logprobs.
+  // Off: every step waits for its batch.
   bool overlap_decode = true;
   // With overlap_decode: queue a step ahead only once the same sessions have decoded a
   // threshold of batches in a row; each dropped step doubles the threshold (from 2, up to
@@ -163,8 +166,8 @@ class CudaExecutor final : public Executor {
   struct MethodCalls {
     int64_t decode_graph_replays = 0;
     int64_t decode_graph_captures = 0;
-    // overlap_decode: steps queued ahead that the next batch was (used) or was not
-    // (dropped: their work is lost).
+    // overlap_decode: steps queued ahead that the next batch was or was part of (used)
+    // or was not (dropped: their work is lost).
     int64_t decode_steps_ahead_used = 0;
     int64_t decode_steps_ahead_dropped = 0;
     int64_t decode_eager = 0;

@@ -188,7 +188,9 @@ class ExecutorImpl {
     out.outputs.assign(batch.inputs.size(), std::nullopt);
     if (broken_) return fail("a previous CUDA error left the device unusable");
     if (ahead_) {
-      if (ahead_matches(batch)) return run_ahead(out);
+      if (std::optional<std::vector<size_t>> rows = ahead_rows_for(batch)) {
+        return run_ahead(batch, *rows, out);
+      }
       if (!drop_ahead()) return false;
     }
     Result<PackedStep> packed_or = sessions_.pack(batch);
@@ -262,10 +264,13 @@ class ExecutorImpl {
     last_decode_sids_ = packed.sids;
     if (options_.overlap_decode && ahead_policy_.should_queue(stable_run_) &&
         options_.cuda_graph_for_decode && logit_rows.empty() && engine_->has_decode_graph(bucket)) {
-      Ahead step{bucket, packed.sids, packed.seq_ids, packed.positions, {}};
+      Ahead step{bucket, packed.sids, packed.seq_ids, packed.positions, {}, {}};
+      step.live.assign(packed.sids.size(), true);
       if (Status q = engine_->queue_decode_graph(bucket); !q.ok()) return fail_cuda(q);
       ++calls_.decode_graph_replays;
-      return finish_overlapped(std::move(step), out);
+      std::vector<size_t> rows(packed.sids.size());
+      for (size_t r = 0; r < rows.size(); ++r) rows[r] = r;
+      return finish_overlapped(std::move(step), rows, out);
     }
     Status s;
     if (options_.cuda_graph_for_decode) {
@@ -289,13 +294,17 @@ class ExecutorImpl {
   // The overlapped decode path (CudaExecutorOptions::overlap_decode). A decode step of
   // graph `bucket`: row r is session sids[r] (pool sequence seqs[r]) at positions[r];
   // `tokens` are the tokens it consumes, known on the host once the step before it is
-  // read (a step queued ahead takes them from that step on the device).
+  // read (a step queued ahead takes them from that step on the device). A row whose
+  // session has left (`live[r]` false: it finished or was closed while the step was
+  // queued) is a padded row in the steps queued after it: the rows keep their places, since
+  // each takes its token from the same row of the step before.
   struct Ahead {
     int32_t bucket = 0;
     std::vector<SessionId> sids;
     std::vector<SeqId> seqs;
     std::vector<Position> positions;
     std::vector<Token> tokens;
+    std::vector<bool> live;
   };
   // The step queued ahead of the runner's next batch, if any: `step` one position
   // further for the same sessions. Its cells are declared in the pool.
@@ -305,20 +314,28 @@ class ExecutorImpl {
   StepAheadPolicy ahead_policy_{options_.overlap_adaptive};
 
   // Cells the step ahead holds (kv_metrics leaves them out: no session has them yet).
-  int32_t ahead_cells() const { return ahead_ ? static_cast<int32_t>(ahead_->seqs.size()) : 0; }
+  int32_t ahead_cells() const {
+    return ahead_ ? static_cast<int32_t>(std::count(ahead_->live.begin(), ahead_->live.end(), true))
+                  : 0;
+  }
 
-  // True when `batch` is the step ahead: the same sessions in the same order, each a
-  // one-token decode at the step's position with the token the step consumed.
-  bool ahead_matches(const BatchInput& batch) const {
+  // The step ahead's row of each of `batch`'s inputs when the batch is that step or part
+  // of it: one-token decodes of sessions it holds, each at the step's position with the
+  // token the step consumed, in any order. Its rows the batch leaves out are sessions
+  // that finished (or paused): the step is still good for the others.
+  std::optional<std::vector<size_t>> ahead_rows_for(const BatchInput& batch) const {
     const Ahead& a = *ahead_;
-    if (!is_batched_decode(batch) || batch.inputs.size() != a.sids.size()) return false;
-    for (size_t r = 0; r < a.sids.size(); ++r) {
-      const Input& in = batch.inputs[r];
-      if (in.sid != a.sids[r] || in.start() != a.positions[r] || in.token(0) != a.tokens[r]) {
-        return false;
+    if (!is_batched_decode(batch)) return std::nullopt;
+    std::vector<size_t> rows;
+    for (const Input& in : batch.inputs) {
+      size_t r = 0;
+      while (r < a.sids.size() && !(a.live[r] && a.sids[r] == in.sid)) ++r;
+      if (r == a.sids.size() || in.start() != a.positions[r] || in.token(0) != a.tokens[r]) {
+        return std::nullopt;
       }
+      rows.push_back(r);
     }
-    return true;
+    return rows;
   }
 
   // Gives up the step ahead: waits for it (the device may still run it, and its staging
@@ -331,7 +348,7 @@ class ExecutorImpl {
     ++calls_.decode_steps_ahead_dropped;
     ahead_policy_.dropped();
     for (size_t r = 0; r < a.seqs.size(); ++r) {
-      if (pool_.seq_live(a.seqs[r])) pool_.rewind(a.seqs[r], a.positions[r]);
+      if (a.live[r] && pool_.seq_live(a.seqs[r])) pool_.rewind(a.seqs[r], a.positions[r]);
     }
     if (Result<std::span<const int32_t>> done = engine_->wait_queued(); !done.ok()) {
       return fail_cuda(done.status());
@@ -339,78 +356,120 @@ class ExecutorImpl {
     return true;
   }
 
+  // The live row of `sid` in the step ahead, if it holds one.
+  std::optional<size_t> ahead_row_of(SessionId sid) const {
+    if (!ahead_) return std::nullopt;
+    for (size_t r = 0; r < ahead_->sids.size(); ++r) {
+      if (ahead_->live[r] && ahead_->sids[r] == sid) return r;
+    }
+    return std::nullopt;
+  }
+
   // Executor calls that change a session or its policy settle the step ahead first when
   // it holds that session.
   void settle_for(SessionId sid) {
-    if (ahead_ && std::find(ahead_->sids.begin(), ahead_->sids.end(), sid) != ahead_->sids.end()) {
-      drop_ahead();
-    }
+    if (ahead_row_of(sid)) drop_ahead();
   }
 
-  // The runner's batch is the step ahead, already queued: queue the one after it, then
-  // wait for it.
-  bool run_ahead(BatchOutput& out) {
+  // A session closing leaves the step ahead: its row stays on the device (its cells go
+  // back to the pool with the rest of the session's, reused only by steps queued after
+  // this one) and the step stays good for the other sessions.
+  void leave_ahead(SessionId sid) {
+    const std::optional<size_t> r = ahead_row_of(sid);
+    if (!r) return;
+    ahead_->live[*r] = false;
+    if (ahead_cells() == 0) drop_ahead();
+  }
+
+  // The runner's batch is the step ahead, or the part of it `rows` names (row of each
+  // input), already queued: the rows it leaves out give their cells back; then queue the
+  // step after it and wait for it.
+  bool run_ahead(const BatchInput& batch, const std::vector<size_t>& rows, BatchOutput& out) {
     Ahead step = std::move(*ahead_);
     ahead_.reset();
+    std::vector<bool> kept(step.sids.size(), false);
+    for (size_t r : rows) kept[r] = true;
+    for (size_t r = 0; r < step.sids.size(); ++r) {
+      if (step.live[r] && !kept[r]) {
+        pool_.rewind(step.seqs[r], step.positions[r]);
+        step.live[r] = false;
+      }
+    }
     ++calls_.decode_steps_ahead_used;
     ahead_policy_.used();
     ++stable_run_;
-    return finish_overlapped(std::move(step), out);
+    last_decode_sids_.clear();
+    for (const Input& in : batch.inputs) last_decode_sids_.push_back(in.sid);
+    return finish_overlapped(std::move(step), rows, out);
   }
 
   // `step` is queued (the newest on the stream): queues the step after it when it can,
-  // then waits for `step` and answers the batch with its tokens.
-  bool finish_overlapped(Ahead step, BatchOutput& out) {
+  // then waits for `step` and answers the batch with its tokens (input i's from row
+  // rows[i]).
+  bool finish_overlapped(Ahead step, const std::vector<size_t>& rows, BatchOutput& out) {
     std::optional<Ahead> next;
     if (ahead_policy_.should_queue(stable_run_)) next = queue_next(step);
     if (broken_) return false;
     Result<std::span<const int32_t>> tokens = engine_->wait_queued();
     if (!tokens.ok()) return fail_cuda(tokens.status());
     count_device_time();
-    const size_t b = step.sids.size();
-    for (size_t r = 0; r < b; ++r) {
-      out.outputs[r] = Output{step.sids[r], {(*tokens)[r]}, {}};
+    for (size_t i = 0; i < rows.size(); ++i) {
+      out.outputs[i] = Output{step.sids[rows[i]], {(*tokens)[rows[i]]}, {}};
     }
     if (next) {
-      next->tokens.assign(tokens->begin(), tokens->begin() + static_cast<std::ptrdiff_t>(b));
+      const auto b = static_cast<std::ptrdiff_t>(step.sids.size());
+      next->tokens.assign(tokens->begin(), tokens->begin() + b);
       ahead_ = std::move(next);
     }
     return true;
   }
 
-  // Queues `step`'s successor (each row one position further, fed the token `step`
-  // samples for it) and returns it, or nullopt when a row would pass its session's
-  // budget, the pool has no cells for it, or a session now wants logprobs.
+  // Queues `step`'s successor (each live row one position further, fed the token `step`
+  // samples for it; the other rows padded) and returns it, or nullopt when a row would
+  // pass its session's budget, the pool has no cells for it, a session now wants
+  // logprobs, or the live rows would fit a smaller bucket (the next batch then runs
+  // alone, in that bucket's graph, and queues the steps after it there).
   std::optional<Ahead> queue_next(const Ahead& step) {
     const auto b = static_cast<int32_t>(step.sids.size());
-    Ahead next{step.bucket, step.sids, step.seqs, step.positions, {}};
+    const auto live = static_cast<int32_t>(std::count(step.live.begin(), step.live.end(), true));
+    if (bucket_for(live, decode_cap(options_)) != step.bucket) return std::nullopt;
+    Ahead next{step.bucket, step.sids, step.seqs, step.positions, {}, step.live};
+    std::vector<SeqId> live_seqs;
     for (int32_t r = 0; r < b; ++r) {
-      Position& p = next.positions[static_cast<size_t>(r)];
-      if (++p + 1 > options_.max_session_tokens ||
-          sessions_.wants_logprobs(step.sids[static_cast<size_t>(r)])) {
+      const auto i = static_cast<size_t>(r);
+      if (!next.live[i]) continue;
+      if (++next.positions[i] + 1 > options_.max_session_tokens ||
+          sessions_.wants_logprobs(step.sids[i])) {
         return std::nullopt;
       }
+      live_seqs.push_back(next.seqs[i]);
     }
-    std::optional<StepPlacement> placement = pool_.declare_step(next.seqs);
+    std::optional<StepPlacement> placement = pool_.declare_step(live_seqs);
     if (!placement) return std::nullopt;
+    const auto give_back = [&] {
+      for (size_t k = 0; k < next.seqs.size(); ++k) {
+        if (next.live[k]) pool_.rewind(next.seqs[k], next.positions[k]);
+      }
+    };
     StepHost& h = engine_->host();
+    size_t cell = 0;  // the next of placement's cells (one per live row, in row order)
     for (int32_t r = 0; r < step.bucket; ++r) {
-      const bool real = r < b;
       const auto i = static_cast<size_t>(r);
+      const bool real = r < b && next.live[i];
       h.tokens[r] = real ? kFedToken : 0;  // real rows take `step`'s tokens on the device
       h.positions[r] = real ? next.positions[i] : 0;
       h.row_seq[r] = real ? next.seqs[i] : engine_->scratch_seq();
-      h.cells[r] = real ? placement->cells[i] : engine_->scratch_cell();
+      h.cells[r] = real ? placement->cells[cell++] : engine_->scratch_cell();
       h.selected[r] = r;
       if (!real) {
         h.sampling[r] = SamplingRow{};
       } else if (!fill_sampling_of(r, next.sids[i], next.positions[i] + 1)) {
-        for (size_t k = 0; k < next.seqs.size(); ++k) pool_.rewind(next.seqs[k], next.positions[k]);
+        give_back();
         return std::nullopt;
       }
     }
     if (Status q = engine_->queue_decode_graph(step.bucket); !q.ok()) {
-      for (size_t k = 0; k < next.seqs.size(); ++k) pool_.rewind(next.seqs[k], next.positions[k]);
+      give_back();
       fail_cuda(q);
       return std::nullopt;
     }
@@ -559,7 +618,7 @@ std::optional<SessionId> CudaExecutor::open_session() {
 }
 
 void CudaExecutor::close_session(SessionId id) {
-  impl_->settle_for(id);
+  impl_->leave_ahead(id);
   impl_->sessions_.close(id);
 }
 
