@@ -66,7 +66,7 @@ TEST(CellmHelpTest, EverySubcommandDescribesItsFlags) {
       {"bench",
        {"model", "preset", "npp", "ntg", "npl", "executor", "step-width", "threads", "seed",
         "peak-bandwidth", "no-pdl", "no-gemm-tuning", "early-triggers", "early-after-cublas",
-        "l2-prefetch", "json", "help"}},
+        "l2-prefetch", "requests", "json", "help"}},
   };
   for (const HelpCase& c : cases) {
     for (const char* help : {"--help", "-h"}) {
@@ -128,6 +128,33 @@ TEST(CellmBenchTest, JsonPrintsOneRowPerParallelismWithEveryColumn) {
     EXPECT_DOUBLE_EQ(row.at("speed").get<double>(), static_cast<double>(pl * 12) / (t_pp + t_tg));
     EXPECT_FALSE(row.contains("tg_floor_fraction"));
   }
+}
+
+// The serving load: 3 clients run 7 requests of 8 prompt tokens and 2-6 generated ones
+// (TG = 4), each in its own session. Every request's tokens are counted; the lengths come
+// from the seed, so a second run generates as many tokens.
+TEST(CellmBenchTest, ServingLoadRunsEveryRequestAndCountsItsTokens) {
+  std::vector<int64_t> generated;
+  for (int run = 0; run < 2; ++run) {
+    const CellmRun r = run_cellm({"bench", "--preset", "110m", "-npp", "8", "-ntg", "4", "-npl",
+                                  "3", "--requests", "7", "--json", "--threads", "2"});
+    ExpectSuccess(r);
+    const json row = json::parse(r.out);
+    SCOPED_TRACE(row.dump());
+    EXPECT_EQ(row.at("pl").get<int64_t>(), 3);
+    EXPECT_EQ(row.at("requests").get<int64_t>(), 7);
+    EXPECT_EQ(row.at("prompt_tokens").get<int64_t>(), 7 * 8);
+    const int64_t gen = row.at("generated_tokens").get<int64_t>();
+    EXPECT_GE(gen, 7 * 2);
+    EXPECT_LE(gen, 7 * 6);
+    const double t = row.at("t").get<double>();
+    ASSERT_GT(t, 0.0);
+    EXPECT_DOUBLE_EQ(row.at("speed_gen").get<double>(), static_cast<double>(gen) / t);
+    EXPECT_DOUBLE_EQ(row.at("speed").get<double>(), static_cast<double>(gen + 7 * 8) / t);
+    EXPECT_GT(row.at("ttft_ms").get<double>(), 0.0);
+    generated.push_back(gen);
+  }
+  EXPECT_EQ(generated[0], generated[1]);
 }
 
 TEST(CellmBenchTest, CudaSwitchesAreAcceptedByTheCpuExecutor) {

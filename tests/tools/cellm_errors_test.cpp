@@ -254,6 +254,11 @@ TEST(CellmBadRequestTest, BenchWithAnUnknownEdgeChoiceIsRefused) {
                      "cellm bench", {"--early-after-cublas must be timed, on or off, not 'yes'"});
 }
 
+TEST(CellmBadRequestTest, BenchWithNoRequestsIsRefused) {
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--requests", "0"}), "cellm bench",
+                     {"--requests must be in [1, 16777216], got 0"});
+}
+
 TEST(CellmBadRequestTest, BenchWithAnUnknownPrefetchChoiceIsRefused) {
   ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--l2-prefetch", "always"}),
                      "cellm bench", {"--l2-prefetch must be timed, on or off, not 'always'"});

@@ -8,11 +8,20 @@
 // therefore a 2-token prefill per session, the remaining TG - 1 are decodes.
 //   N_KV = B (PP + TG)   S_PP = B PP / T_PP   S_TG = B TG / T_TG   S = N_KV / T
 // Greedy, stop tokens ignored.
+//
+// With --requests N, a serving load instead: B clients send N requests in all, each
+// client one after another. A request opens a session, prefills PP random tokens,
+// generates between TG/2 and 3 TG/2 tokens (uniform, seeded per request) and closes the
+// session, so sessions join and leave the decode batch as a server's do.
+//   S_GEN = generated tokens / T   S = (prompt + generated tokens) / T
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "args.h"
@@ -47,6 +56,9 @@ const std::vector<FlagSpec> kFlags = {
     {"no-overlap", "",
      "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
      "next step during the host's work buys)"},
+    {"requests", "N",
+     "a serving load instead: B clients send N requests in all, each opening a session, "
+     "prefilling PP tokens, generating TG/2 to 3 TG/2 tokens and closing it"},
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
@@ -63,6 +75,15 @@ struct Row {
   double t_pp = 0, t_tg = 0;
   std::optional<double> floor_fraction;  // of the TG phase
   std::optional<StepTimeReport> steps;   // the TG phase's decode steps (--step-times)
+};
+
+// One row of the serving load (--requests).
+struct LoadRow {
+  int64_t pp = 0, tg = 0, b = 0, requests = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  double t = 0;            // seconds, first request sent to last one done
+  double ttft_ms_sum = 0;  // time to first token, summed over the requests
+  std::optional<StepTimeReport> steps;
 };
 
 // Runs `gens` generations concurrently and returns the wall time in seconds.
@@ -89,13 +110,19 @@ double weight_bytes_per_step(const ModelWeights& w) {
   return bytes;
 }
 
-Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits limits, int64_t pp,
-                      int64_t tg, int64_t b, uint64_t seed, std::optional<double> peak_gbs) {
+// Sizes an executor for `b` sessions of up to `tokens` positions each.
+EngineLimits limits_for(EngineLimits limits, int64_t b, int64_t tokens) {
   limits.max_sessions = static_cast<int32_t>(b);
-  limits.max_session_tokens = static_cast<int32_t>(pp + tg + 2);
+  limits.max_session_tokens = static_cast<int32_t>(tokens);
   // A forward never needs more cells than the pool has.
   limits.step_width = static_cast<int32_t>(std::min<int64_t>(
       limits.step_width, int64_t{limits.max_sessions} * limits.max_session_tokens));
+  return limits;
+}
+
+Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits limits, int64_t pp,
+                      int64_t tg, int64_t b, uint64_t seed, std::optional<double> peak_gbs) {
+  limits = limits_for(limits, b, pp + tg + 2);
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor,
                          make_executor(kind, model.weights, limits));
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(limits));
@@ -135,6 +162,111 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
   }
   runner.shutdown();
   return row;
+}
+
+// The serving load: `b` client threads take requests from one counter until `requests`
+// have run. Request i's prompt and length come from an rng seeded with (seed, i), so a
+// row is the same work whatever the order the clients take them in.
+Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const EngineLimits& limits,
+                         int64_t pp, int64_t tg, int64_t b, int64_t requests, uint64_t seed) {
+  const int64_t tg_min = std::max<int64_t>(1, tg / 2), tg_max = tg + tg / 2;
+  CELLM_ASSIGN_OR_RETURN(
+      std::unique_ptr<Executor> executor,
+      make_executor(kind, model.weights, limits_for(limits, b, pp + tg_max + 2)));
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(limits));
+  Runner runner(*executor, std::move(scheduler));
+  const int64_t vocab = model.weights->config().vocab_size();
+  LoadRow row{pp, tg, b, requests, 0, 0, 0, 0, std::nullopt};
+  std::atomic<int64_t> next{0};
+  std::mutex mu;  // guards row's sums and error
+  std::string error;
+  const auto client = [&] {
+    for (int64_t i = next++; i < requests; i = next++) {
+      std::mt19937_64 rng(seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1)));
+      std::uniform_int_distribution<Token> pick(0, static_cast<Token>(vocab - 1));
+      std::vector<Token> prompt(static_cast<size_t>(pp));
+      for (Token& t : prompt) t = pick(rng);
+      GenConfig config;  // greedy, no stop tokens
+      config.max_new_tokens =
+          static_cast<int32_t>(std::uniform_int_distribution<int64_t>(tg_min, tg_max)(rng));
+      std::optional<Session> session = runner.open_session_async().get();
+      if (!session) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (error.empty()) error = "the runner refused the session of request " + std::to_string(i);
+        return;
+      }
+      GenerationHandle h = session->generate_async(std::move(prompt), config, nullptr);
+      h.wait();
+      const GenerationMetrics m = h.metrics();
+      const std::lock_guard<std::mutex> lock(mu);
+      if (h.finish_reason() == FinishReason::kFailed && error.empty()) error = h.error_message();
+      row.prompt_tokens += m.n_prompt_tokens;
+      row.generated_tokens += m.n_generated_tokens;
+      row.ttft_ms_sum += static_cast<double>(m.t_first_token_us - m.t_submit_us) / 1e3;
+    }  // the session closes here, before this client opens the next
+  };
+  const int64_t t0 = now_us();
+  std::vector<std::thread> clients;
+  for (int64_t c = 0; c < b; ++c) clients.emplace_back(client);
+  for (std::thread& c : clients) c.join();
+  row.t = static_cast<double>(now_us() - t0) / 1e6;
+  if (!error.empty()) return Internal("a request failed: " + error);
+  row.steps = step_time_report(*executor);
+  runner.shutdown();
+  return row;
+}
+
+void print_load_header(bool with_steps) {
+  std::printf(
+      "|    PP |     TG |    B |  reqs |  prompt |  gen tok |      T s | S_GEN t/s |    S t/s |"
+      " TTFT ms |%s\n",
+      with_steps ? " step ms |  dev ms | ahead used | dropped |" : "");
+  std::printf(
+      "|-------|--------|------|-------|---------|----------|----------|-----------|----------|"
+      "---------|%s\n",
+      with_steps ? "---------|---------|------------|---------|" : "");
+}
+
+void print_load_row(const LoadRow& r) {
+  std::printf("| %5lld | %6lld | %4lld | %5lld | %7lld | %8lld | %8.3f | %9.2f | %8.2f | %7.2f |",
+              static_cast<long long>(r.pp), static_cast<long long>(r.tg),
+              static_cast<long long>(r.b), static_cast<long long>(r.requests),
+              static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.generated_tokens),
+              r.t, static_cast<double>(r.generated_tokens) / r.t,
+              static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t,
+              r.ttft_ms_sum / static_cast<double>(r.requests));
+  if (r.steps && r.steps->decode_steps > 0) {
+    const auto n = static_cast<double>(r.steps->decode_steps);
+    std::printf(" %7.3f | %7.3f | %10lld | %7lld |", r.steps->wall_ms / n, r.steps->device_ms / n,
+                static_cast<long long>(r.steps->ahead_used),
+                static_cast<long long>(r.steps->ahead_dropped));
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void print_load_json(const LoadRow& r, const std::string& device) {
+  nlohmann::json j = {{"pp", r.pp},
+                      {"tg", r.tg},
+                      {"pl", r.b},
+                      {"requests", r.requests},
+                      {"prompt_tokens", r.prompt_tokens},
+                      {"generated_tokens", r.generated_tokens},
+                      {"t", r.t},
+                      {"speed_gen", static_cast<double>(r.generated_tokens) / r.t},
+                      {"speed", static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t},
+                      {"ttft_ms", r.ttft_ms_sum / static_cast<double>(r.requests)}};
+  if (!device.empty()) j["device"] = device;
+  if (r.steps && r.steps->decode_steps > 0) {
+    const auto n = static_cast<double>(r.steps->decode_steps);
+    j["decode_steps"] = r.steps->decode_steps;
+    j["decode_step_ms"] = r.steps->wall_ms / n;
+    j["decode_device_ms"] = r.steps->device_ms / n;
+    j["decode_steps_ahead_used"] = r.steps->ahead_used;
+    j["decode_steps_ahead_dropped"] = r.steps->ahead_dropped;
+  }
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
 }
 
 void print_header(bool with_floor, bool with_steps) {
@@ -207,8 +339,9 @@ int run_bench(int argc, const char* const* argv) {
   Result<int64_t> step_width = args->get_int("step-width", 512, 1, 1 << 16);
   Result<int64_t> threads = args->get_int("threads", 0, 0, 1024);
   Result<int64_t> seed = args->get_int("seed", 1, 0, INT64_MAX);
+  Result<int64_t> requests = args->get_int("requests", 0, 1, 1 << 24);
   for (const Status* s : {&npp.status(), &ntg.status(), &npl.status(), &step_width.status(),
-                          &threads.status(), &seed.status()}) {
+                          &threads.status(), &seed.status(), &requests.status()}) {
     if (!s->ok()) return fail(cmd, *s);
   }
   std::optional<double> peak_gbs;
@@ -277,7 +410,26 @@ int run_bench(int argc, const char* const* argv) {
   Result<Row> warm = bench_one(*model, *kind, limits, 8, 4, 1, 0, std::nullopt);
   if (!warm.ok()) return fail(cmd, warm.status());
   note_startup("warm-up ", 1, *warm);
-  if (!json) print_header(peak_gbs.has_value(), limits.time_steps && *kind == ExecutorKind::kCuda);
+  const bool with_steps = limits.time_steps && *kind == ExecutorKind::kCuda;
+  if (*requests > 0) {
+    if (!json) print_load_header(with_steps);
+    for (int64_t pp : *npp) {
+      for (int64_t tg : *ntg) {
+        for (int64_t b : *npl) {
+          Result<LoadRow> row =
+              load_one(*model, *kind, limits, pp, tg, b, *requests, static_cast<uint64_t>(*seed));
+          if (!row.ok()) return fail(cmd, row.status());
+          if (json) {
+            print_load_json(*row, device);
+          } else {
+            print_load_row(*row);
+          }
+        }
+      }
+    }
+    return 0;
+  }
+  if (!json) print_header(peak_gbs.has_value(), with_steps);
   for (int64_t pp : *npp) {
     for (int64_t tg : *ntg) {
       for (int64_t b : *npl) {

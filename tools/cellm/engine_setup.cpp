@@ -162,8 +162,14 @@ std::optional<StepTimeReport> step_time_report(const Executor& executor) {
   if (const auto* cuda = dynamic_cast<const CudaExecutor*>(&executor)) {
     if (!cuda->options().time_steps) return std::nullopt;
     const CudaExecutor::StepTimes t = cuda->step_times();
-    return StepTimeReport{t.decode_batches, t.decode_wall_ms, t.decode_device_ms,
-                          cuda->initialize_seconds(), cuda->decode_graph_notes()};
+    const CudaExecutor::MethodCalls calls = cuda->method_calls();
+    return StepTimeReport{t.decode_batches,
+                          t.decode_wall_ms,
+                          t.decode_device_ms,
+                          cuda->initialize_seconds(),
+                          cuda->decode_graph_notes(),
+                          calls.decode_steps_ahead_used,
+                          calls.decode_steps_ahead_dropped};
   }
 #else
   (void)executor;

@@ -72,9 +72,10 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
 // (the CUDA executor made with time_steps); nullopt otherwise.
 struct StepTimeReport {
   int64_t decode_steps = 0;
-  double wall_ms = 0, device_ms = 0;     // summed over the steps
-  double startup_s = 0;                  // initialize(): graph capture and GEMM tuning
-  std::vector<std::string> graph_notes;  // CudaExecutor::decode_graph_notes()
+  double wall_ms = 0, device_ms = 0;          // summed over the steps
+  double startup_s = 0;                       // initialize(): graph capture and GEMM tuning
+  std::vector<std::string> graph_notes;       // CudaExecutor::decode_graph_notes()
+  int64_t ahead_used = 0, ahead_dropped = 0;  // decode steps queued ahead (overlap_decode)
 };
 std::optional<StepTimeReport> step_time_report(const Executor& executor);
 
