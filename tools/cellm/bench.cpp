@@ -245,6 +245,18 @@ void print_load_row(const LoadRow& r) {
   std::fflush(stdout);
 }
 
+// The decode steps' columns of a JSON row (--step-times on the CUDA executor).
+void add_step_json(nlohmann::json& j, const std::optional<StepTimeReport>& steps) {
+  if (!steps || steps->decode_steps == 0) return;
+  const auto n = static_cast<double>(steps->decode_steps);
+  j["decode_steps"] = steps->decode_steps;
+  j["decode_step_ms"] = steps->wall_ms / n;
+  j["decode_device_ms"] = steps->device_ms / n;
+  j["decode_steps_ahead_used"] = steps->ahead_used;
+  j["decode_steps_ahead_dropped"] = steps->ahead_dropped;
+  j["startup_s"] = steps->startup_s;
+}
+
 void print_load_json(const LoadRow& r, const std::string& device) {
   nlohmann::json j = {{"pp", r.pp},
                       {"tg", r.tg},
@@ -257,14 +269,7 @@ void print_load_json(const LoadRow& r, const std::string& device) {
                       {"speed", static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t},
                       {"ttft_ms", r.ttft_ms_sum / static_cast<double>(r.requests)}};
   if (!device.empty()) j["device"] = device;
-  if (r.steps && r.steps->decode_steps > 0) {
-    const auto n = static_cast<double>(r.steps->decode_steps);
-    j["decode_steps"] = r.steps->decode_steps;
-    j["decode_step_ms"] = r.steps->wall_ms / n;
-    j["decode_device_ms"] = r.steps->device_ms / n;
-    j["decode_steps_ahead_used"] = r.steps->ahead_used;
-    j["decode_steps_ahead_dropped"] = r.steps->ahead_dropped;
-  }
+  add_step_json(j, r.steps);
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
 }
@@ -306,13 +311,7 @@ void print_json(const Row& r, const std::string& device) {
                       {"t", t},         {"speed", static_cast<double>(r.n_kv) / t}};
   if (!device.empty()) j["device"] = device;
   if (r.floor_fraction) j["tg_floor_fraction"] = *r.floor_fraction;
-  if (r.steps && r.steps->decode_steps > 0) {
-    const auto n = static_cast<double>(r.steps->decode_steps);
-    j["decode_steps"] = r.steps->decode_steps;
-    j["decode_step_ms"] = r.steps->wall_ms / n;
-    j["decode_device_ms"] = r.steps->device_ms / n;
-    j["startup_s"] = r.steps->startup_s;
-  }
+  add_step_json(j, r.steps);
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
 }
