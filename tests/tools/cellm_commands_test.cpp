@@ -157,6 +157,25 @@ TEST(CellmBenchTest, ServingLoadRunsEveryRequestAndCountsItsTokens) {
   EXPECT_EQ(generated[0], generated[1]);
 }
 
+// Each row's scheduler is sized like its executor: 12 clients decode together, past the
+// 8 sessions of the default limits, which would hold every step to 8 decodes. A step with
+// all of them decodes 12 rows; the mean over the steps (~10 on the 2-core dev machine)
+// counts the steps where a client is between requests and the tail.
+TEST(CellmBenchTest, ServingLoadDecodesEveryClientInOneStep) {
+  const CellmRun r = run_cellm({"bench", "--preset", "110m", "-npp", "4", "-ntg", "16", "-npl",
+                                "12", "--requests", "72", "--json", "--threads", "2"});
+  ExpectSuccess(r);
+  const json row = json::parse(r.out);
+  SCOPED_TRACE(row.dump());
+  const double rows = row.at("decode_rows_per_step").get<double>();
+  EXPECT_GT(rows, 8.5);
+  EXPECT_LE(rows, 12.0);
+  EXPECT_GT(row.at("steps").get<int64_t>(), 0);
+  EXPECT_GT(row.at("steps_with_prefill").get<int64_t>(), 0);
+  EXPECT_GT(row.at("busy_fraction").get<double>(), 0.0);
+  EXPECT_LE(row.at("busy_fraction").get<double>(), 1.0);
+}
+
 TEST(CellmBenchTest, CudaSwitchesAreAcceptedByTheCpuExecutor) {
   // --no-pdl switches the CUDA executor's kernels to plain launches, --no-gemm-tuning
   // its decode GEMMs to cuBLASLt's heuristic, --early-triggers, --early-after-cublas and

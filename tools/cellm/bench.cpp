@@ -83,6 +83,7 @@ struct LoadRow {
   int64_t prompt_tokens = 0, generated_tokens = 0;
   double t = 0;            // seconds, first request sent to last one done
   double ttft_ms_sum = 0;  // time to first token, summed over the requests
+  EngineMetrics engine;    // the runner's steps: how the batches formed
   std::optional<StepTimeReport> steps;
 };
 
@@ -170,13 +171,15 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
 Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const EngineLimits& limits,
                          int64_t pp, int64_t tg, int64_t b, int64_t requests, uint64_t seed) {
   const int64_t tg_min = std::max<int64_t>(1, tg / 2), tg_max = tg + tg / 2;
-  CELLM_ASSIGN_OR_RETURN(
-      std::unique_ptr<Executor> executor,
-      make_executor(kind, model.weights, limits_for(limits, b, pp + tg_max + 2)));
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(limits));
+  // The executor and the scheduler both sized for b sessions (the scheduler decodes up to
+  // max_sessions a step).
+  const EngineLimits row_limits = limits_for(limits, b, pp + tg_max + 2);
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor,
+                         make_executor(kind, model.weights, row_limits));
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(row_limits));
   Runner runner(*executor, std::move(scheduler));
   const int64_t vocab = model.weights->config().vocab_size();
-  LoadRow row{pp, tg, b, requests, 0, 0, 0, 0, std::nullopt};
+  LoadRow row{pp, tg, b, requests, 0, 0, 0, 0, {}, std::nullopt};
   std::atomic<int64_t> next{0};
   std::mutex mu;  // guards row's sums and error
   std::string error;
@@ -211,6 +214,7 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
   for (std::thread& c : clients) c.join();
   row.t = static_cast<double>(now_us() - t0) / 1e6;
   if (!error.empty()) return Internal("a request failed: " + error);
+  row.engine = runner.metrics();
   row.steps = step_time_report(*executor);
   runner.shutdown();
   return row;
@@ -219,12 +223,33 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
 void print_load_header(bool with_steps) {
   std::printf(
       "|    PP |     TG |    B |  reqs |  prompt |  gen tok |      T s | S_GEN t/s |    S t/s |"
-      " TTFT ms |%s\n",
+      " TTFT ms |  steps | rows/dec | w/ prefill | pf ms | busy %% |%s\n",
       with_steps ? " step ms |  dev ms | ahead used | dropped |" : "");
   std::printf(
       "|-------|--------|------|-------|---------|----------|----------|-----------|----------|"
-      "---------|%s\n",
+      "---------|--------|----------|------------|-------|--------|%s\n",
       with_steps ? "---------|---------|------------|---------|" : "");
+}
+
+// The sessions a step with decodes decoded, on average: how full the batches ran.
+double decode_rows_per_step(const EngineMetrics& m) {
+  return m.steps_with_decode > 0
+             ? static_cast<double>(m.decode_tokens_total) / static_cast<double>(m.steps_with_decode)
+             : 0.0;
+}
+
+// The mean latency of a step with prefill chunks (with decodes beside them or not).
+double prefill_step_ms(const EngineMetrics& m) {
+  return m.steps_with_prefill > 0
+             ? static_cast<double>(m.mixed_latency_sum_us + m.prefill_only_latency_sum_us) / 1e3 /
+                   static_cast<double>(m.steps_with_prefill)
+             : 0.0;
+}
+
+// The share of the row's wall time the runner spent inside steps (the rest: no work
+// queued, or the host between steps).
+double busy_fraction(const LoadRow& r) {
+  return r.t > 0 ? static_cast<double>(r.engine.step_latency_sum_us) / 1e6 / r.t : 0.0;
 }
 
 void print_load_row(const LoadRow& r) {
@@ -235,6 +260,9 @@ void print_load_row(const LoadRow& r) {
               r.t, static_cast<double>(r.generated_tokens) / r.t,
               static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t,
               r.ttft_ms_sum / static_cast<double>(r.requests));
+  std::printf(" %6lld | %8.2f | %10lld | %5.2f | %5.1f%% |", static_cast<long long>(r.engine.steps),
+              decode_rows_per_step(r.engine), static_cast<long long>(r.engine.steps_with_prefill),
+              prefill_step_ms(r.engine), 100.0 * busy_fraction(r));
   if (r.steps && r.steps->decode_steps > 0) {
     const auto n = static_cast<double>(r.steps->decode_steps);
     std::printf(" %7.3f | %7.3f | %10lld | %7lld |", r.steps->wall_ms / n, r.steps->device_ms / n,
@@ -267,7 +295,12 @@ void print_load_json(const LoadRow& r, const std::string& device) {
                       {"t", r.t},
                       {"speed_gen", static_cast<double>(r.generated_tokens) / r.t},
                       {"speed", static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t},
-                      {"ttft_ms", r.ttft_ms_sum / static_cast<double>(r.requests)}};
+                      {"ttft_ms", r.ttft_ms_sum / static_cast<double>(r.requests)},
+                      {"steps", r.engine.steps},
+                      {"decode_rows_per_step", decode_rows_per_step(r.engine)},
+                      {"steps_with_prefill", r.engine.steps_with_prefill},
+                      {"prefill_step_ms", prefill_step_ms(r.engine)},
+                      {"busy_fraction", busy_fraction(r)}};
   if (!device.empty()) j["device"] = device;
   add_step_json(j, r.steps);
   std::printf("%s\n", j.dump().c_str());
