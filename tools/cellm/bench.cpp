@@ -208,6 +208,11 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
       row.ttft_ms_sum += static_cast<double>(m.t_first_token_us - m.t_submit_us) / 1e3;
     }  // the session closes here, before this client opens the next
   };
+  // The runner answers its first command once the executor is initialized (on CUDA, the
+  // decode graphs captured and the GEMMs tuned: seconds): the clock starts after it.
+  if (!runner.open_session_async().get()) {
+    return OutOfResources("the executor refused a session before the load");
+  }
   const int64_t t0 = now_us();
   std::vector<std::thread> clients;
   for (int64_t c = 0; c < b; ++c) clients.emplace_back(client);
