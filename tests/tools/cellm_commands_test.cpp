@@ -152,6 +152,11 @@ TEST(CellmBenchTest, ServingLoadRunsEveryRequestAndCountsItsTokens) {
     EXPECT_DOUBLE_EQ(row.at("speed_gen").get<double>(), static_cast<double>(gen) / t);
     EXPECT_DOUBLE_EQ(row.at("speed").get<double>(), static_cast<double>(gen + 7 * 8) / t);
     EXPECT_GT(row.at("ttft_ms").get<double>(), 0.0);
+    // 7 requests: the 99th percentile is the slowest, at least the mean. Every request
+    // generates 2 or more tokens, so each has a time per output token.
+    EXPECT_GE(row.at("ttft_p99_ms").get<double>(), row.at("ttft_ms").get<double>());
+    EXPECT_GT(row.at("tpot_ms").get<double>(), 0.0);
+    EXPECT_GE(row.at("tpot_p99_ms").get<double>(), row.at("tpot_ms").get<double>());
     generated.push_back(gen);
   }
   EXPECT_EQ(generated[0], generated[1]);

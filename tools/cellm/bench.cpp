@@ -14,8 +14,13 @@
 // generates between TG/2 and 3 TG/2 tokens (uniform, seeded per request) and closes the
 // session, so sessions join and leave the decode batch as a server's do.
 //   S_GEN = generated tokens / T   S = (prompt + generated tokens) / T
+// with each request's time to first token (TTFT: mean and 99th percentile) and time per
+// output token after it (TPOT, the mean gap between its tokens), and how the runner's
+// steps ran: rows a decode step decoded, steps with prefill chunks and their latency,
+// and the share of T inside steps.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -81,9 +86,11 @@ struct Row {
 struct LoadRow {
   int64_t pp = 0, tg = 0, b = 0, requests = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
-  double t = 0;            // seconds, first request sent to last one done
-  double ttft_ms_sum = 0;  // time to first token, summed over the requests
-  EngineMetrics engine;    // the runner's steps: how the batches formed
+  double t = 0;  // seconds, first request sent to last one done
+  // Per request: time to first token, and time per output token after it (the mean gap
+  // between its tokens; requests of one token have none).
+  std::vector<double> ttft_ms, tpot_ms;
+  EngineMetrics engine;  // the runner's steps: how the batches formed
   std::optional<StepTimeReport> steps;
 };
 
@@ -179,7 +186,7 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(row_limits));
   Runner runner(*executor, std::move(scheduler));
   const int64_t vocab = model.weights->config().vocab_size();
-  LoadRow row{pp, tg, b, requests, 0, 0, 0, 0, {}, std::nullopt};
+  LoadRow row{pp, tg, b, requests, 0, 0, 0, {}, {}, {}, std::nullopt};
   std::atomic<int64_t> next{0};
   std::mutex mu;  // guards row's sums and error
   std::string error;
@@ -205,7 +212,8 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
       if (h.finish_reason() == FinishReason::kFailed && error.empty()) error = h.error_message();
       row.prompt_tokens += m.n_prompt_tokens;
       row.generated_tokens += m.n_generated_tokens;
-      row.ttft_ms_sum += static_cast<double>(m.t_first_token_us - m.t_submit_us) / 1e3;
+      row.ttft_ms.push_back(static_cast<double>(m.ttft_us()) / 1e3);
+      if (m.itl_count > 0) row.tpot_ms.push_back(m.itl_mean_us() / 1e3);
     }  // the session closes here, before this client opens the next
   };
   // The runner answers its first command once the executor is initialized (on CUDA, the
@@ -228,12 +236,30 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
 void print_load_header(bool with_steps) {
   std::printf(
       "|    PP |     TG |    B |  reqs |  prompt |  gen tok |      T s | S_GEN t/s |    S t/s |"
-      " TTFT ms |  steps | rows/dec | w/ prefill | pf ms | busy %% |%s\n",
+      " TTFT ms | p99 TTFT | TPOT ms | p99 TPOT |  steps | rows/dec | w/ prefill | pf ms | busy %% "
+      "|%s\n",
       with_steps ? " step ms |  dev ms | ahead used | dropped |" : "");
   std::printf(
       "|-------|--------|------|-------|---------|----------|----------|-----------|----------|"
-      "---------|--------|----------|------------|-------|--------|%s\n",
+      "---------|----------|---------|----------|--------|----------|------------|-------|--------|"
+      "%s\n",
       with_steps ? "---------|---------|------------|---------|" : "");
+}
+
+// The mean of `v` (0 when empty).
+double mean_of(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+}
+
+// The nearest-rank 99th percentile of `v` (0 when empty): the smallest value at least 99%
+// of the values do not exceed.
+double p99_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(v.size())));
+  return v[std::max<size_t>(rank, 1) - 1];
 }
 
 // The sessions a step with decodes decoded, on average: how full the batches ran.
@@ -263,8 +289,8 @@ void print_load_row(const LoadRow& r) {
               static_cast<long long>(r.b), static_cast<long long>(r.requests),
               static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.generated_tokens),
               r.t, static_cast<double>(r.generated_tokens) / r.t,
-              static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t,
-              r.ttft_ms_sum / static_cast<double>(r.requests));
+              static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t, mean_of(r.ttft_ms));
+  std::printf(" %8.2f | %7.3f | %8.3f |", p99_of(r.ttft_ms), mean_of(r.tpot_ms), p99_of(r.tpot_ms));
   std::printf(" %6lld | %8.2f | %10lld | %5.2f | %5.1f%% |", static_cast<long long>(r.engine.steps),
               decode_rows_per_step(r.engine), static_cast<long long>(r.engine.steps_with_prefill),
               prefill_step_ms(r.engine), 100.0 * busy_fraction(r));
@@ -300,7 +326,10 @@ void print_load_json(const LoadRow& r, const std::string& device) {
                       {"t", r.t},
                       {"speed_gen", static_cast<double>(r.generated_tokens) / r.t},
                       {"speed", static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t},
-                      {"ttft_ms", r.ttft_ms_sum / static_cast<double>(r.requests)},
+                      {"ttft_ms", mean_of(r.ttft_ms)},
+                      {"ttft_p99_ms", p99_of(r.ttft_ms)},
+                      {"tpot_ms", mean_of(r.tpot_ms)},
+                      {"tpot_p99_ms", p99_of(r.tpot_ms)},
                       {"steps", r.engine.steps},
                       {"decode_rows_per_step", decode_rows_per_step(r.engine)},
                       {"steps_with_prefill", r.engine.steps_with_prefill},
