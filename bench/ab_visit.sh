@@ -19,14 +19,12 @@ while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
   esac
   shift
 done
-OUT=/tmp/cellm-build-logs bash "$(dirname "$0")/gpu_visit.sh" none >/tmp/cellm-visit.log 2>&1 ||
-  { tail -30 /tmp/cellm-visit.log; cp /tmp/cellm-visit.log "$OUT/visit.log"; exit 1; }
-if [ $tests = 1 ]; then
-  ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
-  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
-fi
 # shellcheck source=bench/bench_row.sh
 . "$(dirname "$0")/bench_row.sh"
+visit_build
+if [ $tests = 1 ]; then
+  visit_gpu_tests $B
+fi
 for row in "$@"; do
   bench_row "$B/cellm" "${row%%:*}" "$row" "$OUT/bench.txt"
 done

@@ -6,15 +6,12 @@
 # issue (each twice: 8b, 1b, 8b long context, interleaved), then the kernel benches.
 #   bash bench/final_visit.sh   (carry .deps)
 set -uo pipefail
-OUT=${OUT:-/tmp/cellm-out}
-mkdir -p "$OUT"
 B=/tmp/cellm-build
 # The results go in four files (gpu_tests.log, memcheck.log, bench.txt, micro.txt).
 # shellcheck source=bench/bench_row.sh
 . "$(dirname "$0")/bench_row.sh"
 visit_build
-ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
-grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
+visit_gpu_tests $B
 # The bf16 attention cases run the tensor-core kernel (cp.async gathers through the table).
 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/cuda/cuda_attention_test \
   --gtest_filter='AttentionTest/1.CapturedGraph*:AttentionTest/1.BatchOfOne*' >"$OUT/memcheck.log" 2>&1

@@ -8,8 +8,6 @@
 #   bash bench/fold_visit.sh
 # Results under $OUT: gpu_tests.log, memcheck.log, fold.txt.
 set -uo pipefail
-OUT=${OUT:-/tmp/cellm-out}
-mkdir -p "$OUT"
 # shellcheck source=bench/bench_row.sh
 . "$(dirname "$0")/bench_row.sh"
 prefix=()
@@ -29,8 +27,7 @@ build fold $src
 build main . --target cellm attention_bench
 echo "builds: $(( $(date +%s) - t0 )) s"
 F=/tmp/cellm-v-fold
-ctest --test-dir $F -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
-grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
+visit_gpu_tests $F
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $F/tests/cuda/cuda_attention_test \
   >"$OUT/memcheck.log" 2>&1
 echo "attention memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"

@@ -6,16 +6,11 @@
 #   bash bench/load_visit.sh
 # Results under $OUT: gpu_tests.log, load.txt.
 set -uo pipefail
-OUT=${OUT:-/tmp/cellm-out}
-mkdir -p "$OUT"
 B=/tmp/cellm-build
 # shellcheck source=bench/bench_row.sh
 . "$(dirname "$0")/bench_row.sh"
 visit_build
-if [ "${TESTS:-1}" != 0 ]; then
-  ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
-  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
-fi
+visit_gpu_tests $B
 for pass in $(seq "${PASSES:-1}"); do
   for v in overlap no-overlap; do
     extra=""

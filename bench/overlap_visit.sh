@@ -7,15 +7,12 @@
 #   bash bench/overlap_visit.sh
 # Results under $OUT: gpu_tests.log, memcheck.log, overlap.txt.
 set -uo pipefail
-OUT=${OUT:-/tmp/cellm-out}
-mkdir -p "$OUT"
 B=/tmp/cellm-build
 # shellcheck source=bench/bench_row.sh
 . "$(dirname "$0")/bench_row.sh"
 visit_build
 if [ "${TESTS:-1}" != 0 ]; then
-  ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
-  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
+  visit_gpu_tests $B
   [ "${MEMCHECK:-1}" = 0 ] || timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
     $B/tests/cuda/cuda_overlap_decode_test --gtest_filter='*llama3*:*Teardown*' >"$OUT/memcheck.log" 2>&1
   [ "${MEMCHECK:-1}" = 0 ] ||

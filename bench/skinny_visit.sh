@@ -89,14 +89,12 @@ for value, name in sorted(stalls, reverse=True):
 PY
 fi
 
-if [ "${TESTS:-1}" = 1 ]; then
-  ctest --test-dir $B -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
-  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" |
-    head -20
-  echo "gpu tests $(elapsed)"
-fi
 # shellcheck source=bench/bench_row.sh
 . "$(dirname "$0")/bench_row.sh"
+if [ "${TESTS:-1}" = 1 ]; then
+  visit_gpu_tests $B
+  echo "gpu tests $(elapsed)"
+fi
 for row in "$@"; do
   bench_row "$B/cellm" "${row%%:*}" "$row" "$OUT/bench.txt"
 done

@@ -31,8 +31,7 @@ for v in "${variants[@]}"; do
     { grep -E "error" "$OUT/build_$name.log" | head -30; exit 1; }
   echo "build $name ($flags): $(( $(date +%s) - t0 )) s"
   if [ $first = 1 ] && [ "${TESTS:-1}" != 0 ]; then
-    ctest --test-dir "$dir" -L gpu -j 8 --timeout 300 --output-on-failure >"$OUT/gpu_tests.log" 2>&1
-    grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)" "$OUT/gpu_tests.log" | head -20
+    visit_gpu_tests "$dir"
   fi
   first=0
 done
