@@ -188,7 +188,7 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
   const int64_t vocab = model.weights->config().vocab_size();
   LoadRow row{pp, tg, b, requests, 0, 0, 0, {}, {}, {}, std::nullopt};
   std::atomic<int64_t> next{0};
-  std::mutex mu;  // guards row's sums and error
+  std::mutex mu;  // guards row's counts, its per-request times and error
   std::string error;
   const auto client = [&] {
     for (int64_t i = next++; i < requests; i = next++) {
