@@ -262,13 +262,6 @@ double p99_of(std::vector<double> v) {
   return v[std::max<size_t>(rank, 1) - 1];
 }
 
-// The sessions a step with decodes decoded, on average: how full the batches ran.
-double decode_rows_per_step(const EngineMetrics& m) {
-  return m.steps_with_decode > 0
-             ? static_cast<double>(m.decode_tokens_total) / static_cast<double>(m.steps_with_decode)
-             : 0.0;
-}
-
 // The mean latency of a step with prefill chunks (with decodes beside them or not).
 double prefill_step_ms(const EngineMetrics& m) {
   return m.steps_with_prefill > 0
@@ -292,8 +285,9 @@ void print_load_row(const LoadRow& r) {
               static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t, mean_of(r.ttft_ms));
   std::printf(" %8.2f | %7.3f | %8.3f |", p99_of(r.ttft_ms), mean_of(r.tpot_ms), p99_of(r.tpot_ms));
   std::printf(" %6lld | %8.2f | %10lld | %5.2f | %5.1f%% |", static_cast<long long>(r.engine.steps),
-              decode_rows_per_step(r.engine), static_cast<long long>(r.engine.steps_with_prefill),
-              prefill_step_ms(r.engine), 100.0 * busy_fraction(r));
+              r.engine.mean_admitted_decode_sessions(),
+              static_cast<long long>(r.engine.steps_with_prefill), prefill_step_ms(r.engine),
+              100.0 * busy_fraction(r));
   if (r.steps && r.steps->decode_steps > 0) {
     const auto n = static_cast<double>(r.steps->decode_steps);
     std::printf(" %7.3f | %7.3f | %10lld | %7lld |", r.steps->wall_ms / n, r.steps->device_ms / n,
@@ -331,7 +325,7 @@ void print_load_json(const LoadRow& r, const std::string& device) {
                       {"tpot_ms", mean_of(r.tpot_ms)},
                       {"tpot_p99_ms", p99_of(r.tpot_ms)},
                       {"steps", r.engine.steps},
-                      {"decode_rows_per_step", decode_rows_per_step(r.engine)},
+                      {"decode_rows_per_step", r.engine.mean_admitted_decode_sessions()},
                       {"steps_with_prefill", r.engine.steps_with_prefill},
                       {"prefill_step_ms", prefill_step_ms(r.engine)},
                       {"busy_fraction", busy_fraction(r)}};
