@@ -31,6 +31,7 @@ namespace cellm::cuda::detail {
 
 inline constexpr int32_t kAttentionMaxSplits = 64;  // attention_num_splits() never exceeds it
 inline constexpr int kFoldElemsPerThread = 4;       // outputs a folding thread merges at once
+inline constexpr int kFoldChunksInFlight = 8;       // chunks whose partials it loads at once
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x) {
@@ -168,10 +169,24 @@ __device__ __forceinline__ void fold_if_last(const SplitWorkspace& ws, int32_t* 
       src[e] = ws.acc + ws.part(r, h0 + h[e]) * hd + d[e];
       a[e] = 0.f;
     }
-    for (int32_t s = 0; s < active; ++s) {
+    // kFoldChunksInFlight chunks' loads are issued before their FMAs, which keep the
+    // ascending order: one L2 round trip per that many chunks instead of one per chunk.
+    constexpr int U = kFoldChunksInFlight;
+    for (int32_t s0 = 0; s0 < active; s0 += U) {
+      float v[U][E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        a[e] = fmaf(s_w[h[e] * active + s], __ldcg(src[e] + int64_t{s} * hd), a[e]);
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          v[u][e] = s0 + u < active ? __ldcg(src[e] + int64_t{s0 + u} * hd) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (s0 + u < active) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) a[e] = fmaf(s_w[h[e] * active + s0 + u], v[u][e], a[e]);
+        }
       }
     }
 #pragma unroll
