@@ -57,6 +57,12 @@ struct CudaExecutorOptions {
   // first request, so no decode step pays for a capture (as serving engines do at
   // startup); else each bucket is warmed and captured by its first two steps.
   bool capture_graphs_at_start = true;
+  // In initialize(), before the first request: build the GEMM plan of every product a
+  // prefill or mixed step of 1..max(step_width, decode cap) rows can run and run each
+  // cuBLASLt kernel they name once. cuBLASLt loads a kernel's code at its first launch in
+  // the process (~3.5 ms a kernel on the H200: an 8B's first 128-token prefill met four
+  // and took 22 ms instead of 6), which would otherwise land on early requests' prefills.
+  bool warm_prefill_gemms = true;
   // With graphs: time the GEMM kernels that could serve each decode bucket's products
   // (cuBLASLt's candidate algorithms and the GEMV) while the bucket warms, and run the
   // fastest; other shapes (prefill) take cuBLASLt's heuristic choice. Costs roughly a
@@ -188,10 +194,14 @@ class CudaExecutor final : public Executor {
     double other_wall_ms = 0, other_device_ms = 0;
   };
   StepTimes step_times() const;
-  // Wall-clock seconds the last initialize() took: capturing the decode graphs and,
-  // with tune_gemm, timing the decode GEMMs of shapes no executor of this process has
-  // tuned yet (always measured; 0 before initialize() or without start-up capture).
+  // Wall-clock seconds the last initialize() took: capturing the decode graphs (with
+  // tune_gemm, timing the decode GEMMs of shapes no executor of this process has tuned
+  // yet) and warming the prefill GEMMs (always measured; 0 before initialize() or when it
+  // does neither).
   double initialize_seconds() const;
+  // How many cuBLASLt kernels initialize() ran to warm the prefill GEMMs
+  // (warm_prefill_gemms); 0 before it or without it.
+  int64_t warmed_prefill_kernels() const;
   // One line per decode graph captured so far, in capture order: its bucket, the trigger
   // placement and whether the edges after cuBLASLt kernels launch early; where either is
   // timed, every candidate's replay time and the one kept ("B=64: late 4.95 ms, early

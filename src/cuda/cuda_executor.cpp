@@ -89,6 +89,7 @@ class ExecutorImpl {
   CudaExecutor::MethodCalls calls_;
   CudaExecutor::StepTimes times_;
   double initialize_seconds_ = 0;
+  int64_t warmed_prefill_kernels_ = 0;
   double batch_device_ms_ = 0;  // device time of the current batch's forwards
 
   // Adds the last forward's device time to the current batch's.
@@ -230,6 +231,14 @@ class ExecutorImpl {
       ++calls_.decode_graph_captures;
       b = bucket + 1;
     }
+    return true;
+  }
+
+  // The engine's warm_products (CudaExecutorOptions::warm_prefill_gemms).
+  bool warm_prefill_gemms() {
+    Result<int64_t> ran = engine_->warm_products();
+    if (!ran.ok()) return fail_cuda(ran.status());
+    warmed_prefill_kernels_ = *ran;
     return true;
   }
 
@@ -601,9 +610,12 @@ CudaExecutor::~CudaExecutor() = default;
 
 bool CudaExecutor::initialize() {
   const CudaExecutorOptions& o = impl_->options_;
-  if (!o.cuda_graph_for_decode || !o.capture_graphs_at_start) return true;
   const auto t0 = std::chrono::steady_clock::now();
-  const bool ok = impl_->capture_decode_graphs();
+  bool ok = true;
+  // The decode graphs first: with tune_gemm their shapes are timed as they warm, and the
+  // prefill warm-up then finds those plans built.
+  if (o.cuda_graph_for_decode && o.capture_graphs_at_start) ok = impl_->capture_decode_graphs();
+  if (ok && o.warm_prefill_gemms) ok = impl_->warm_prefill_gemms();
   impl_->initialize_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return ok;
@@ -674,6 +686,9 @@ CudaExecutor::StepTimes CudaExecutor::step_times() const {
 
 double CudaExecutor::initialize_seconds() const {
   return impl_->initialize_seconds_;
+}
+int64_t CudaExecutor::warmed_prefill_kernels() const {
+  return impl_->warmed_prefill_kernels_;
 }
 
 std::vector<std::string> CudaExecutor::decode_graph_notes() const {

@@ -274,6 +274,43 @@ class CudaForward final : public ForwardEngine {
     return {static_cast<float*>(logits_host_.get()) + k * vocab, vocab};
   }
 
+  Result<int64_t> warm_products() override {
+    cudaStream_t s = stream_.get();
+    const ModelConfig& c = config_;
+    const int64_t d = c.hidden_size(), ff = c.intermediate_size(), q_dim = c.q_dim();
+    const int64_t qkv_dim = q_dim + 2 * c.kv_dim();
+    // Every layer's weights have the alignment of the first's (DeviceModel pads each
+    // piece), so its calls have the same keys.
+    const DeviceLayer<T>& w = model_->layers().front();
+    T* h = buf<T>(buf_.h);
+    T* gate_up = buf<T>(buf_.gate_up);
+    T* delta = buf<T>(buf_.delta);
+    int64_t ran = 0;
+    const auto count = [&](Result<bool> warmed) -> Status {
+      if (!warmed.ok()) return warmed.status();
+      ran += *warmed ? 1 : 0;
+      return Status::Ok();
+    };
+    // The calls of enqueue_forward, at every width.
+    for (int64_t m = 1; m <= dims_.max_rows; ++m) {
+      CELLM_RETURN_IF_ERROR(
+          count(gemm_->warm<T, T>(h, m, d, w.qkv, qkv_dim, w.qkv_bias, buf<T>(buf_.qkv), s)));
+      CELLM_RETURN_IF_ERROR(
+          count(gemm_->warm<T, T>(buf<T>(buf_.attn), m, q_dim, w.o_proj, d, w.o_bias, delta, s)));
+      CELLM_RETURN_IF_ERROR(
+          count(gemm_->warm<T, T>(h, m, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
+      CELLM_RETURN_IF_ERROR(count(
+          gemm_->warm_swiglu_down<T>(gate_up, m, ff, w.down_proj, d, buf<T>(buf_.act), delta, s)));
+      for (T* head_in : {h, buf<T>(buf_.sel_norm)}) {
+        CELLM_RETURN_IF_ERROR(
+            count(gemm_->warm<T, float>(head_in, m, d, model_->lm_head(), c.vocab_size(), nullptr,
+                                        buf<float>(buf_.logits), s)));
+      }
+    }
+    CELLM_RETURN_IF_ERROR(sync());
+    return ran;
+  }
+
   Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) override {
     if (upto <= 0) return Status::Ok();
     int32_t* t = table_.as<int32_t>();

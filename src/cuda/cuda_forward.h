@@ -117,6 +117,13 @@ class ForwardEngine {
   // [vocab] f32 in pinned memory, valid until the next run.
   // REQUIRES: k < the last run's logit_rows.size().
   virtual std::span<const float> host_logits(size_t k) const = 0;
+  // Prepares the GEMM kernels of the eager steps (prefills, mixed steps), so that no
+  // request pays for cuBLASLt's first launch of a kernel (Gemm::warm): builds the plan of
+  // every product a step of 1..max_rows rows runs (the LM head's for 1..max_rows selected
+  // rows) and runs, on the step buffers, each cuBLASLt kernel those plans name that this
+  // engine has not run in a warm-up yet; waits for them. Writes only scratch activations
+  // (no residual, cell, table or sampled token). Returns how many kernels it ran.
+  virtual Result<int64_t> warm_products() = 0;
   // Copies the cell-table prefix [0, upto) of row `src` into row `dst` (clone).
   virtual Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) = 0;
 

@@ -139,6 +139,57 @@ bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
   return std::memcmp(&a, &b, sizeof(a)) == 0;
 }
 
+// The key of Gemm::run's call.
+template <typename T, typename TOut>
+GemmKey product_key(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const T* bias,
+                    const TOut* y) {
+  return GemmKey{.op = GemmOp::kProduct,
+                 .a_type = kCudaType<T>,
+                 .out_type = kCudaType<TOut>,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .has_bias = bias != nullptr,
+                 .align_x = alignment_of(x),
+                 .align_w = alignment_of(w),
+                 .align_y = alignment_of(y),
+                 .align_bias = alignment_of(bias),
+                 .align_gate_up = 0};
+}
+
+// The key of Gemm::run_swiglu_down's call (under kTuned).
+template <typename T>
+GemmKey swiglu_down_key(const T* gate_up, int64_t m, int64_t ff, const T* w_down, int64_t n,
+                        const T* act, const T* y) {
+  return GemmKey{.op = GemmOp::kSwiGLUDown,
+                 .a_type = kCudaType<T>,
+                 .out_type = kCudaType<T>,
+                 .m = m,
+                 .n = n,
+                 .k = ff,
+                 .has_bias = false,
+                 .align_x = alignment_of(act),
+                 .align_w = alignment_of(w_down),
+                 .align_y = alignment_of(y),
+                 .align_bias = 0,
+                 .align_gate_up = alignment_of(gate_up)};
+}
+
+// The REQUIRES of run (what = "run") and run_swiglu_down (k named "ff"): an error for a
+// bad shape or a null operand.
+Status check_call(const char* what, int64_t m, int64_t k, int64_t n, bool null_operand) {
+  const bool swiglu = std::strcmp(what, "run_swiglu_down") == 0;
+  if (m < 0 || n <= 0 || k <= 0) {
+    const std::string shape = swiglu ? " ff=" + std::to_string(k) + " n=" + std::to_string(n)
+                                     : " n=" + std::to_string(n) + " k=" + std::to_string(k);
+    return InvalidArgument(std::string("Gemm::") + what + ": bad shape m=" + std::to_string(m) +
+                           shape);
+  }
+  if (m > 0 && null_operand)
+    return InvalidArgument(std::string("Gemm::") + what + ": null operand");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Gemm::Gemm(GemmPath path) : path_(path) {}
@@ -488,15 +539,8 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
                  (std::is_same_v<TOut, __nv_bfloat16> || std::is_same_v<TOut, float>)) ||
                     (std::is_same_v<T, float> && std::is_same_v<TOut, float>),
                 "Gemm::run serves bf16 -> bf16, bf16 -> f32 and f32 -> f32");
-  // REQUIRES: a well-formed shape and device operands.
-  if (m < 0 || n <= 0 || k <= 0) {
-    return InvalidArgument("Gemm::run: bad shape m=" + std::to_string(m) +
-                           " n=" + std::to_string(n) + " k=" + std::to_string(k));
-  }
+  CELLM_RETURN_IF_ERROR(check_call("run", m, k, n, x == nullptr || w == nullptr || y == nullptr));
   if (m == 0) return Status::Ok();
-  if (x == nullptr || w == nullptr || y == nullptr) {
-    return InvalidArgument("Gemm::run: null operand");
-  }
   if (handle_ == nullptr) return InvalidState("Gemm::run on a moved-from Gemm");
   bool gemv_serves = false;
   bool skinny_serves = false;
@@ -516,19 +560,7 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
     return Status::Ok();
   }
 
-  const GemmKey key{.op = GemmOp::kProduct,
-                    .a_type = kCudaType<T>,
-                    .out_type = kCudaType<TOut>,
-                    .m = m,
-                    .n = n,
-                    .k = k,
-                    .has_bias = bias != nullptr,
-                    .align_x = alignment_of(x),
-                    .align_w = alignment_of(w),
-                    .align_y = alignment_of(y),
-                    .align_bias = alignment_of(bias),
-                    .align_gate_up = 0};
-  CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(key, bias));
+  CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(product_key(x, m, k, w, n, bias, y), bias));
   CELLM_ASSIGN_OR_RETURN(const bool time_now, wants_timing(*plan, stream));
   if (time_now) {
     const Enqueue enqueue = [&](const GemmChoice& choice, cudaStream_t on) {
@@ -542,15 +574,10 @@ Status Gemm::run(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const 
 template <typename T>
 Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w_down, int64_t n,
                              T* act, T* y, cudaStream_t stream) {
-  // REQUIRES: a well-formed shape and device operands.
-  if (m < 0 || ff <= 0 || n <= 0) {
-    return InvalidArgument("Gemm::run_swiglu_down: bad shape m=" + std::to_string(m) +
-                           " ff=" + std::to_string(ff) + " n=" + std::to_string(n));
-  }
+  CELLM_RETURN_IF_ERROR(
+      check_call("run_swiglu_down", m, ff, n,
+                 gate_up == nullptr || w_down == nullptr || act == nullptr || y == nullptr));
   if (m == 0) return Status::Ok();
-  if (gate_up == nullptr || w_down == nullptr || act == nullptr || y == nullptr) {
-    return InvalidArgument("Gemm::run_swiglu_down: null operand");
-  }
   if (handle_ == nullptr) return InvalidState("Gemm::run_swiglu_down on a moved-from Gemm");
   bool gemv_serves = false;
   bool skinny_serves = false;
@@ -559,19 +586,8 @@ Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w
     skinny_serves = skinny_gemm_supports(m, n, ff, act, w_down);
   }
   if (path_ == GemmPath::kTuned) {
-    const GemmKey key{.op = GemmOp::kSwiGLUDown,
-                      .a_type = kCudaType<T>,
-                      .out_type = kCudaType<T>,
-                      .m = m,
-                      .n = n,
-                      .k = ff,
-                      .has_bias = false,
-                      .align_x = alignment_of(act),
-                      .align_w = alignment_of(w_down),
-                      .align_y = alignment_of(y),
-                      .align_bias = 0,
-                      .align_gate_up = alignment_of(gate_up)};
-    CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(key, nullptr));
+    CELLM_ASSIGN_OR_RETURN(Plan * plan,
+                           plan_for(swiglu_down_key(gate_up, m, ff, w_down, n, act, y), nullptr));
     CELLM_ASSIGN_OR_RETURN(const bool time_now, wants_timing(*plan, stream));
     if (time_now) {
       const Enqueue enqueue = [&](const GemmChoice& choice, cudaStream_t on) {
@@ -596,6 +612,66 @@ Status Gemm::run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w
   CELLM_CUDA_RETURN_IF_ERROR(launch_swiglu<T>(gate_up, m, ff, act, stream), "launch_swiglu");
   return run<T, T>(act, m, ff, w_down, n, nullptr, y, stream);
 }
+
+bool Gemm::first_warm_of(const GemmChoice& choice) {
+  if (choice.kernel != GemmKernel::kCublasLt) return false;
+  if (std::any_of(warmed_.begin(), warmed_.end(),
+                  [&](const cublasLtMatmulAlgo_t& a) { return same_algo(a, choice.algo); })) {
+    return false;
+  }
+  warmed_.push_back(choice.algo);
+  return true;
+}
+
+template <typename T, typename TOut>
+Result<bool> Gemm::warm(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const T* bias,
+                        TOut* y, cudaStream_t stream) {
+  CELLM_RETURN_IF_ERROR(check_call("run", m, k, n, x == nullptr || w == nullptr || y == nullptr));
+  if (m == 0) return false;
+  if (handle_ == nullptr) return InvalidState("Gemm::warm on a moved-from Gemm");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (path_ == GemmPath::kAuto && gemv_supports(m, k, x, w)) return false;
+  }
+  CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(product_key(x, m, k, w, n, bias, y), bias));
+  if (!first_warm_of(plan->choice)) return false;
+  CELLM_RETURN_IF_ERROR(
+      (enqueue_product<T, TOut>(*plan, plan->choice, x, m, k, w, n, bias, y, stream)));
+  return true;
+}
+
+template <typename T>
+Result<bool> Gemm::warm_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w_down,
+                                    int64_t n, T* act, T* y, cudaStream_t stream) {
+  CELLM_RETURN_IF_ERROR(
+      check_call("run_swiglu_down", m, ff, n,
+                 gate_up == nullptr || w_down == nullptr || act == nullptr || y == nullptr));
+  if (m == 0) return false;
+  if (handle_ == nullptr) return InvalidState("Gemm::warm_swiglu_down on a moved-from Gemm");
+  // Outside kTuned, run_swiglu_down's product is run's call on act.
+  if (path_ != GemmPath::kTuned) return warm<T, T>(act, m, ff, w_down, n, nullptr, y, stream);
+  CELLM_ASSIGN_OR_RETURN(Plan * plan,
+                         plan_for(swiglu_down_key(gate_up, m, ff, w_down, n, act, y), nullptr));
+  if (!first_warm_of(plan->choice)) return false;
+  CELLM_RETURN_IF_ERROR(
+      enqueue_swiglu_down<T>(*plan, plan->choice, gate_up, m, ff, w_down, n, act, y, stream));
+  return true;
+}
+
+template Result<bool> Gemm::warm<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, int64_t,
+                                                               int64_t, const __nv_bfloat16*,
+                                                               int64_t, const __nv_bfloat16*,
+                                                               __nv_bfloat16*, cudaStream_t);
+template Result<bool> Gemm::warm<__nv_bfloat16, float>(const __nv_bfloat16*, int64_t, int64_t,
+                                                       const __nv_bfloat16*, int64_t,
+                                                       const __nv_bfloat16*, float*, cudaStream_t);
+template Result<bool> Gemm::warm<float, float>(const float*, int64_t, int64_t, const float*,
+                                               int64_t, const float*, float*, cudaStream_t);
+template Result<bool> Gemm::warm_swiglu_down<__nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t,
+                                                            const __nv_bfloat16*, int64_t,
+                                                            __nv_bfloat16*, __nv_bfloat16*,
+                                                            cudaStream_t);
+template Result<bool> Gemm::warm_swiglu_down<float>(const float*, int64_t, int64_t, const float*,
+                                                    int64_t, float*, float*, cudaStream_t);
 
 template Status Gemm::run<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, int64_t, int64_t,
                                                         const __nv_bfloat16*, int64_t,

@@ -127,6 +127,23 @@ class Gemm {
   Status run_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w_down, int64_t n,
                          T* act, T* y, cudaStream_t stream);
 
+  // Warming (before serving). cuBLASLt loads a kernel's code the first time the process
+  // launches it: ~3.5 ms a kernel on the H200, which would land on whichever request's
+  // prefill first meets a shape whose heuristic choice names that kernel. warm() builds
+  // the plan run() would use for the same call (host work, as run's first call does)
+  // and, when the plan's kernel is a cuBLASLt algorithm this Gemm has not warmed yet,
+  // enqueues the call once (writing y, and act for warm_swiglu_down); other calls
+  // enqueue nothing. It never times candidates (tuning is for run under set_tuning).
+  // Returns whether it enqueued. REQUIRES and errors: as run's / run_swiglu_down's.
+  template <typename T, typename TOut>
+  Result<bool> warm(const T* x, int64_t m, int64_t k, const T* w, int64_t n, const T* bias, TOut* y,
+                    cudaStream_t stream);
+  template <typename T>
+  Result<bool> warm_swiglu_down(const T* gate_up, int64_t m, int64_t ff, const T* w_down, int64_t n,
+                                T* act, T* y, cudaStream_t stream);
+  // Distinct cuBLASLt algorithms warm() has enqueued.
+  size_t warmed_algorithms() const { return warmed_.size(); }
+
   // Under kTuned: whether keys met from now on (and keys met before that still run the
   // heuristic's choice) may be timed (see above). Off at creation; turning it off frees
   // the timer and its flush buffer. No effect under the other paths.
@@ -159,6 +176,8 @@ class Gemm {
   // heuristic reads for its alignment): the table's choice under kTuned when there is one,
   // else the heuristic's first.
   Result<Plan*> plan_for(const GemmKey& key, const void* bias);
+  // True (and remembered) when `choice` is a cuBLASLt algorithm warm() has not enqueued.
+  bool first_warm_of(const GemmChoice& choice);
   // Sets the plan's epilogue (bias or none) to match `choice` and makes it the plan's.
   Status adopt(Plan& plan, const GemmChoice& choice, const void* bias, PlanSource source);
   // True when this call may time the plan's candidates: kTuned, tuning on, the plan not
@@ -190,6 +209,7 @@ class Gemm {
   DeviceBuffer workspace_;
   std::unique_ptr<GemmTimer> timer_;  // while tuning, from the first timed key
   std::map<GemmKey, std::unique_ptr<Plan>> plans_;
+  std::vector<cublasLtMatmulAlgo_t> warmed_;  // by warm(), in order
 };
 
 }  // namespace cellm::cuda

@@ -288,6 +288,37 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
   }
 }
 
+// The prefill GEMMs' warm-up (warm_prefill_gemms) builds the plans a prefill would build
+// at its first step and runs their kernels once on scratch buffers: the same kernels then
+// serve the same calls, so tokens and logprobs are bit for bit those of an executor
+// without it, in both precisions.
+TEST_P(CudaExecutorFixtureTest, PrefillGemmWarmUpChangesNoTokenAndNoLogprob) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const Fixture f = testing::load_fixture(GetParam());
+  auto w = load_weights(f);
+  const auto prompts = prompts_of(f);
+  const std::vector<SamplingParams> params = mixed_sampling(prompts.size());
+  for (CudaPrecision precision : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
+    std::vector<std::vector<Output>> by_switch[2];
+    for (bool warm : {true, false}) {
+      CudaExecutorOptions o = small_options(precision, true);
+      o.warm_prefill_gemms = warm;
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      // Steps of 9-16 rows go to cuBLASLt in either precision: at least one kernel.
+      if (warm) {
+        EXPECT_GT((*e)->warmed_prefill_kernels(), 0);
+      } else {
+        EXPECT_EQ((*e)->warmed_prefill_kernels(), 0);
+      }
+      by_switch[warm ? 1 : 0] = testing::drive_outputs(**e, prompts, 5, 16, params);
+    }
+    testing::expect_same_outputs(by_switch[1], by_switch[0],
+                                 precision == CudaPrecision::kF32 ? "f32" : "bf16", 16);
+  }
+}
+
 // A decode graph's note without the idle-launch timing every note ends with ("; idle
 // launch X ms (cudaGraphLaunch Y us)": a replay launched on an idle stream, as a step's).
 std::string placement_of(const std::string& note) {

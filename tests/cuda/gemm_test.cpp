@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -359,6 +360,64 @@ TEST(GemmTest, SmallAlignedBf16ProductsTakeTheGemvAndBuildNoPlan) {
   EXPECT_EQ(bad, 0u);
 }
 
+// True when every element of `a` is NaN (as poison() left it: nothing wrote it).
+template <typename T>
+bool all_poisoned(const DeviceArray<T>& a) {
+  const std::vector<float> v = download_floats(a);
+  return std::all_of(v.begin(), v.end(), [](float f) { return std::isnan(f); });
+}
+
+TEST(GemmTest, WarmRunsEachCublasLtAlgorithmOnceAndWritesWhatRunWould) {
+  CELLM_SKIP_WITHOUT_GPU();
+  Gemm gemm = make_gemm(GemmPath::kCublasLtOnly);
+  std::mt19937 rng(29);
+  constexpr int64_t kMaxM = 80, kK = 128, kN = 96;
+  const ProductCase<Bf16> a(rng, kMaxM, kK, kN);
+  DeviceArray<Bf16> y(static_cast<size_t>(kMaxM * kN));
+  const auto warm = [&](int64_t m) {
+    Result<bool> ran =
+        gemm.warm<Bf16, Bf16>(a.dev_x.get(), m, kK, a.dev_w.get(), kN, nullptr, y.get(), nullptr);
+    EXPECT_TRUE(ran.ok()) << ran.status().to_string();
+    return ran.ok() && *ran;
+  };
+  // The first call runs its algorithm: y is the product, as run writes it.
+  poison(y);
+  ASSERT_TRUE(warm(kMaxM));
+  EXPECT_EQ(gemm.cached_plans(), 1u);
+  EXPECT_EQ(gemm.warmed_algorithms(), 1u);
+  a.expect_output(y, false);
+  // The same call again enqueues nothing; run then uses the plan warm built.
+  poison(y);
+  EXPECT_FALSE(warm(kMaxM));
+  EXPECT_TRUE(all_poisoned(y));
+  ASSERT_TRUE(a.run(gemm, false, y, nullptr).ok());
+  EXPECT_EQ(gemm.cached_plans(), 1u);
+  a.expect_output(y, false);
+  // Every other width builds its plan and runs only algorithms not warmed before.
+  size_t ran = 1;
+  for (int64_t m = 1; m < kMaxM; ++m) ran += warm(m) ? 1 : 0;
+  EXPECT_EQ(gemm.cached_plans(), static_cast<size_t>(kMaxM));
+  EXPECT_EQ(gemm.warmed_algorithms(), ran);
+  EXPECT_LE(ran, static_cast<size_t>(kMaxM));
+  // An empty call does nothing; a malformed one is refused as run refuses it.
+  Result<bool> empty =
+      gemm.warm<Bf16, Bf16>(a.dev_x.get(), 0, kK, a.dev_w.get(), kN, nullptr, y.get(), nullptr);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_FALSE(*empty);
+  Result<bool> malformed =
+      gemm.warm<Bf16, Bf16>(a.dev_x.get(), 4, kK, a.dev_w.get(), 0, nullptr, y.get(), nullptr);
+  EXPECT_EQ(malformed.status().code(), StatusCode::kInvalidArgument);
+  // Under kAuto the GEMV serves small bf16 calls: nothing to load, no plan.
+  Gemm gemv = make_gemm();
+  poison(y);
+  Result<bool> small =
+      gemv.warm<Bf16, Bf16>(a.dev_x.get(), 4, kK, a.dev_w.get(), kN, nullptr, y.get(), nullptr);
+  ASSERT_TRUE(small.ok());
+  EXPECT_FALSE(*small);
+  EXPECT_EQ(gemv.cached_plans(), 0u);
+  EXPECT_TRUE(all_poisoned(y));
+}
+
 // One run_swiglu_down call against launch_swiglu followed by run on the same Gemm: the same
 // bits, and act untouched exactly when the call is `fused` (one GEMV launch).
 template <typename T>
@@ -406,6 +465,38 @@ TEST(GemmTest, RunSwigluDownEqualsSwigluThenRunForEveryBatchSize) {
   EXPECT_EQ(
       (gemm.run_swiglu_down<Bf16>(nullptr, 1, 0, nullptr, 64, nullptr, nullptr, nullptr).code()),
       StatusCode::kInvalidArgument);
+}
+
+// warm_swiglu_down's first call at a shape writes run_swiglu_down's bits (a cuBLASLt
+// product at these widths, on either path); a second enqueues nothing.
+TEST(GemmTest, WarmSwigluDownWritesWhatRunSwigluDownWould) {
+  CELLM_SKIP_WITHOUT_GPU();
+  constexpr int64_t kM = 24, kFf = 136, kN = 40;
+  std::mt19937 rng(31);
+  const auto gate_up = device_array<Bf16>(random_values<Bf16>(rng, kM * 2 * kFf, 4.0f));
+  const auto w = device_array<Bf16>(random_values<Bf16>(rng, kN * kFf));
+  DeviceArray<Bf16> act(static_cast<size_t>(kM * kFf)), y(static_cast<size_t>(kM * kN));
+  for (const GemmPath path : {GemmPath::kCublasLtOnly, GemmPath::kTuned}) {
+    SCOPED_TRACE(path == GemmPath::kTuned ? "kTuned" : "kCublasLtOnly");
+    Gemm gemm = make_gemm(path);
+    poison(y);
+    Result<bool> first = gemm.warm_swiglu_down<Bf16>(gate_up.get(), kM, kFf, w.get(), kN, act.get(),
+                                                     y.get(), nullptr);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    EXPECT_TRUE(*first);
+    const std::vector<Bf16> warmed = y.download();
+    poison(y);
+    Result<bool> second = gemm.warm_swiglu_down<Bf16>(gate_up.get(), kM, kFf, w.get(), kN,
+                                                      act.get(), y.get(), nullptr);
+    ASSERT_TRUE(second.ok());
+    EXPECT_FALSE(*second);
+    EXPECT_TRUE(all_poisoned(y));
+    ASSERT_TRUE(
+        gemm.run_swiglu_down<Bf16>(gate_up.get(), kM, kFf, w.get(), kN, act.get(), y.get(), nullptr)
+            .ok());
+    const std::vector<Bf16> ran = y.download();
+    EXPECT_EQ(std::memcmp(warmed.data(), ran.data(), ran.size() * sizeof(Bf16)), 0);
+  }
 }
 
 // The tuned path. The process-wide choice table outlives each test, so tests that need a

@@ -61,6 +61,9 @@ const std::vector<FlagSpec> kFlags = {
     {"no-overlap", "",
      "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
      "next step during the host's work buys)"},
+    {"no-prefill-warm", "",
+     "CUDA: skip loading the prefill GEMMs' kernels at startup (each then loads at its first "
+     "prefill: to measure what the warm-up buys)"},
     {"requests", "N",
      "a serving load instead: B clients send N requests in all, each opening a session, "
      "prefilling PP tokens, generating TG/2 to 3 TG/2 tokens and closing it"},
@@ -308,6 +311,7 @@ void add_step_json(nlohmann::json& j, const std::optional<StepTimeReport>& steps
   j["decode_steps_ahead_used"] = steps->ahead_used;
   j["decode_steps_ahead_dropped"] = steps->ahead_dropped;
   j["startup_s"] = steps->startup_s;
+  j["warmed_prefill_kernels"] = steps->warmed_prefill_kernels;
 }
 
 void print_load_json(const LoadRow& r, const std::string& device) {
@@ -430,6 +434,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.programmatic_launch = !args->has("no-pdl");
   limits.tune_gemm = !args->has("no-gemm-tuning");
   limits.overlap_decode = !args->has("no-overlap");
+  limits.warm_prefill_gemms = !args->has("no-prefill-warm");
   for (const auto& [option, choice] : {std::pair{"early-triggers", &limits.early_triggers},
                                        std::pair{"early-after-cublas", &limits.early_after_cublas},
                                        std::pair{"l2-prefetch", &limits.l2_prefetch}}) {
@@ -455,9 +460,10 @@ int run_bench(int argc, const char* const* argv) {
   std::vector<std::string> startups;  // per executor: "B=b x.x s"
   const auto note_startup = [&](const char* what, int64_t b, const Row& row) {
     if (!row.steps) return;
-    char text[64];
-    std::snprintf(text, sizeof(text), "%sB=%lld %.2f s", what, static_cast<long long>(b),
-                  row.steps->startup_s);
+    char text[96];
+    std::snprintf(text, sizeof(text), "%sB=%lld %.2f s, %lld prefill GEMM kernels warmed", what,
+                  static_cast<long long>(b), row.steps->startup_s,
+                  static_cast<long long>(row.steps->warmed_prefill_kernels));
     std::string note = text;
     // How the graph the row's decode steps replay was built (triggers, edges).
     const std::string bucket = "B=" + std::to_string(b) + ": ";
@@ -511,7 +517,7 @@ int run_bench(int argc, const char* const* argv) {
       // GEMM shape times its kernels (later executors of the process adopt the choice).
       std::printf(
           "\nstartup (decode graphs captured, with their triggers and edges; new GEMM shapes "
-          "tuned):");
+          "tuned; prefill GEMMs warmed):");
       for (const std::string& s : startups) std::printf(" %s;", s.c_str());
       std::printf("\n");
     }

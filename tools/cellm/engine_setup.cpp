@@ -138,6 +138,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.early_after_cublas = limits.early_after_cublas;
     o.l2_prefetch = limits.l2_prefetch;
     o.overlap_decode = limits.overlap_decode;
+    o.warm_prefill_gemms = limits.warm_prefill_gemms;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));
@@ -169,7 +170,8 @@ std::optional<StepTimeReport> step_time_report(const Executor& executor) {
                           cuda->initialize_seconds(),
                           cuda->decode_graph_notes(),
                           calls.decode_steps_ahead_used,
-                          calls.decode_steps_ahead_dropped};
+                          calls.decode_steps_ahead_dropped,
+                          cuda->warmed_prefill_kernels()};
   }
 #else
   (void)executor;

@@ -57,7 +57,8 @@ struct EngineLimits {
   TimedChoice early_triggers = TimedChoice::kTimed;
   TimedChoice early_after_cublas = TimedChoice::kTimed;  // CUDA: (CudaExecutorOptions)
   TimedChoice l2_prefetch = TimedChoice::kTimed;         // CUDA: (CudaExecutorOptions)
-  bool overlap_decode = true;  // CUDA: queue the next decode step early (overlap_decode)
+  bool overlap_decode = true;      // CUDA: queue the next decode step early (overlap_decode)
+  bool warm_prefill_gemms = true;  // CUDA: load the prefill GEMMs' kernels at startup
 };
 
 // "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);
@@ -72,10 +73,11 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
 // (the CUDA executor made with time_steps); nullopt otherwise.
 struct StepTimeReport {
   int64_t decode_steps = 0;
-  double wall_ms = 0, device_ms = 0;          // summed over the steps
-  double startup_s = 0;                       // initialize(): graph capture and GEMM tuning
+  double wall_ms = 0, device_ms = 0;  // summed over the steps
+  double startup_s = 0;  // initialize(): graph capture, GEMM tuning, prefill GEMMs' warm-up
   std::vector<std::string> graph_notes;       // CudaExecutor::decode_graph_notes()
   int64_t ahead_used = 0, ahead_dropped = 0;  // decode steps queued ahead (overlap_decode)
+  int64_t warmed_prefill_kernels = 0;         // CudaExecutor::warmed_prefill_kernels()
 };
 std::optional<StepTimeReport> step_time_report(const Executor& executor);
 
