@@ -15,6 +15,6 @@ for row in "8b:--preset 8b -npp 128,512,128,1024 -ntg 4 -npl 1" \
   "8b4:--preset 8b -npp 128 -ntg 4 -npl 4" "1b:--preset 1b -npp 128 -ntg 4 -npl 1"; do
   for warm in "" "--no-prefill-warm"; do
     bench_row $C "${row%%:*} $warm" "${row%%:*}:${row#*:} $warm" "$OUT/prefill.txt"
-    grep -A1 "^startup" "$OUT/prefill.txt" | tail -1 | cut -c1-400
+    grep "^startup" "$OUT/prefill.txt" | tail -1 | grep -oE "B=[0-9]+ [0-9.]+ s, [0-9]+ prefill GEMM kernels warmed"
   done
 done
