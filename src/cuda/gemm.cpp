@@ -647,11 +647,20 @@ Result<bool> Gemm::warm_swiglu_down(const T* gate_up, int64_t m, int64_t ff, con
                  gate_up == nullptr || w_down == nullptr || act == nullptr || y == nullptr));
   if (m == 0) return false;
   if (handle_ == nullptr) return InvalidState("Gemm::warm_swiglu_down on a moved-from Gemm");
-  // Outside kTuned, run_swiglu_down's product is run's call on act.
-  if (path_ != GemmPath::kTuned) return warm<T, T>(act, m, ff, w_down, n, nullptr, y, stream);
-  CELLM_ASSIGN_OR_RETURN(Plan * plan,
-                         plan_for(swiglu_down_key(gate_up, m, ff, w_down, n, act, y), nullptr));
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // run_swiglu_down's fused GEMV, or the GEMV that run would launch on act.
+    if (path_ == GemmPath::kAuto &&
+        (gemv_supports(m, ff, gate_up, w_down) || gemv_supports(m, ff, act, w_down))) {
+      return false;
+    }
+  }
+  // Under kTuned the call is a key of its own; otherwise its product is run's call on act.
+  const GemmKey key = path_ == GemmPath::kTuned
+                          ? swiglu_down_key(gate_up, m, ff, w_down, n, act, y)
+                          : product_key<T, T>(act, m, ff, w_down, n, nullptr, y);
+  CELLM_ASSIGN_OR_RETURN(Plan * plan, plan_for(key, nullptr));
   if (!first_warm_of(plan->choice)) return false;
+  // A cuBLASLt choice: launch_swiglu into act, then the product, as run_swiglu_down.
   CELLM_RETURN_IF_ERROR(
       enqueue_swiglu_down<T>(*plan, plan->choice, gate_up, m, ff, w_down, n, act, y, stream));
   return true;
