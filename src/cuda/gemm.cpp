@@ -185,8 +185,9 @@ Status check_call(const char* what, int64_t m, int64_t k, int64_t n, bool null_o
     return InvalidArgument(std::string("Gemm::") + what + ": bad shape m=" + std::to_string(m) +
                            shape);
   }
-  if (m > 0 && null_operand)
+  if (m > 0 && null_operand) {
     return InvalidArgument(std::string("Gemm::") + what + ": null operand");
+  }
   return Status::Ok();
 }
 
@@ -209,7 +210,8 @@ Gemm::Gemm(Gemm&& other) noexcept
       handle_(std::exchange(other.handle_, nullptr)),
       workspace_(std::move(other.workspace_)),
       timer_(std::move(other.timer_)),
-      plans_(std::move(other.plans_)) {}
+      plans_(std::move(other.plans_)),
+      warmed_(std::move(other.warmed_)) {}
 
 Gemm& Gemm::operator=(Gemm&& other) noexcept {
   if (this != &other) {
@@ -222,6 +224,7 @@ Gemm& Gemm::operator=(Gemm&& other) noexcept {
     workspace_ = std::move(other.workspace_);
     timer_ = std::move(other.timer_);
     plans_ = std::move(other.plans_);
+    warmed_ = std::move(other.warmed_);
   }
   return *this;
 }
