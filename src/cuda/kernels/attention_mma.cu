@@ -14,6 +14,46 @@
 #endif
 
 namespace cellm::cuda::detail {
+
+#ifdef CELLM_ATTENTION_PHASES
+__device__ AttentionPhases g_attention_phases[kAttentionPhaseBlocks];
+
+cudaError_t read_attention_phases(AttentionPhases* host, int blocks) {
+  const size_t bytes = sizeof(AttentionPhases) * static_cast<size_t>(blocks);
+  if (const cudaError_t err = cudaMemcpyFromSymbol(host, g_attention_phases, bytes);
+      err != cudaSuccess) {
+    return err;
+  }
+  void* table = nullptr;
+  if (const cudaError_t err = cudaGetSymbolAddress(&table, g_attention_phases);
+      err != cudaSuccess) {
+    return err;
+  }
+  return cudaMemset(table, 0, bytes);
+}
+
+namespace {
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+}  // namespace
+
+// Thread 0 of the block stamps `field` (CELLM_ATTENTION_PHASES only).
+#define CELLM_PHASE(field, value)                                                                \
+  do {                                                                                           \
+    const unsigned phase_block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); \
+    if (threadIdx.x == 0 && phase_block < kAttentionPhaseBlocks) {                               \
+      g_attention_phases[phase_block].field = (value);                                           \
+    }                                                                                            \
+  } while (0)
+#else
+#define CELLM_PHASE(field, value) \
+  do {                            \
+  } while (0)
+#endif
+
 namespace {
 
 // FlashDecoding with grouped-query heads on tensor cores. One block of W warps
@@ -140,7 +180,15 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // steps wrote: positions, row_seq and the table's older entries, older K/V.
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
+#ifdef CELLM_ATTENTION_PHASES
+  CELLM_PHASE(entry, clock64());
+  CELLM_PHASE(start_ns, global_ns());
+  CELLM_PHASE(row, static_cast<int32_t>(r));
+  CELLM_PHASE(split, split);
+  CELLM_PHASE(kv_head, static_cast<int32_t>(blockIdx.z));
+#endif
   const RowSpan span = row_span(p.positions[r], p.window, n_splits, min_chunks, W * kTileKeys);
+  CELLM_PHASE(active, span.active);
   if (split >= span.active) return;  // the row is shorter than this split's chunk
   const int64_t begin = span.lo + int64_t{split} * span.chunk;
   const int64_t end = min(span.hi, begin + span.chunk);
@@ -235,6 +283,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // ahead of this one.
   if (early) allow_dependent_grids();
   wait_for_prior_grids();
+  CELLM_PHASE(waited, clock64());
   if (!first_early && t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
   cp_async_commit();  // tile t's group (or, second_loaded, tile t + W's)
   if (!next_early && t + W < n_tiles) next_cells = cell_of(begin + (t + W) * kTileKeys);
@@ -354,6 +403,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   if (!early) allow_dependent_grids();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
+  CELLM_PHASE(tiles, clock64());
 
   // Shared memory: acc [W][16][HD], then max and sum [W][16]. A warp that
   // got no tile holds max -inf, sum 0, acc 0.
@@ -398,10 +448,17 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
       ws.store(r, h0 + h, split, d, a, mx, sum);
     }
   }
-  if (span.active == 1) return;
+  CELLM_PHASE(stored, clock64());
+  if (span.active == 1) {
+    CELLM_PHASE(folded, clock64());
+    CELLM_PHASE(end_ns, global_ns());
+    return;
+  }
   // The merge region is free once every thread passed the fold's barrier.
   fold_if_last<bf16, W * 32>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
                              group, reinterpret_cast<float*>(smem), p.out);
+  CELLM_PHASE(folded, clock64());
+  CELLM_PHASE(end_ns, global_ns());
 }
 
 template <int HD, int W>
