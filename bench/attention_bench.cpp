@@ -96,7 +96,7 @@ void print_phases(int blocks, double ghz) {
     return true;
   };
   double wait = 0, tiles = 0, store = 0, fold = 0, count_in = 0;
-  int ran = 0, last = 0;
+  int ran = 0, last = 0, others = 0;
   long long first_start = 0, last_start = 0, last_end = 0;
   for (const AttentionPhases& b : ph) {
     if (b.start_ns == 0) continue;
@@ -108,15 +108,16 @@ void print_phases(int blocks, double ghz) {
     wait += static_cast<double>(b.waited - b.entry);
     tiles += static_cast<double>(b.tiles - b.waited);
     store += static_cast<double>(b.stored - b.tiles);
-    if (b.active > 1 && is_last(b)) {
+    if (b.active == 1) continue;  // wrote its output itself
+    if (is_last(b)) {
       ++last;
       fold += static_cast<double>(b.folded - b.stored);
     } else {
+      ++others;
       count_in += static_cast<double>(b.folded - b.stored);
     }
   }
   const auto ns = [&](double cycles, int n) { return n > 0 ? cycles / n / ghz : 0.0; };
-  const int others = ran - last;
   std::printf(
       "      phases: %d blocks ran; entry->wait %.0f ns, tiles %.0f, merge+store %.0f, count in "
       "%.0f, last block's fold %.0f (%d); starts spread %lld ns, span %lld ns\n",

@@ -32,8 +32,8 @@ cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, 
 inline constexpr int kAttentionPhaseBlocks = 4096;
 struct AttentionPhases {
   // clock64() of the block's SM: at entry, after the wait for the kernels ahead, after
-  // the tile loop (every warp's tiles folded), after the block's output or partials are
-  // stored, and after the fold (for the row's last block: the merge; for the others:
+  // the tile loop (every warp's tiles folded), after thread 0's share of the output or
+  // partials is stored, and after the fold (for the row's last block: the merge; for the others:
   // the arrival count). 0 where the block did not get there (a split past the row).
   long long entry, waited, tiles, stored, folded;
   long long start_ns, end_ns;  // %globaltimer at entry and at the end
