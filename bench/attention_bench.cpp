@@ -2,7 +2,7 @@
 //
 //   attention_bench [--iters N] [--no-pdl] [--target-blocks B] [--min-blocks B]
 //                   [--block-warps W] [--fresh-positions F] [--sequential-cells]
-//                   [--shapes ROWSxCONTEXT,...] [--budget POSITIONS]
+//                   [--no-cluster-fold] [--shapes ROWSxCONTEXT,...] [--budget POSITIONS]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
 // rows 1, 16, 64 and 256, every row at context 192, 1024 or 8192 (8192 for up to 64
@@ -20,6 +20,8 @@
 // --block-warps the tensor-core kernel's warps per block (2, 4, 8; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
+// --no-cluster-fold keeps a few rows' splits folding through the workspace
+// (AttentionParams::cluster_fold off).
 // --sequential-cells gives each row consecutive cells (as a prefill places them) instead of
 // scattered ones; --shapes runs only the listed rows x context (up to 256 rows, 8,192
 // positions; e.g. 128x1152, the long B = 128 row's average); --budget sets max_context,
@@ -135,6 +137,7 @@ int main(int argc, char** argv) {
   int32_t block_warps = 0;      // the launcher's choice
   int32_t fresh_positions = 1;  // decode rows: older K/V may load before the wait
   bool sequential_cells = false;
+  bool cluster_fold = true;
   int32_t budget = kMaxContext;
   std::vector<std::pair<int64_t, int32_t>> shapes;  // empty: every default shape
   for (int i = 1; i < argc; ++i) {
@@ -151,6 +154,8 @@ int main(int argc, char** argv) {
       fresh_positions = std::max(0, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--no-pdl") == 0) {
       cellm::cuda::set_programmatic_launch(false);
+    } else if (std::strcmp(argv[i], "--no-cluster-fold") == 0) {
+      cluster_fold = false;
     } else if (std::strcmp(argv[i], "--sequential-cells") == 0) {
       sequential_cells = true;
     } else if (std::strcmp(argv[i], "--budget") == 0 && i + 1 < argc) {
@@ -238,10 +243,10 @@ int main(int argc, char** argv) {
   std::printf(
       "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
       "blocks %ld, min blocks %ld, block warps %d (0: chosen), fresh positions %d, %s cells, "
-      "budget %d\n",
+      "budget %d, cluster fold %s\n",
       cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
       static_cast<long>(target_blocks), static_cast<long>(min_blocks), block_warps, fresh_positions,
-      sequential_cells ? "sequential" : "scattered", budget);
+      sequential_cells ? "sequential" : "scattered", budget, cluster_fold ? "allowed" : "off");
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
   int32_t table_context = 0;  // the context the table holds
   for (const auto& [rows, context] : shapes) {
@@ -287,6 +292,7 @@ int main(int argc, char** argv) {
       p.min_blocks = min_blocks;
       p.block_warps = block_warps;
       p.fresh_positions = fresh_positions;
+      p.cluster_fold = cluster_fold;
       check(launch_attention(p, stream), "warm-up launch");
       cudaGraph_t graph = nullptr;
       check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");

@@ -102,6 +102,11 @@ struct CudaExecutorOptions {
   // row and loses for the 1B, so kTimed captures each such bucket's kept graph again with
   // it, times both, and keeps the faster (its note says which).
   TimedChoice l2_prefetch = TimedChoice::kTimed;
+  // A decode step of a few rows whose attention splits its rows' context folds the
+  // chunks' partials inside thread-block clusters (sm_90; AttentionParams::cluster_fold):
+  // at most 8 chunks a row, merged through distributed shared memory. Off: through the
+  // workspace in global memory, up to 16 chunks a row (for measuring what it buys).
+  bool attention_cluster_fold = true;
   // With graphs: once a decode batch has run from its captured graph, queue the next
   // decode step of the same sessions before returning, each fed on the device with the
   // token just sampled for it, so the device runs it while the runner handles this step's

@@ -110,6 +110,7 @@ class CudaForward final : public ForwardEngine {
         early_triggers_(options.early_triggers),
         early_after_cublas_(options.early_after_cublas),
         l2_prefetch_(options.l2_prefetch),
+        cluster_fold_(options.attention_cluster_fold),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -740,6 +741,7 @@ class CudaForward final : public ForwardEngine {
       ap.workspace = buf<float>(buf_.attn_ws);
       ap.out = attn;
       ap.fresh_positions = fresh_positions;
+      ap.cluster_fold = cluster_fold_;
       CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(attn, n, q_dim, w.o_proj, d, w.o_bias, delta, s)));
       CELLM_CUDA_RETURN_IF_ERROR(
@@ -821,6 +823,7 @@ class CudaForward final : public ForwardEngine {
   TimedChoice early_triggers_ = TimedChoice::kTimed;      // of the decode graphs
   TimedChoice early_after_cublas_ = TimedChoice::kTimed;  // edges after cuBLASLt kernels
   TimedChoice l2_prefetch_ = TimedChoice::kTimed;         // beside the attention
+  bool cluster_fold_ = true;                              // AttentionParams::cluster_fold
   // Buckets that may take the prefetch (the products are GEMVs up to 8 rows; at 16 the
   // 8B loses 3%), and the prefetch kernel's blocks.
   static constexpr int32_t kPrefetchMaxRows = 8;

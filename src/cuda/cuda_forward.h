@@ -64,6 +64,7 @@ struct ForwardOptions {
   TimedChoice early_triggers = TimedChoice::kTimed;      // of the decode graphs
   TimedChoice early_after_cublas = TimedChoice::kTimed;  // (CudaExecutorOptions)
   TimedChoice l2_prefetch = TimedChoice::kTimed;         // (CudaExecutorOptions)
+  bool attention_cluster_fold = true;                    // (CudaExecutorOptions)
 };
 
 class ForwardEngine {

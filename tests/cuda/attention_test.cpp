@@ -844,6 +844,109 @@ TEST(AttentionSplitTest, WarpsPerBlockFollowTheLaunchsBlocksAndTheSms) {
   EXPECT_EQ(detail::attention_mma_block_warps(256, 1, 8, 132), 4);
 }
 
+// Host-only, as above.
+TEST(AttentionSplitTest, AFewRowsFoldInClustersOfAtMostEightSplitsThatFitAtOnce) {
+  // One row of 8 kv heads: 16 splits come down to 8 (64 one-SM blocks, 8 clusters).
+  EXPECT_EQ(detail::attention_mma_cluster_splits(1, 16, 8, 132, 16), 8);
+  EXPECT_EQ(detail::attention_mma_cluster_splits(1, 4, 8, 132, 16), 4);
+  EXPECT_EQ(detail::attention_mma_cluster_splits(2, 8, 8, 132, 16), 8);  // 128 blocks
+  // No split, clusters that do not all fit at once, blocks that share SMs: the workspace.
+  EXPECT_EQ(detail::attention_mma_cluster_splits(1, 1, 8, 132, 16), 0);
+  EXPECT_EQ(detail::attention_mma_cluster_splits(1, 16, 8, 132, 7), 0);
+  EXPECT_EQ(detail::attention_mma_cluster_splits(1, 16, 8, 132, 0), 0);
+  EXPECT_EQ(detail::attention_mma_cluster_splits(3, 8, 8, 132, 64), 0);  // 192 blocks
+}
+
+TEST(AttentionTensorCoreTest, ClusterFoldMatchesTheWorkspaceFoldBitForBit) {
+  CELLM_SKIP_WITHOUT_GPU();
+  int device = 0, major = 0;
+  CELLM_ASSERT_CUDA(cudaGetDevice(&device));
+  CELLM_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) GTEST_SKIP() << "thread-block clusters need sm_90";
+  // A launch of 8 clusters of 8 one-SM blocks either way (a target and a minimum of 64
+  // blocks: 8 splits; one row of 8 kv heads, or two of 4; clusters of 4 at group 16), so
+  // both folds merge the same
+  // partials: the same operations in the same order, the same bits. Rows of 1 to 8
+  // chunks (a cluster's blocks past a short row idle through its barriers), head_dim 64
+  // and 128, groups 1, 4 and 16, a window; and the cluster launch leaves the
+  // workspace's partials untouched (NaN).
+  constexpr int64_t kBlocks = 64;
+  uint32_t seed = 950;
+  for (const int64_t head_dim : {64, 128}) {
+    for (const int64_t group : {1, 4, 16}) {
+      for (const int32_t window : {0, 700}) {
+        for (const auto& lengths : std::vector<std::vector<int32_t>>{
+                 {300}, {1000}, {2049}, {4096}, {4096, 300}, {2049, 700}, {257, 1000}}) {
+          const int64_t n_rows = static_cast<int64_t>(lengths.size());
+          const Geometry geo{8 / n_rows * group, 8 / n_rows, head_dim, window, 4096};
+          SCOPED_TRACE(describe(geo, lengths[0], n_rows) +
+                       " last=" + std::to_string(lengths.back()));
+          // 8 splits (4 at group 16: the CUDA-core kernel's two head tiles count).
+          const int32_t splits =
+              attention_num_splits(n_rows, geo.n_heads, geo.n_kv_heads, 4096, kBlocks, kBlocks);
+          ASSERT_EQ(splits, group == 16 ? 4 : 8);
+          std::vector<SequenceSpec> specs;
+          std::vector<std::pair<int32_t, int32_t>> rows;
+          for (const int32_t length : lengths) {
+            rows.emplace_back(static_cast<int32_t>(specs.size()), length - 1);
+            specs.push_back({length});
+          }
+          const Scenario s = make_scenario<Bf16>(geo, specs, rows, seed++);
+          std::vector<float> outs[2];
+          for (const bool cluster : {true, false}) {
+            DeviceScenario<Bf16> d(s);
+            AttentionParams<Bf16> p = d.params(s);
+            p.cluster_fold = cluster;
+            p.target_blocks = kBlocks;
+            p.min_blocks = kBlocks;
+            for (int i = 0; i < 2; ++i) CELLM_ASSERT_CUDA(launch_attention<Bf16>(p, nullptr));
+            CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+            outs[cluster ? 0 : 1] = testing::to_floats(d.out.download());
+            expect_all_close(outs[cluster ? 0 : 1], cpu_attention(s), kAbsTol<Bf16>, kRelTol<Bf16>,
+                             cluster ? "cluster fold" : "workspace fold");
+            expect_counters_zero(d.workspace);
+            const std::vector<float> ws = d.workspace.download();
+            const auto written = std::count_if(ws.begin() + kAttentionWorkspaceCounters, ws.end(),
+                                               [](float x) { return !std::isnan(x); });
+            if (cluster) {
+              EXPECT_EQ(written, 0) << "the cluster fold wrote workspace partials";
+            } else {
+              EXPECT_GT(written, 0) << "the workspace fold wrote no partial";
+            }
+          }
+          ASSERT_EQ(outs[0].size(), outs[1].size());
+          size_t differ = 0;
+          for (size_t i = 0; i < outs[0].size(); ++i) differ += outs[0][i] != outs[1][i] ? 1 : 0;
+          EXPECT_EQ(differ, 0u) << "outputs where the two folds differ";
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionTensorCoreTest, OneLongRowFoldsInEightSplitsAndMatchesTheCpuTwin) {
+  CELLM_SKIP_WITHOUT_GPU();
+  // One row of 8 kv heads would take 16 splits; the cluster fold takes it in at most 8
+  // chunks (chunks of 128 keys and longer). Lengths at and around the chunk edges of
+  // the long bench row (1,024-1,280 keys), a window, and a budget of 32k; the graph of
+  // its launch replays with a longer row.
+  uint32_t seed = 980;
+  for (const int64_t head_dim : {64, 128}) {
+    for (const int32_t max_context : {4096, 32768}) {
+      for (const int32_t length : {257, 1024, 1025, 1152, 1280, 4096}) {
+        for (const int32_t window : {0, 1000}) {
+          const Geometry geo{32, 8, head_dim, window, max_context};
+          SCOPED_TRACE(describe(geo, length, 1));
+          const Scenario s = make_scenario<Bf16>(geo, {{length}}, {{0, length - 1}}, seed++);
+          expect_tensor_cores_match_cpu(s, AttentionPath::kAuto, 0, 1);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionSplitTest, SplitCountDependsOnlyOnTheShape) {
   // Budgets of at most 32 positions never split.
   EXPECT_EQ(attention_num_splits(1, 32, 8, 1), 1);

@@ -61,6 +61,9 @@ const std::vector<FlagSpec> kFlags = {
     {"no-overlap", "",
      "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
      "next step during the host's work buys)"},
+    {"no-cluster-fold", "",
+     "CUDA: fold a few rows' attention chunks through the workspace in global memory instead "
+     "of inside thread-block clusters (to measure what the cluster fold buys)"},
     {"no-prefill-warm", "",
      "CUDA: skip loading the prefill GEMMs' kernels at startup (each then loads at its first "
      "prefill: to measure what the warm-up buys)"},
@@ -435,6 +438,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.tune_gemm = !args->has("no-gemm-tuning");
   limits.overlap_decode = !args->has("no-overlap");
   limits.warm_prefill_gemms = !args->has("no-prefill-warm");
+  limits.attention_cluster_fold = !args->has("no-cluster-fold");
   for (const auto& [option, choice] : {std::pair{"early-triggers", &limits.early_triggers},
                                        std::pair{"early-after-cublas", &limits.early_after_cublas},
                                        std::pair{"l2-prefetch", &limits.l2_prefetch}}) {

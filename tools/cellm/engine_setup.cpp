@@ -139,6 +139,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.l2_prefetch = limits.l2_prefetch;
     o.overlap_decode = limits.overlap_decode;
     o.warm_prefill_gemms = limits.warm_prefill_gemms;
+    o.attention_cluster_fold = limits.attention_cluster_fold;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));

@@ -57,8 +57,9 @@ struct EngineLimits {
   TimedChoice early_triggers = TimedChoice::kTimed;
   TimedChoice early_after_cublas = TimedChoice::kTimed;  // CUDA: (CudaExecutorOptions)
   TimedChoice l2_prefetch = TimedChoice::kTimed;         // CUDA: (CudaExecutorOptions)
-  bool overlap_decode = true;      // CUDA: queue the next decode step early (overlap_decode)
-  bool warm_prefill_gemms = true;  // CUDA: load the prefill GEMMs' kernels at startup
+  bool overlap_decode = true;          // CUDA: queue the next decode step early (overlap_decode)
+  bool warm_prefill_gemms = true;      // CUDA: load the prefill GEMMs' kernels at startup
+  bool attention_cluster_fold = true;  // CUDA: (CudaExecutorOptions)
 };
 
 // "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);

@@ -121,6 +121,12 @@ struct AttentionParams {
   // Warps per block of the tensor-core kernel: 2, 4 or 8, or 0 to choose by the launch's
   // blocks and the device's SMs. Other values are invalid. Tests and benchmarks set it.
   int32_t block_warps = 0;
+  // Whether the tensor-core kernel may fold a row's chunks inside a thread-block cluster
+  // (sm_90): when each (row, kv head)'s blocks fit one portable cluster of at most 8
+  // and every block has an SM of its own (a few rows), its splits come down to 8, and
+  // the chunks' partials merge through distributed shared memory instead of the
+  // workspace's fence, counter and L2 round trips. Tests and benchmarks turn it off.
+  bool cluster_fold = true;
 };
 
 // Blocks along each row's context (>= 1): enough for ~target_blocks blocks in all

@@ -19,6 +19,7 @@
 // chunk's partials through L2, merges them into `out` and sets the counter back to 0.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -32,6 +33,8 @@ namespace cellm::cuda::detail {
 inline constexpr int32_t kAttentionMaxSplits = 64;  // attention_num_splits() never exceeds it
 inline constexpr int kFoldElemsPerThread = 4;       // outputs a folding thread merges at once
 inline constexpr int kFoldChunksInFlight = 8;       // chunks whose partials it loads at once
+// The most chunks of a row the cluster fold merges: a portable thread-block cluster.
+inline constexpr int32_t kAttentionClusterSplits = 8;
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x) {
@@ -86,6 +89,44 @@ struct SplitWorkspace {
   }
 };
 
+// The merge's weights, shared by both folds: per head h < nh, one warp, lanes taking
+// chunks: mx = max_s max[s] (a warp reduction, exact in any order), w_s = exp2(max[s] -
+// mx) into scratch[h * active + s], and 1 / (fma over s ascending of w_s * sum[s]) (one
+// lane's chain: the order the combine kernel used) into scratch[2 * nh * active + h].
+// `max_sum(h, s)` loads chunk s's (max, sum) of head h. Ends with the block's barrier.
+template <int kBlockThreads, typename MaxSum>
+__device__ __forceinline__ void fold_weights(int nh, int32_t active, float* scratch,
+                                             MaxSum max_sum) {
+  constexpr int kWarps = kBlockThreads / 32;
+  float* s_w = scratch;                // [nh][active]: exp2(max - mx)
+  float* s_sum = s_w + nh * active;    // [nh][active]: the chunks' sums
+  float* s_inv = s_sum + nh * active;  // [nh]: 1 / the merged sum
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int h = warp; h < nh; h += kWarps) {
+    float mx = -INFINITY;
+    for (int32_t s = lane; s < active; s += 32) {
+      const float2 ms = max_sum(h, s);
+      s_w[h * active + s] = ms.x;
+      s_sum[h * active + s] = ms.y;
+      mx = fmaxf(mx, ms.x);
+    }
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    for (int32_t s = lane; s < active; s += 32) {
+      s_w[h * active + s] = exp2f(s_w[h * active + s] - mx);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      float sum = 0.f;
+      for (int32_t s = 0; s < active; ++s) {
+        sum = fmaf(s_w[h * active + s], s_sum[h * active + s], sum);
+      }
+      s_inv[h] = 1.f / sum;
+    }
+  }
+  __syncthreads();
+}
+
 // Called by every thread of a split block of row r (uniformly: all or none), after
 // the block stored its partials for query heads [h0, h0 + nh) of the row's `active`
 // (> 1) chunks; `counter` is the fold group's. Returns at once in every block but the
@@ -100,7 +141,6 @@ __device__ __forceinline__ void fold_if_last(const SplitWorkspace& ws, int32_t* 
                                              int32_t active, int64_t r, int64_t h0, int nh,
                                              float* scratch, T* out) {
   static_assert(kBlockThreads % 32 == 0);
-  constexpr int kWarps = kBlockThreads / 32;
   constexpr int E = kFoldElemsPerThread;
   __shared__ int s_last;
 
@@ -123,36 +163,12 @@ __device__ __forceinline__ void fold_if_last(const SplitWorkspace& ws, int32_t* 
   __threadfence();
 
   const int64_t hd = ws.head_dim;
-  float* s_w = scratch;                // [nh][active]: exp2(max - mx)
-  float* s_sum = s_w + nh * active;    // [nh][active]: the chunks' sums
-  float* s_inv = s_sum + nh * active;  // [nh]: 1 / the merged sum
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  // One warp per head: lanes take chunks, the max is a warp reduction (exact in any
-  // order), the sum one lane's ascending chain (the order the combine kernel used).
-  for (int h = warp; h < nh; h += kWarps) {
-    const int64_t part0 = ws.part(r, h0 + h);
-    float mx = -INFINITY;
-    for (int32_t s = lane; s < active; s += 32) {
-      const float m = __ldcg(ws.max + part0 + s);
-      s_w[h * active + s] = m;
-      s_sum[h * active + s] = __ldcg(ws.sum + part0 + s);
-      mx = fmaxf(mx, m);
-    }
-    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    for (int32_t s = lane; s < active; s += 32) {
-      s_w[h * active + s] = exp2f(s_w[h * active + s] - mx);
-    }
-    __syncwarp();
-    if (lane == 0) {
-      float sum = 0.f;
-      for (int32_t s = 0; s < active; ++s) {
-        sum = fmaf(s_w[h * active + s], s_sum[h * active + s], sum);
-      }
-      s_inv[h] = 1.f / sum;
-    }
-  }
-  __syncthreads();
+  const float* s_w = scratch;
+  const float* s_inv = scratch + 2 * nh * active;
+  fold_weights<kBlockThreads>(nh, active, scratch, [&](int h, int32_t s) {
+    const int64_t at = ws.part(r, h0 + h) + s;
+    return float2{__ldcg(ws.max + at), __ldcg(ws.sum + at)};
+  });
 
   // Outputs o = h * head_dim + d, E per thread at a time so their loads overlap.
   const int64_t n_out = int64_t{nh} * hd;
@@ -196,6 +212,72 @@ __device__ __forceinline__ void fold_if_last(const SplitWorkspace& ws, int32_t* 
       }
     }
   }
+}
+
+// f32 of shared memory a block's partial takes in the cluster fold, for up to
+// `heads` query heads: max and sum [heads], then acc [heads][head_dim].
+__host__ __device__ constexpr int64_t cluster_partial_floats(int64_t heads, int64_t head_dim) {
+  return heads * (head_dim + 2);
+}
+
+// The fold without the workspace, for a launch whose blocks of a (row, kv head) are one
+// thread-block cluster along its splits (rank = split, at most kAttentionClusterSplits;
+// sm_90): every block of the cluster calls it (uniformly, all its threads; blocks past
+// the row's `active` > 1 chunks too), after writing its partial of query heads [h0, h0 +
+// nh) into `partial` (its own shared memory: max [max_heads], sum [max_heads], acc
+// [max_heads][head_dim]; a block past the row writes nothing). After the cluster's
+// barrier each block merges its share of the row's nh * head_dim outputs, reading the
+// chunks' partials from their blocks' shared memory, with the same operations in the
+// same order as fold_if_last (the same bits), into out (the row's output of head h0);
+// a second barrier keeps every block's shared memory alive until the others have read
+// it. `scratch`: fold_scratch_floats(nh, active) floats of shared memory apart from
+// `partial`. No fence, no counter, no L2 round trip: DSMEM loads (~200 cycles) instead.
+template <typename T, int kBlockThreads>
+__device__ __forceinline__ void fold_in_cluster(float* partial, int max_heads, int64_t head_dim,
+                                                int nh, int32_t active, float* scratch, T* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int C = kAttentionClusterSplits;
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // release / acquire: every chunk's partial is in its block's memory
+  const float* part[C];
+#pragma unroll
+  for (int s = 0; s < C; ++s) {
+    part[s] = s < active ? cluster.map_shared_rank(partial, static_cast<unsigned>(s)) : partial;
+  }
+  const float* s_w = scratch;
+  const float* s_inv = scratch + 2 * nh * active;
+  fold_weights<kBlockThreads>(nh, active, scratch, [&](int h, int32_t s) {
+    const float* p = part[0];
+#pragma unroll
+    for (int c = 1; c < C; ++c) p = s == c ? part[c] : p;
+    return float2{p[h], p[max_heads + h]};
+  });
+
+  // This block's share of the outputs o = h * head_dim + d: every chunk's load issued
+  // before the first FMA, the FMAs in ascending order.
+  const int64_t n_out = int64_t{nh} * head_dim;
+  const int64_t share = (n_out + cluster.num_blocks() - 1) / cluster.num_blocks();
+  const int64_t begin = int64_t{cluster.block_rank()} * share;
+  const int64_t end = min(n_out, begin + share);
+  const int64_t acc_at = 2 * int64_t{max_heads};
+  for (int64_t o = begin + threadIdx.x; o < end; o += kBlockThreads) {
+    const int h = static_cast<int>(o / head_dim);
+    float v[C];
+#pragma unroll
+    for (int s = 0; s < C; ++s) v[s] = s < active ? part[s][acc_at + o] : 0.f;
+    float a = 0.f;
+#pragma unroll
+    for (int s = 0; s < C; ++s) {
+      if (s < active) a = fmaf(s_w[h * active + s], v[s], a);
+    }
+    out[o] = from_float<T>(a * s_inv[h]);
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
+#else
+  (void)partial, (void)max_heads, (void)head_dim, (void)nh, (void)active, (void)scratch, (void)out;
+  __trap();  // launch_attention_split_mma launches clusters on sm_90 and newer only
+#endif
 }
 
 }  // namespace cellm::cuda::detail

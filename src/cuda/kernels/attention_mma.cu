@@ -2,7 +2,11 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_span.cuh"
@@ -143,6 +147,14 @@ template <int HD, int W>
 constexpr bool fold_fits() {  // the fold's scratch of the largest group and split count
   return smem_bytes<HD, W>() >= sizeof(float) * fold_scratch_floats(kMaxGroup, kAttentionMaxSplits);
 }
+// The cluster fold's partial sits after the merge region (the scratch reuses that region).
+template <int HD, int W>
+constexpr bool cluster_fold_fits() {
+  return smem_bytes<HD, W>() >=
+             merge_bytes<HD, W>() + sizeof(float) * cluster_partial_floats(kMaxGroup, HD) &&
+         merge_bytes<HD, W>() >=
+             sizeof(float) * fold_scratch_floats(kMaxGroup, kAttentionClusterSplits);
+}
 
 // (lo, hi) rounded to bf16 (nearest even), lo in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -162,7 +174,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 template <int HD, int W>
 __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     attention_mma_kernel(const AttentionParams<__nv_bfloat16> p, const int32_t n_splits,
-                         const int32_t min_chunks, const bool early) {
+                         const int32_t min_chunks, const bool early, const bool cluster_fold) {
   using bf16 = __nv_bfloat16;
   constexpr int kThreads = W * 32;
   constexpr int KS = HD / 16;                        // k-steps of Q·Kᵀ
@@ -174,6 +186,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   static_assert(HD == 64 || HD == 128);
   static_assert(W == 2 || W == 4 || W == 8);
   static_assert(fold_fits<HD, W>());
+  static_assert(cluster_fold_fits<HD, W>());
   extern __shared__ __align__(16) unsigned char smem[];
 
   // Before the wait (programmatic launch) only what the step's upload and earlier
@@ -189,7 +202,10 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 #endif
   const RowSpan span = row_span(p.positions[r], p.window, n_splits, min_chunks, W * kTileKeys);
   CELLM_PHASE(active, span.active);
-  if (split >= span.active) return;  // the row is shorter than this split's chunk
+  // A split past the row (shorter than its chunk) has nothing to do, except in the
+  // barriers of a cluster fold: it then runs through with no tile.
+  const bool in_cluster = cluster_fold && span.active > 1;
+  if (split >= span.active && !in_cluster) return;
   const int64_t begin = span.lo + int64_t{split} * span.chunk;
   const int64_t end = min(span.hi, begin + span.chunk);
   // Positions below `settled` were written before this launch's predecessors ran.
@@ -426,8 +442,10 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   }
   __syncthreads();
 
-  // Warp 0 always saw position `begin`, so each head's merged max is finite.
+  // Warp 0 of a split within the row saw position `begin`, so each head's merged max is
+  // finite (a cluster's block past the row merges nothing and stores nothing).
   const SplitWorkspace ws(p.workspace, p.n_rows, p.n_heads, HD, n_splits);
+  float* c_part = s_sum + W * kMaxGroup;  // cluster fold: max, sum [16], acc [16][HD]
   for (int o_idx = static_cast<int>(threadIdx.x); o_idx < group * HD; o_idx += kThreads) {
     const int h = o_idx / HD;
     const int d = o_idx % HD;
@@ -444,6 +462,14 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     }
     if (span.active == 1) {
       p.out[(r * p.n_heads + h0 + h) * HD + d] = from_float<bf16>(a / sum);
+    } else if (in_cluster) {
+      if (split < span.active) {
+        c_part[2 * kMaxGroup + o_idx] = a;
+        if (d == 0) {
+          c_part[h] = mx;
+          c_part[kMaxGroup + h] = sum;
+        }
+      }
     } else {
       ws.store(r, h0 + h, split, d, a, mx, sum);
     }
@@ -455,38 +481,96 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     return;
   }
   // The merge region is free once every thread passed the fold's barrier.
-  fold_if_last<bf16, W * 32>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
-                             group, reinterpret_cast<float*>(smem), p.out);
+  if (in_cluster) {
+    fold_in_cluster<bf16, W * 32>(c_part, kMaxGroup, HD, group, span.active,
+                                  reinterpret_cast<float*>(smem),
+                                  p.out + (r * p.n_heads + h0) * HD);
+  } else {
+    fold_if_last<bf16, W * 32>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
+                               group, reinterpret_cast<float*>(smem), p.out);
+  }
   CELLM_PHASE(folded, clock64());
   CELLM_PHASE(end_ns, global_ns());
 }
 
 template <int HD, int W>
-cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
-                       int32_t min_chunks, cudaStream_t stream) {
+cudaError_t set_smem(void) {
   constexpr size_t bytes = smem_bytes<HD, W>();
   // Above 48 KB a kernel must opt in; not a stream operation, so capture-safe.
   if constexpr (bytes > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(attention_mma_kernel<HD, W>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (err != cudaSuccess) return err;
+    return cudaFuncSetAttribute(attention_mma_kernel<HD, W>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(bytes));
   }
+  return cudaSuccess;
+}
+
+// Launches with the cluster fold when `cluster` (each (row, kv head)'s n_splits blocks
+// one cluster), else with the workspace's.
+template <int HD, int W>
+cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
+                       int32_t min_chunks, bool cluster, cudaStream_t stream) {
+  if (const cudaError_t err = set_smem<HD, W>(); err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
                   static_cast<unsigned>(p.n_kv_heads));
-  return launch_kernel(attention_mma_kernel<HD, W>, grid, dim3(W * 32), bytes, stream, p, n_splits,
-                       min_chunks, early_triggers());
+  const dim3 cluster_dims(1, cluster ? static_cast<unsigned>(n_splits) : 1u, 1);
+  return launch_kernel_in_clusters(attention_mma_kernel<HD, W>, grid, dim3(W * 32),
+                                   smem_bytes<HD, W>(), stream, cluster_dims, p, n_splits,
+                                   min_chunks, early_triggers(), cluster);
 }
 
 template <int HD>
 cudaError_t launch_mma_warps(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
-                             int32_t min_chunks, int warps, cudaStream_t stream) {
-  if (warps == 2) return launch_mma<HD, 2>(p, n_splits, min_chunks, stream);
-  if (warps == 8) return launch_mma<HD, 8>(p, n_splits, min_chunks, stream);
-  return launch_mma<HD, 4>(p, n_splits, min_chunks, stream);
+                             int32_t min_chunks, int warps, bool cluster, cudaStream_t stream) {
+  if (warps == 2) return launch_mma<HD, 2>(p, n_splits, min_chunks, cluster, stream);
+  if (warps == 8) return launch_mma<HD, 8>(p, n_splits, min_chunks, cluster, stream);
+  return launch_mma<HD, 4>(p, n_splits, min_chunks, cluster, stream);
+}
+
+// How many clusters of `splits` 8-warp blocks of the head_dim HD kernel the device
+// holds at once (clusters stay inside a GPC: fewer than SMs / splits), once per device
+// and split count (not a stream operation: capture-safe); 0 where clusters cannot launch.
+template <int HD>
+int max_clusters_of(int device, int32_t splits) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int32_t>, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(device, splits);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int clusters = 0;
+  int can_launch = 0;
+  if (cudaDeviceGetAttribute(&can_launch, cudaDevAttrClusterLaunch, device) == cudaSuccess &&
+      can_launch != 0 && set_smem<HD, 8>() == cudaSuccess) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1, static_cast<unsigned>(splits));
+    config.blockDim = dim3(8 * 32);
+    config.dynamicSmemBytes = smem_bytes<HD, 8>();
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = static_cast<unsigned>(splits);
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, attention_mma_kernel<HD, 8>, &config) !=
+        cudaSuccess) {
+      clusters = 0;
+    }
+  }
+  cudaGetLastError();  // a refused query leaves no sticky error behind
+  known.emplace(key, clusters);
+  return clusters;
 }
 
 }  // namespace
+
+int32_t attention_mma_cluster_splits(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads,
+                                     int sm_count, int max_clusters) {
+  if (n_splits <= 1) return 0;
+  const int32_t splits = std::min(n_splits, kAttentionClusterSplits);
+  if (attention_mma_block_warps(n_rows, splits, n_kv_heads, sm_count) != 8) return 0;
+  return n_rows * n_kv_heads <= max_clusters ? splits : 0;
+}
 
 int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads, int sm_count) {
   // 2-warp blocks when a launch that does not split overflows one wave of 4-warp blocks
@@ -511,25 +595,35 @@ cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, 
   if (p.block_warps != 0 && p.block_warps != 2 && p.block_warps != 4 && p.block_warps != 8) {
     return cudaErrorInvalidValue;
   }
-  int warps = p.block_warps;
-  if (warps == 0) {
-    int device = 0, sm_count = 0;
-    if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-    if (const cudaError_t err =
-            cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-        err != cudaSuccess) {
-      return err;
-    }
-    warps = attention_mma_block_warps(p.n_rows, n_splits, p.n_kv_heads, sm_count);
+  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
+  int device = 0, sm_count = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (const cudaError_t err =
+          cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+      err != cudaSuccess) {
+    return err;
   }
-  switch (p.head_dim) {
-    case 64:
-      return launch_mma_warps<64>(p, n_splits, min_chunks, warps, stream);
-    case 128:
-      return launch_mma_warps<128>(p, n_splits, min_chunks, warps, stream);
-    default:
-      return cudaErrorInvalidValue;
+  // The cluster fold, where the launch allows it: n_splits (and the chunks a row takes
+  // at least) come down to the cluster's blocks.
+  int32_t cluster = 0;
+  if (p.cluster_fold && (p.block_warps == 0 || p.block_warps == 8) && n_splits > 1) {
+    const int32_t splits = std::min(n_splits, kAttentionClusterSplits);
+    const int max_clusters = p.head_dim == 64 ? max_clusters_of<64>(device, splits)
+                                              : max_clusters_of<128>(device, splits);
+    cluster =
+        attention_mma_cluster_splits(p.n_rows, n_splits, p.n_kv_heads, sm_count, max_clusters);
   }
+  if (cluster > 0) {
+    n_splits = cluster;
+    min_chunks = std::min(min_chunks, cluster);
+  }
+  const int warps = cluster > 0 ? 8
+                    : p.block_warps != 0
+                        ? p.block_warps
+                        : attention_mma_block_warps(p.n_rows, n_splits, p.n_kv_heads, sm_count);
+  return p.head_dim == 64
+             ? launch_mma_warps<64>(p, n_splits, min_chunks, warps, cluster > 0, stream)
+             : launch_mma_warps<128>(p, n_splits, min_chunks, warps, cluster > 0, stream);
 }
 
 }  // namespace cellm::cuda::detail

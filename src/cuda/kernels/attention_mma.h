@@ -14,11 +14,18 @@ namespace cellm::cuda::detail {
 // Enqueues the split kernel of `p` with n_splits = attention_num_splits(p's shape),
 // with programmatic dependent launch: it writes `out` for rows of one chunk and the
 // workspace partials of the others, which the last block of each (row, kv head) folds
-// into `out`, exactly as the CUDA-core split kernel does.
+// into `out`, exactly as the CUDA-core split kernel does; or, for a few rows
+// (attention_mma_cluster_splits), at most 8 splits whose blocks fold in a cluster.
 // REQUIRES: p passed launch_attention's checks and attention_uses_tensor_cores(p).
 // Warps per block (2, 4 or 8) of the tensor-core kernel when AttentionParams::block_warps
 // is 0, for a launch of n_rows x n_splits x n_kv_heads blocks on `sm_count` SMs.
 int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads, int sm_count);
+// The split count of a launch of n_rows x n_splits x n_kv_heads blocks that folds in
+// clusters (AttentionParams::cluster_fold): min(n_splits, 8) when that launch's blocks
+// are 8-warp ones (each an SM of its own) and its n_rows x n_kv_heads clusters all fit
+// at once (`max_clusters`, cudaOccupancyMaxActiveClusters); 0 = the workspace's fold.
+int32_t attention_mma_cluster_splits(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads,
+                                     int sm_count, int max_clusters);
 
 cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                                        int32_t min_chunks, cudaStream_t stream);
