@@ -134,9 +134,18 @@ template <int HD>
 constexpr size_t stage_bytes() {  // K and V of one tile
   return sizeof(__nv_bfloat16) * 2 * kTileKeys * row_elems<HD>();
 }
+// The merge's acc rows are HD + 8 floats apart: a warp's float2 stores of C fragments
+// (rows g = 0..7, columns 2q, 2q + 1) then fill each half-warp's 32 banks once (row g at
+// bank 8 g) instead of all 8 rows at the same banks: 8-way conflicts, which took an 8-warp
+// block ~1.7 us from its tiles to its stores (bench/attention_phases.sh). H200: one row of
+// 192 keys 4.45 -> 3.81 us, 64 x 192 18.2 -> 17.2, 128 x 1,152 160.0 -> 158.3.
+template <int HD>
+constexpr int acc_stride() {
+  return HD + 8;
+}
 template <int HD, int W>
-constexpr size_t merge_bytes() {  // acc [W][16][HD], max and sum [W][16], f32
-  return sizeof(float) * W * kMaxGroup * (HD + 2);
+constexpr size_t merge_bytes() {  // acc [W][16][acc_stride], max and sum [W][16], f32
+  return sizeof(float) * W * kMaxGroup * (acc_stride<HD>() + 2);
 }
 template <int HD, int W>
 constexpr size_t smem_bytes() {
@@ -421,10 +430,11 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
   CELLM_PHASE(tiles, clock64());
 
-  // Shared memory: acc [W][16][HD], then max and sum [W][16]. A warp that
+  // Shared memory: acc [W][16][AS], then max and sum [W][16]. A warp that
   // got no tile holds max -inf, sum 0, acc 0.
   float* s_acc = reinterpret_cast<float*>(smem);
-  float* s_max = s_acc + W * kMaxGroup * HD;
+  constexpr int AS = acc_stride<HD>();
+  float* s_max = s_acc + W * kMaxGroup * AS;
   float* s_sum = s_max + W * kMaxGroup;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -436,7 +446,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     }
 #pragma unroll
     for (int nd = 0; nd < ND; ++nd) {
-      float2* dst = reinterpret_cast<float2*>(s_acc + row * HD + nd * 8 + 2 * q);
+      float2* dst = reinterpret_cast<float2*>(s_acc + row * AS + nd * 8 + 2 * q);
       *dst = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
     }
   }
@@ -458,7 +468,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
       const float mw = s_max[w * kMaxGroup + h];
       const float wt = mw == -INFINITY ? 0.f : exp2f(mw - mx);
       sum = fmaf(wt, s_sum[w * kMaxGroup + h], sum);
-      a = fmaf(wt, s_acc[(w * kMaxGroup + h) * HD + d], a);
+      a = fmaf(wt, s_acc[(w * kMaxGroup + h) * AS + d], a);
     }
     if (span.active == 1) {
       p.out[(r * p.n_heads + h0 + h) * HD + d] = from_float<bf16>(a / sum);
