@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One GPU visit on an experiment kept as a patch (bench/experiments/*.patch): builds main
-# (`cellm` and attention_bench) and a copy of the tree with the patch applied (everything,
-# tests included), runs every `gpu` test on the patched build (TESTS=0 skips them), then,
+# One GPU visit on an experiment kept as a patch (`git diff > bench/experiments/X.patch`,
+# then the tree put back): builds main (`cellm` and attention_bench) and a copy of the
+# tree with the patch applied (everything, tests included), runs every `gpu` test on the patched build (TESTS=0 skips them), then,
 # interleaved PASSES times (default 2), attention_bench at ATTN_SHAPES (when set; --budget
 # 1280) and each bench row on both builds.
 #   bash bench/patch_visit.sh PATCH "NAME:BENCH ARGS" ...   (carry .deps; ~6-9 minutes)
 # e.g. ATTN_SHAPES=1x192,1x1152,1x1280 bash bench/patch_visit.sh \
-#   bench/experiments/fold_preload_first_chunks.patch "long:--preset 8b -npp 1024 -ntg 256 -npl 1"
+#   bench/experiments/attention_merge_stride.patch "long:--preset 8b -npp 1024 -ntg 256 -npl 1"
 # Rows run as bench/bench_row.sh says. Results under $OUT: gpu_tests.log, patch.txt.
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: bash bench/patch_visit.sh PATCH [\"NAME:BENCH ARGS\"]..."; exit 2; }
