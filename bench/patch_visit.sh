@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One GPU visit on an experiment kept as a patch (`git diff > bench/experiments/X.patch`,
 # then the tree put back): builds main (`cellm` and attention_bench) and a copy of the
-# tree with the patch applied (everything, tests included), runs every `gpu` test on the patched build (TESTS=0 skips them), then,
-# interleaved PASSES times (default 2), attention_bench at ATTN_SHAPES (when set; --budget
-# 1280) and each bench row on both builds.
+# tree with the patch applied (everything, tests included), runs every `gpu` test on the
+# patched build (TESTS=0 skips them), then, interleaved PASSES times (default 2),
+# attention_bench at ATTN_SHAPES (when set; --budget 1280) and each bench row on both.
 #   bash bench/patch_visit.sh PATCH "NAME:BENCH ARGS" ...   (carry .deps; ~6-9 minutes)
 # e.g. ATTN_SHAPES=1x192,1x1152,1x1280 bash bench/patch_visit.sh \
 #   bench/experiments/attention_merge_stride.patch "long:--preset 8b -npp 1024 -ntg 256 -npl 1"
