@@ -3,8 +3,9 @@
 # machine: builds attention_bench with -DCELLM_ATTENTION_PHASES=1 (thread 0 of every block
 # stamps clock64 at entry, after its wait, after its tiles, after its stores and after the
 # fold: kernels/attention_mma.h) into /tmp/cellm-phases, then runs it at SHAPES (default
-# the one-row rows of the long bench row and a short one) with --budget 1280. After each
-# shape's timed line, one line of means over the blocks of a launch that ran alone.
+# the one-row rows of the long bench row and a short one) with --budget 1280. Before each
+# shape's timed line, one line of means over the blocks of a launch that ran alone (with
+# the cluster fold, "count in" is every block's barriers and share of the merge).
 #   bash bench/attention_phases.sh [SHAPES]   (carry .deps; ~2 minutes)
 # Results under $OUT: attention_phases.txt.
 set -uo pipefail

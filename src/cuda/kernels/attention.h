@@ -41,7 +41,11 @@
 // one block per (row, chunk, kv head) holds all the kv head's query heads as the
 // 16 rows of an mma.m16n8k16 and folds 16 keys per step (attention_mma.cu). Other
 // shapes run on CUDA cores (attention.cu). Both write the same partials, in the same
-// workspace layout, and end with the same fold.
+// workspace layout, and end with the same fold. The tensor-core kernel, for a launch
+// of a few rows (each block an SM of its own) on sm_90, may instead make each (row,
+// kv head)'s blocks one thread-block cluster of at most 8 splits whose blocks merge
+// each other's partials from shared memory (AttentionParams::cluster_fold), the same
+// operations in the same order: no workspace traffic, fence or counter.
 //
 // The launcher enqueues one kernel on `stream` with programmatic dependent launch
 // (kernels/launch.cuh: it waits for the stream's earlier work before touching any
