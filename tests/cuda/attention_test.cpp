@@ -929,8 +929,7 @@ TEST(AttentionTensorCoreTest, OneLongRowFoldsInEightSplitsAndMatchesTheCpuTwin) 
   CELLM_SKIP_WITHOUT_GPU();
   // One row of 8 kv heads would take 16 splits; the cluster fold takes it in at most 8
   // chunks (chunks of 128 keys and longer). Lengths at and around the chunk edges of
-  // the long bench row (1,024-1,280 keys), a window, and a budget of 32k; the graph of
-  // its launch replays with a longer row.
+  // the long bench row (1,024-1,280 keys), a window, and a budget of 32k.
   uint32_t seed = 980;
   for (const int64_t head_dim : {64, 128}) {
     for (const int32_t max_context : {4096, 32768}) {
