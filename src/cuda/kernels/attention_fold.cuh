@@ -17,6 +17,8 @@
 // partials, fences, and counts itself in with one atomicAdd on its group's counter; the
 // block that counts `active` (all the others are then done) fences again, reads every
 // chunk's partials through L2, merges them into `out` and sets the counter back to 0.
+// The tensor-core kernel's cluster fold (fold_in_cluster, below) merges the same way
+// from the blocks' shared memory instead, when a row's chunks are one cluster.
 #pragma once
 
 #include <cooperative_groups.h>
