@@ -504,7 +504,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 }
 
 template <int HD, int W>
-cudaError_t set_smem(void) {
+cudaError_t set_smem() {
   constexpr size_t bytes = smem_bytes<HD, W>();
   // Above 48 KB a kernel must opt in; not a stream operation, so capture-safe.
   if constexpr (bytes > 48 * 1024) {
