@@ -107,6 +107,11 @@ struct CudaExecutorOptions {
   // at most 8 chunks a row, merged through distributed shared memory. Off: through the
   // workspace in global memory, up to 16 chunks a row (for measuring what it buys).
   bool attention_cluster_fold = true;
+  // The rows of a prompt's chunk in a prefill or mixed step run the prefill attention
+  // (AttentionParams::row_runs): one block per few consecutive rows and kv head gathers
+  // each key once for all of them, instead of once per row. Off: every row of every step
+  // takes the split (decode) kernel (for measuring what it buys).
+  bool prefill_attention = true;
   // With graphs: once a decode batch has run from its captured graph, queue the next
   // decode step of the same sessions before returning, each fed on the device with the
   // token just sampled for it, so the device runs it while the runner handles this step's

@@ -111,6 +111,7 @@ class CudaForward final : public ForwardEngine {
         early_after_cublas_(options.early_after_cublas),
         l2_prefetch_(options.l2_prefetch),
         cluster_fold_(options.attention_cluster_fold),
+        prefill_attention_(options.prefill_attention),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -180,8 +181,14 @@ class CudaForward final : public ForwardEngine {
     CELLM_CHECK(n > 0 && n <= dims_.max_rows && n_sel >= 0 && n_sel <= n);
     CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, n_sel));
     CELLM_RETURN_IF_ERROR(mark(timing_start_));
-    // A sequence's rows of an eager step are its newest consecutive positions.
-    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n, slot_));
+    // A sequence's rows of an eager step are its newest consecutive positions. Its
+    // prefill chunks' rows go to the prefill attention, the others to the split one.
+    std::vector<AttentionRowRange> ranges;
+    if (prefill_attention_) {
+      ranges =
+          attention_row_ranges(std::span<const int32_t>(host().row_seq, static_cast<size_t>(n)));
+    }
+    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n, slot_, ranges));
     CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
     CELLM_RETURN_IF_ERROR(mark(timing_end_));
     return finish_run();
@@ -638,12 +645,14 @@ class CudaForward final : public ForwardEngine {
   // Everything of one step on the stream: metadata in (from staging slot `slot`),
   // forward, sampling, tokens out (into that slot). `fresh_positions`: how many of each
   // row's newest positions the step writes (AttentionParams::fresh_positions).
-  Status enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions, int slot) {
+  // `ranges`: the attention's launches (attention_row_ranges); none: one over every row.
+  Status enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions, int slot,
+                      std::span<const AttentionRowRange> ranges = {}) {
     cudaStream_t s = stream_.get();
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(meta_dev_.get(), staging(slot), meta_.bytes, cudaMemcpyHostToDevice, s),
         "copying the step metadata");
-    CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel, fresh_positions));
+    CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel, fresh_positions, ranges));
     if (n_sel > 0) {
       CELLM_CUDA_RETURN_IF_ERROR(
           launch_sample(buf<float>(buf_.logits), n_sel, config_.vocab_size(),
@@ -661,7 +670,8 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  Status enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_positions) {
+  Status enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_positions,
+                         std::span<const AttentionRowRange> ranges) {
     cudaStream_t s = stream_.get();
     const ModelConfig& c = config_;
     const int64_t d = c.hidden_size(), hd = c.head_dim(), ff = c.intermediate_size();
@@ -742,7 +752,14 @@ class CudaForward final : public ForwardEngine {
       ap.out = attn;
       ap.fresh_positions = fresh_positions;
       ap.cluster_fold = cluster_fold_;
-      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
+      if (ranges.empty()) {
+        CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
+      }
+      for (const AttentionRowRange& range : ranges) {
+        AttentionParams<T> rows = attention_rows(ap, range.begin, range.end);
+        rows.row_runs = range.runs;
+        CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
+      }
       CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(attn, n, q_dim, w.o_proj, d, w.o_bias, delta, s)));
       CELLM_CUDA_RETURN_IF_ERROR(
           launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s, settled),
@@ -824,6 +841,7 @@ class CudaForward final : public ForwardEngine {
   TimedChoice early_after_cublas_ = TimedChoice::kTimed;  // edges after cuBLASLt kernels
   TimedChoice l2_prefetch_ = TimedChoice::kTimed;         // beside the attention
   bool cluster_fold_ = true;                              // AttentionParams::cluster_fold
+  bool prefill_attention_ = true;                         // ForwardOptions::prefill_attention
   // Buckets that may take the prefetch (the products are GEMVs up to 8 rows; at 16 the
   // 8B loses 3%), and the prefetch kernel's blocks.
   static constexpr int32_t kPrefetchMaxRows = 8;

@@ -65,6 +65,7 @@ struct ForwardOptions {
   TimedChoice early_after_cublas = TimedChoice::kTimed;  // (CudaExecutorOptions)
   TimedChoice l2_prefetch = TimedChoice::kTimed;         // (CudaExecutorOptions)
   bool attention_cluster_fold = true;                    // (CudaExecutorOptions)
+  bool prefill_attention = true;                         // (CudaExecutorOptions)
 };
 
 class ForwardEngine {

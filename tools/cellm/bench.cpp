@@ -64,6 +64,9 @@ const std::vector<FlagSpec> kFlags = {
     {"no-cluster-fold", "",
      "CUDA: fold a few rows' attention chunks through the workspace in global memory instead "
      "of inside thread-block clusters (to measure what the cluster fold buys)"},
+    {"no-prefill-attention", "",
+     "CUDA: run a prompt chunk's attention one row at a time (the decode kernel) instead of in "
+     "blocks of consecutive rows that share each key's gather (to measure what it buys)"},
     {"no-prefill-warm", "",
      "CUDA: skip loading the prefill GEMMs' kernels at startup (each then loads at its first "
      "prefill: to measure what the warm-up buys)"},
@@ -439,6 +442,7 @@ int run_bench(int argc, const char* const* argv) {
   limits.overlap_decode = !args->has("no-overlap");
   limits.warm_prefill_gemms = !args->has("no-prefill-warm");
   limits.attention_cluster_fold = !args->has("no-cluster-fold");
+  limits.prefill_attention = !args->has("no-prefill-attention");
   for (const auto& [option, choice] : {std::pair{"early-triggers", &limits.early_triggers},
                                        std::pair{"early-after-cublas", &limits.early_after_cublas},
                                        std::pair{"l2-prefetch", &limits.l2_prefetch}}) {

@@ -140,6 +140,7 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.overlap_decode = limits.overlap_decode;
     o.warm_prefill_gemms = limits.warm_prefill_gemms;
     o.attention_cluster_fold = limits.attention_cluster_fold;
+    o.prefill_attention = limits.prefill_attention;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));

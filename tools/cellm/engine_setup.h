@@ -60,6 +60,7 @@ struct EngineLimits {
   bool overlap_decode = true;          // CUDA: queue the next decode step early (overlap_decode)
   bool warm_prefill_gemms = true;      // CUDA: load the prefill GEMMs' kernels at startup
   bool attention_cluster_fold = true;  // CUDA: (CudaExecutorOptions)
+  bool prefill_attention = true;       // CUDA: (CudaExecutorOptions)
 };
 
 // "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);

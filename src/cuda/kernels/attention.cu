@@ -464,6 +464,12 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
       p.fresh_positions < 0 || !warps_ok) {
     return cudaErrorInvalidValue;
   }
+  if (p.row_runs && attention_uses_tensor_cores(p) &&
+      detail::attention_prefill_takes_group(p.n_heads / p.n_kv_heads)) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return detail::launch_attention_prefill_mma(p, stream);
+    }
+  }
   Geometry g;
   g.early = detail::early_triggers();
   const int64_t min_blocks = p.min_blocks == 0 ? kAttentionMinBlocks : p.min_blocks;
@@ -487,6 +493,26 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
     }
   }
   return launch_cuda_cores(p, &g, heads, stream);
+}
+
+std::vector<AttentionRowRange> attention_row_ranges(std::span<const int32_t> row_seq,
+                                                    int64_t min_run) {
+  std::vector<AttentionRowRange> ranges;
+  const int64_t n = static_cast<int64_t>(row_seq.size());
+  for (int64_t begin = 0; begin < n;) {
+    int64_t end = begin + 1;
+    while (end < n && row_seq[static_cast<size_t>(end)] == row_seq[static_cast<size_t>(begin)]) {
+      ++end;
+    }
+    const bool runs = end - begin >= min_run;
+    if (!ranges.empty() && ranges.back().runs == runs) {
+      ranges.back().end = end;
+    } else {
+      ranges.push_back({begin, end, runs});
+    }
+    begin = end;
+  }
+  return ranges;
 }
 
 template cudaError_t launch_attention<float>(const AttentionParams<float>&, cudaStream_t);

@@ -47,6 +47,13 @@
 // each other's partials from shared memory (AttentionParams::cluster_fold), the same
 // operations in the same order: no workspace traffic, fence or counter.
 //
+// A prefill's rows (AttentionParams::row_runs: a launch whose rows come in runs of
+// consecutive rows of one sequence, cut by attention_row_ranges) run on tensor cores,
+// where the split kernel would, as one block per 64 / group consecutive rows and kv head
+// (attention_prefill.cu): the block gathers each key of its rows' sequence once for all
+// of them, and its MMAs' 16 rows are the query heads of 16 / group rows (the decode
+// kernel's carry one row's group of heads). No split, no workspace.
+//
 // The launcher enqueues one kernel on `stream` with programmatic dependent launch
 // (kernels/launch.cuh: it waits for the stream's earlier work before touching any
 // buffer); it never allocates or synchronizes and may be captured in a CUDA graph (a
@@ -59,6 +66,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace cellm::cuda {
 
@@ -131,7 +140,44 @@ struct AttentionParams {
   // the chunks' partials merge through distributed shared memory instead of the
   // workspace's fence, counter and L2 round trips. Tests and benchmarks turn it off.
   bool cluster_fold = true;
+  // Whether the rows come in runs of consecutive rows of one sequence (a prefill chunk:
+  // the `runs` ranges of attention_row_ranges). Where the tensor-core kernels serve the
+  // launch and the kv heads hold 1, 2, 4, 8 or 16 query heads, the prefill kernel then
+  // takes it (above). Any rows stay correct either way; the prefill kernel is slower for
+  // rows of many sequences (each block takes its rows' sequences one after another) and
+  // never splits a row, so a few rows of a long context want the split kernel.
+  bool row_runs = false;
 };
+
+// A range of a step's rows, [begin, end), for one launch_attention: `runs` when its rows
+// come in runs of at least kAttentionMinRunRows rows of one sequence.
+struct AttentionRowRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool runs = false;
+};
+inline constexpr int64_t kAttentionMinRunRows = 16;
+
+// Cuts rows [0, row_seq.size()) into ranges whose launches (attention_rows, with
+// row_runs = the range's `runs`) together compute the step's attention: maximal runs of
+// consecutive rows of one sequence that are at least min_run long (a prefill chunk)
+// form `runs` ranges, the rows between them (decode rows, short chunks) the others;
+// neighbouring ranges of one kind merge. Empty for no rows.
+std::vector<AttentionRowRange> attention_row_ranges(std::span<const int32_t> row_seq,
+                                                    int64_t min_run = kAttentionMinRunRows);
+
+// p restricted to its rows [begin, end): the same launch over fewer rows (qkv, row_seq,
+// positions and out advanced to row `begin`). REQUIRES: 0 <= begin <= end <= p.n_rows.
+template <typename T>
+AttentionParams<T> attention_rows(const AttentionParams<T>& p, int64_t begin, int64_t end) {
+  AttentionParams<T> sub = p;
+  sub.n_rows = end - begin;
+  sub.qkv = p.qkv + begin * p.row_stride;
+  sub.row_seq = p.row_seq + begin;
+  sub.positions = p.positions + begin;
+  sub.out = p.out + begin * p.n_heads * p.head_dim;
+  return sub;
+}
 
 // Blocks along each row's context (>= 1): enough for ~target_blocks blocks in all
 // (splitting only while a split has fewer blocks than that), at most one per 32

@@ -10,6 +10,7 @@
 
 #include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_span.cuh"
+#include "cuda/kernels/attention_tile.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/mma.cuh"
 
@@ -83,34 +84,17 @@ namespace {
 // warps' first tiles (each tile wholly older than the step's writes). Its loads are
 // then in flight while the RoPE/K/V-write kernel before it finishes.
 //
-// Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
-// the same as gemv.cu). Lane = 4 g + q. A (16 x 16, row): {a0, a1, a2, a3} = A[g][2q,
-// 2q+1], A[g+8][2q, 2q+1], A[g][2q+8, 2q+9], A[g+8][2q+8, 2q+9], the lower index in the
-// low half. B (16 x 8, col): {b0, b1} = B[2q, 2q+1][g], B[2q+8, 2q+9][g]. C (16 x 8,
-// f32): {c0, c1, c2, c3} = C[g][2q], C[g][2q+1], C[g+8][2q], C[g+8][2q+1].
-//   S = Q·Kᵀ: A = Q[heads][16 dims of step kk], straight from global memory; B[d][n] =
-//     K[key n][d]: ldmatrix (no transpose) of 8 x 8 blocks of K rows, lane l addressing
-//     row l % 8 of block l / 8, gives lane (g, q) row g, elements 2q, 2q+1: b0/b1.
-//   O += P·V: the two S fragments of a tile (keys 0-7, 8-15) are P's A fragment as
-//     they stand ({s0.c0c1, s0.c2c3, s1.c0c1, s1.c2c3}), taken twice: rounded to
-//     bf16, then the rounding's remainder rounded to bf16 (two MMAs); B[key][d] =
-//     V[key][d]: ldmatrix.trans of 8 x 8 blocks of V rows gives lane (g, q) elements
-//     (row 2q, column g), (row 2q+1, column g): b0/b1.
-// tests/cuda/attention_mma_emulation_test.cpp checks these index maps on the host.
+// The fragments and the 16-key step of the online softmax: attention_tile.cuh.
 //
-// Shared memory: per warp and stage, K then V, [16 keys][head_dim + 8] bf16. The 8
-// bf16 of padding put the 8 rows an ldmatrix phase reads in distinct banks (a row
-// is 68 or 36 words: 8 rows start at banks 0, 4, ..., 28) and keep rows 16-byte
-// aligned for cp.async. head_dim 128: 17 KB per warp, so 68 KB for a block of 4 warps
+// Shared memory: per warp and stage, K then V, [16 keys][head_dim + 8] bf16 (the
+// padding: attention_tile.cuh). head_dim 128: 17 KB per warp, so 68 KB for a block of 4 warps
 // (opt-in above 48 KB) and 3 blocks per SM, or 34 KB for 2 warps and 6 blocks per SM:
 // 12 warps per SM either way (168 registers), but a launch of 512 (row, kv head) blocks
 // fits the H200's 132 SMs in one wave of 2-warp blocks and needs 1.3 waves of 4-warp
 // ones. A launch of no more blocks than SMs (a few rows) takes 8-warp blocks, 136 KB,
 // one an SM (up to 255 registers: 205 used). The merge, then the fold, reuse the stages.
 constexpr int kWarpsPerSm = 12;  // 168 registers a thread; head_dim 128's smem allows 12 too
-constexpr int kTileKeys = 16;    // keys per warp step: P·V's k
 constexpr int kStages = 2;
-constexpr int kRowPad = 8;  // bf16 of padding per shared K/V row
 constexpr int kMaxGroup = 16;
 // Tiles of its own a warp loads before the wait when they are settled, by head_dim: the
 // second tile's latency then leaves the chain after the wait, but the loads a kernel
@@ -128,7 +112,7 @@ constexpr int kPrewaitTiles = HD >= 128 ? 2 : 1;
 
 template <int HD>
 constexpr int row_elems() {
-  return HD + kRowPad;
+  return HD + kKvRowPad;
 }
 template <int HD>
 constexpr size_t stage_bytes() {  // K and V of one tile
@@ -163,21 +147,6 @@ constexpr bool cluster_fold_fits() {
              merge_bytes<HD, W>() + sizeof(float) * cluster_partial_floats(kMaxGroup, HD) &&
          merge_bytes<HD, W>() >=
              sizeof(float) * fold_scratch_floats(kMaxGroup, kAttentionClusterSplits);
-}
-
-// (lo, hi) rounded to bf16 (nearest even), lo in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 template <int HD, int W>
@@ -230,16 +199,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 
   const float q_scale = p.scale * kLog2e;  // scores in log2 units
 
-  // Per head row g (index 0) and g + 8 (index 1): running max (log2 units), this
-  // lane's part of the running sum, and O columns nd * 8 + 2q, +1.
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};
-  float o[ND][4];
-#pragma unroll
-  for (int nd = 0; nd < ND; ++nd) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) o[nd][c] = 0.f;
-  }
+  TileState<HD> st;  // the online softmax of head rows g and g + 8
 
   const int32_t* cells = p.table + int64_t{p.row_seq[r]} * p.table_stride;
   const int64_t cell_stride = p.n_kv_heads * HD;
@@ -272,14 +232,8 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     }
   };
 
-  // ldmatrix row addresses of this lane (block b = lane / 8, row lane % 8), in bf16
-  // from the stage's K or V base:
-  //   K, step kk: blocks (keys 0-7, dims +0), (keys 0-7, +8), (keys 8-15, +0), (keys
-  //     8-15, +8) of dims [16 kk, 16 kk + 16): b0, b1 of keys 0-7, then of keys 8-15.
-  //   V, dims [16 n2, 16 n2 + 16): blocks (keys 0-7, +0), (keys 8-15, +0), (keys 0-7,
-  //     +8), (keys 8-15, +8), transposed: b0, b1 of dims +0..7, then of dims +8..15.
-  const int k_lane_off = ((lane / 16) * 8 + lane % 8) * RE + ((lane / 8) % 2) * 8;
-  const int v_lane_off = (((lane / 8) % 2) * 8 + lane % 8) * RE + (lane / 16) * 8;
+  const int k_lane_off = k_lane_offset(lane, RE);
+  const int v_lane_off = v_lane_offset(lane, RE);
 
   const int64_t n_tiles = (end - begin + kTileKeys - 1) / kTileKeys;
   // t is the same for the whole warp: the loop and its shuffles stay converged.
@@ -344,85 +298,11 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 
     const bf16* ks = stage_k(s);
     const bf16* vs = ks + kTileKeys * RE;
-    float sc[2][4];  // scores of keys 0-7 and 8-15, C layout
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) sc[nb][c] = 0.f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      uint32_t b[4];
-      ldmatrix_x4(b, ks + k_lane_off + kk * 16);
-      mma_16816(sc[0], qa[kk], b[0], b[1]);
-      mma_16816(sc[1], qa[kk], b[2], b[3]);
-    }
-
-    // Online softmax per head row: c0, c1 are row g, c2, c3 row g + 8, keys
-    // 8 nb + 2q + (c & 1). The tile holds at least one position < end, so each
-    // row's new max is finite and exp2f never sees -inf - -inf.
+    // Key 8 nb + 2q + (c & 1) of the tile counts when it lies before `end`; the tile
+    // holds at least one such position, so every head row's max is finite.
     const int64_t j0 = begin + t * kTileKeys;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t j = j0 + nb * 8 + 2 * q + (c & 1);
-        sc[nb][c] = j < end ? sc[nb][c] * q_scale : -INFINITY;
-        tile_max[c / 2] = fmaxf(tile_max[c / 2], sc[nb][c]);
-      }
-    }
-    float corr[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
-      corr[i] = exp2f(m[i] - m_new);  // 0 on the first tile (m = -inf)
-      m[i] = m_new;
-      l[i] *= corr[i];
-    }
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        // The weight in f32, exactly 0 past `end`.
-        sc[nb][c] = exp2f(sc[nb][c] - m[c / 2]);
-        l[c / 2] += sc[nb][c];
-      }
-    }
-#pragma unroll
-    for (int nd = 0; nd < ND; ++nd) {
-      o[nd][0] *= corr[0];
-      o[nd][1] *= corr[0];
-      o[nd][2] *= corr[1];
-      o[nd][3] *= corr[1];
-    }
-
-    // P·V takes each weight as two bf16 terms, hi = bf16(w) and lo = bf16(w - hi)
-    // (w - hi is exact in f32), so the product keeps ~16 bits of the weight: one
-    // bf16 term errs by up to 2^-9 of it, ~1e-3 on outputs whose values cancel,
-    // which the CPU twin's tolerance does not allow. The extra MMAs are cheap next
-    // to the tile's loads.
-    float res[2][4];
-#pragma unroll
-    for (int nb = 0; nb < 2; ++nb) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        res[nb][c] = sc[nb][c] - __bfloat162float(__float2bfloat16(sc[nb][c]));
-      }
-    }
-    const uint32_t pa[4] = {pack_bf16x2(sc[0][0], sc[0][1]), pack_bf16x2(sc[0][2], sc[0][3]),
-                            pack_bf16x2(sc[1][0], sc[1][1]), pack_bf16x2(sc[1][2], sc[1][3])};
-    const uint32_t pl[4] = {pack_bf16x2(res[0][0], res[0][1]), pack_bf16x2(res[0][2], res[0][3]),
-                            pack_bf16x2(res[1][0], res[1][1]), pack_bf16x2(res[1][2], res[1][3])};
-#pragma unroll
-    for (int n2 = 0; n2 < ND / 2; ++n2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, vs + v_lane_off + n2 * 16);
-      mma_16816(o[2 * n2], pa, b[0], b[1]);
-      mma_16816(o[2 * n2 + 1], pa, b[2], b[3]);
-      mma_16816(o[2 * n2], pl, b[0], b[1]);
-      mma_16816(o[2 * n2 + 1], pl, b[2], b[3]);
-    }
+    fold_tile<HD, false>(qa, ks, vs, k_lane_off, v_lane_off, q_scale, st,
+                         [&](int nb, int c) { return j0 + nb * 8 + 2 * q + (c & 1) < end; });
     __syncwarp();  // the stage is read before the next iteration refills it
   }
   if (!early) allow_dependent_grids();
@@ -439,15 +319,15 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = warp * kMaxGroup + g + 8 * i;
-    const float sum = quad_sum(l[i]);
+    const float sum = quad_sum(st.l[i]);
     if (q == 0) {
-      s_max[row] = m[i];
+      s_max[row] = st.m[i];
       s_sum[row] = sum;
     }
 #pragma unroll
     for (int nd = 0; nd < ND; ++nd) {
       float2* dst = reinterpret_cast<float2*>(s_acc + row * AS + nd * 8 + 2 * q);
-      *dst = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
+      *dst = make_float2(st.o[nd][2 * i], st.o[nd][2 * i + 1]);
     }
   }
   __syncthreads();

@@ -1,5 +1,5 @@
-// The tensor-core split kernel of launch_attention (internal to the attention
-// launcher; see attention.h for the contract and attention_mma.cu for the design).
+// The tensor-core kernels of launch_attention (internal to the attention launcher; see
+// attention.h for the contract, attention_mma.cu and attention_prefill.cu for the designs).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,6 +29,16 @@ int32_t attention_mma_cluster_splits(int64_t n_rows, int32_t n_splits, int64_t n
 
 cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                                        int32_t min_chunks, cudaStream_t stream);
+
+// The prefill kernel (attention_prefill.cu) takes kv heads of 1, 2, 4, 8 or 16 query
+// heads (16 / group rows of a block's warp).
+bool attention_prefill_takes_group(int64_t group);
+// Enqueues the prefill kernel of `p` (AttentionParams::row_runs), with programmatic
+// dependent launch: one block per 64 / group consecutive rows and kv head, no split, no
+// workspace. REQUIRES: p passed launch_attention's checks, attention_uses_tensor_cores(p)
+// and attention_prefill_takes_group(its group).
+cudaError_t launch_attention_prefill_mma(const AttentionParams<__nv_bfloat16>& p,
+                                         cudaStream_t stream);
 
 #ifdef CELLM_ATTENTION_PHASES
 // An experiment's instrument (built with -DCELLM_ATTENTION_PHASES=1; bench/attention_bench
