@@ -7,6 +7,9 @@
 # start, duration and the time it adds to the step's span, and the span by kernel family.
 #   bash bench/timeline_decode.sh NAME "BENCH ARGS" [NAME "BENCH ARGS"]...
 # e.g. bash bench/timeline_decode.sh 1b1 "--preset 1b -npp 128 -ntg 32 -npl 1"
+# PREFILL=1 summarises each prefill step by kernel family instead (timeline_summary.py
+# --prefill), e.g. PREFILL=1 bash bench/timeline_decode.sh pp1024 "--preset 8b -npp 1024
+# -ntg 2 -npl 1".
 # Results under $OUT: timeline_NAME.txt (and the bench's output, bench_NAME.log).
 set -uo pipefail
 OUT=${OUT:-/tmp/cellm-out}
@@ -21,9 +24,14 @@ while [ $# -ge 2 ]; do
   CUDA_INJECTION64_PATH=$B/bench/libkernel_trace.so CELLM_KERNEL_TRACE=$trace timeout 300 \
     $B/cellm bench --executor cuda --peak-bandwidth 4250 --step-times $args \
     >"$OUT/bench_$name.log" 2>&1 || { tail -5 "$OUT/bench_$name.log"; continue; }
-  python3 "$(dirname "$0")/timeline_summary.py" "$trace" >"$OUT/timeline_$name.txt" 2>&1
+  python3 "$(dirname "$0")/timeline_summary.py" ${PREFILL:+--prefill} "$trace" \
+    >"$OUT/timeline_$name.txt" 2>&1
   echo "== $name ($args)"
   grep -E "^\| +[0-9]" "$OUT/bench_$name.log"
-  head -1 "$OUT/timeline_$name.txt"
-  sed -n '/^by family/,$p' "$OUT/timeline_$name.txt"
+  if [ -n "${PREFILL:-}" ]; then
+    cat "$OUT/timeline_$name.txt"
+  else
+    head -1 "$OUT/timeline_$name.txt"
+    sed -n '/^by family/,$p' "$OUT/timeline_$name.txt"
+  fi
 done
