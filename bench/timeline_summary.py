@@ -7,9 +7,11 @@ next one's start (a decode step's graph runs its kernels back to back; the host'
 between steps leaves a gap). The step shown is the second-to-last group with the largest
 kernel count that at least three of the last 40 groups have. A kernel's "adds" is the time it extends the step's span
 past the end of every kernel before it: the adds of a step sum to its span.
-A prefill step (--prefill) is a group (at gaps of more than PREFILL_GAP_US) that runs the
-embedding and spans at least PREFILL_MS (the eager steps of a prompt's chunks; decode
-steps are far shorter).
+A prefill step (--prefill) is a group of kernels outside CUDA graphs (at gaps of more
+than PREFILL_GAP_US) that runs an attention kernel and spans at least PREFILL_MS: the
+eager steps of a prompt's chunks, and also any eager decode step that long (the first
+step of each decode batch size warms its kernels eagerly); each is printed with its span,
+in order, so the prompt's steps are the long ones before the graphs' decode.
   python3 bench/timeline_summary.py [--prefill] TRACE.csv
 """
 import collections
@@ -31,7 +33,7 @@ FAMILIES = [  # (family, substrings of the kernel's name), first match wins
     ("rope + K/V write", ["rope"]),
     ("swiglu", ["swiglu"]),
     ("sampling", ["sampl", "softmax", "argmax", "top"]),
-    ("embedding", ["embedding"]),
+    ("embedding", ["embedding", "gather_kernel"]),
     ("l2 prefetch", ["prefetch"]),
 ]
 
@@ -87,7 +89,9 @@ def main():
     prefill = "--prefill" in sys.argv[1:]
     path = [a for a in sys.argv[1:] if a != "--prefill"][0]
     with open(path, newline="") as f:
-        rows = sorted((int(r["start_ns"]), int(r["end_ns"]), r["name"]) for r in csv.DictReader(f))
+        # A prefill runs eagerly: only kernels outside graphs (graph node 0).
+        rows = sorted((int(r["start_ns"]), int(r["end_ns"]), r["name"]) for r in csv.DictReader(f)
+                      if not prefill or int(r["graph_node"]) == 0)
     plain = demangled(name for _, _, name in rows)
     rows = [(start, end, plain[name]) for start, end, name in rows]
     steps, cur, last_end = [], [], 0
@@ -101,7 +105,7 @@ def main():
         steps.append(cur)
     if prefill:
         chunks = [s for s in steps if span_us(s) >= PREFILL_MS * 1000 and
-                  any("embedding" in name for _, _, name in s)]
+                  any("attention" in name for _, _, name in s)]
         print(f"{len(steps)} kernel groups; {len(chunks)} prefill steps")
         for i, step in enumerate(chunks):
             print(f"\n== prefill step {i + 1}: {len(step)} kernels, span {span_us(step):.1f} us")
