@@ -51,8 +51,8 @@
 // consecutive rows of one sequence, cut by attention_row_ranges) run on tensor cores,
 // where the split kernel would, as one block per 64 / group consecutive rows and kv head
 // (attention_prefill.cu): the block gathers each key of its rows' sequence once for all
-// of them, and its MMAs' 16 rows are the query heads of 16 / group rows (the decode
-// kernel's carry one row's group of heads). No split, no workspace.
+// of them, and its MMAs' 16 rows are the query heads of 16 / group rows (the split
+// kernel's hold one row's heads). No split, no workspace.
 //
 // The launcher enqueues one kernel on `stream` with programmatic dependent launch
 // (kernels/launch.cuh: it waits for the stream's earlier work before touching any

@@ -200,9 +200,9 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   }
   if (!early) allow_dependent_grids();
 
-    // Each row saw at least its own position: its sum is positive.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
+    // A row of the launch saw at least its own position: its sum is positive.
     const float sum = quad_sum(st.l[i]);
     const int64_t r = r0 + row_of[i];
     if (r >= p.n_rows) continue;
