@@ -61,6 +61,7 @@ struct EngineLimits {
   bool warm_prefill_gemms = true;      // CUDA: load the prefill GEMMs' kernels at startup
   bool attention_cluster_fold = true;  // CUDA: (CudaExecutorOptions)
   bool prefill_attention = true;       // CUDA: (CudaExecutorOptions)
+  bool persistent_decode = false;      // CUDA: (CudaExecutorOptions)
 };
 
 // "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);

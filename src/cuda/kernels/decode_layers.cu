@@ -1,0 +1,747 @@
+#include "cuda/kernels/decode_layers.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/mbarrier.cuh"
+
+namespace cellm::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 15;               // consumer warps (+ the producer: 16, 128 registers each)
+constexpr int kConsumers = kWarps * 32;  // their threads
+constexpr int kThreads = kConsumers + 32;  // and the producer warp
+constexpr int kStageBytes = 16384;         // one ring stage
+#ifndef CELLM_DL_STAGES
+#define CELLM_DL_STAGES 12
+#endif
+constexpr int kMaxStages = CELLM_DL_STAGES;  // 192 KB of weights in flight per SM
+constexpr int kVec = 8;                      // bf16 per 16-byte access
+constexpr int kMaxHeldPacks = 4;             // a norm's packs per thread: d <= 16,384
+constexpr int kMaxDimsPerLane = kMaxDecodeLayersHeadDim / 32;
+constexpr int kKeyPacks = 8;   // a key's 16-byte packs loaded at once
+constexpr int kValueKeys = 4;  // keys whose values are loaded at once
+
+// The products of a layer, in the order each block streams its share of them.
+enum Product : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProducts = 4 };
+
+// How a product's rows are cut into ring stages (the same for every block and layer).
+// A stage holds `rpc` whole rows (`parts` == 1), or one of a row's `parts` column ranges
+// of `kc` columns (`rpc` == 1); for gate_up it holds the gate rows and the matching up
+// rows, so one warp computes both products of a pair.
+struct ProductShape {
+  int32_t n;      // output rows (gate_up: pairs)
+  int32_t k;      // input width
+  int32_t mats;   // 2 for gate_up, else 1
+  int32_t rpc;    // rows per stage
+  int32_t parts;  // stages per row
+  int32_t kc;     // columns per stage
+};
+
+struct KernelArgs {
+  DecodeLayersParams<bf16> p;
+  ProductShape shapes[kProducts];
+  int32_t stages;     // ring stages
+  int32_t act_elems;  // activation staging, elements
+};
+
+// One block's share of a product: output rows [row0, row0 + rows).
+struct Share {
+  int64_t row0;
+  int32_t rows;
+  int32_t chunks;
+};
+
+__device__ __forceinline__ Share share_of(const ProductShape& s) {
+  const int64_t g = gridDim.x;
+  const int64_t b = blockIdx.x;
+  Share sh;
+  sh.row0 = s.n * b / g;
+  sh.rows = static_cast<int32_t>(s.n * (b + 1) / g - sh.row0);
+  sh.chunks = s.parts == 1 ? (sh.rows + s.rpc - 1) / s.rpc : sh.rows * s.parts;
+  return sh;
+}
+
+// The first unit (row or pair, within the share), unit count and column range of chunk c.
+struct Chunk {
+  int32_t u0;
+  int32_t nrows;
+  int32_t part;
+};
+
+__device__ __forceinline__ Chunk chunk_of(const ProductShape& s, const Share& sh, int32_t c) {
+  Chunk ch;
+  if (s.parts == 1) {
+    ch.u0 = c * s.rpc;
+    ch.nrows = min(s.rpc, sh.rows - ch.u0);
+    ch.part = 0;
+  } else {
+    ch.u0 = c / s.parts;
+    ch.nrows = 1;
+    ch.part = c % s.parts;
+  }
+  return ch;
+}
+
+__device__ __forceinline__ const bf16* weights_of(const DecodeLayer<bf16>& layer, int product,
+                                                  int32_t mat, int64_t ff, int64_t d) {
+  switch (product) {
+    case kQkv:
+      return layer.qkv;
+    case kO:
+      return layer.o_proj;
+    case kGateUp:
+      return layer.gate_up + (mat == 0 ? 0 : ff * d);
+    default:
+      return layer.down;
+  }
+}
+
+// The dynamic shared memory: the ring, the activation row, the attention's scratch, the
+// block reduction's partials, then the ring's barriers.
+struct Smem {
+  bf16* ring;
+  bf16* act;
+  float* q;          // [head_dim] the rotated query head
+  float* k;          // [head_dim] the row's rotated key
+  float* v;          // [head_dim] the row's value
+  float* merge_m;    // [kWarps]
+  float* merge_l;    // [kWarps]
+  float* merge_acc;  // [kWarps][head_dim]
+  float* red;        // [kWarps]
+  uint64_t* full;
+  uint64_t* empty;
+};
+
+__host__ __device__ inline size_t align16(size_t n) {
+  return (n + 15) / 16 * 16;
+}
+
+__host__ __device__ inline size_t fixed_smem_bytes(int32_t act_elems, int32_t head_dim,
+                                                   int32_t stages) {
+  const size_t attn_floats = 3 * static_cast<size_t>(head_dim) + 2 * kWarps +
+                             static_cast<size_t>(kWarps) * static_cast<size_t>(head_dim);
+  return align16(static_cast<size_t>(act_elems) * sizeof(bf16)) +
+         align16(attn_floats * sizeof(float)) + align16(kWarps * sizeof(float)) +
+         2 * static_cast<size_t>(stages) * sizeof(uint64_t);
+}
+
+__device__ Smem carve(unsigned char* base, const KernelArgs& a) {
+  Smem m;
+  const int32_t hd = a.p.head_dim;
+  size_t at = 0;
+  m.ring = reinterpret_cast<bf16*>(base);
+  at += static_cast<size_t>(a.stages) * kStageBytes;
+  m.act = reinterpret_cast<bf16*>(base + at);
+  at += align16(static_cast<size_t>(a.act_elems) * sizeof(bf16));
+  float* f = reinterpret_cast<float*>(base + at);
+  m.q = f;
+  m.k = f + hd;
+  m.v = f + 2 * hd;
+  m.merge_m = f + 3 * hd;
+  m.merge_l = m.merge_m + kWarps;
+  m.merge_acc = m.merge_l + kWarps;
+  at += align16((3 * static_cast<size_t>(hd) + 2 * kWarps + static_cast<size_t>(kWarps) * hd) *
+                sizeof(float));
+  m.red = reinterpret_cast<float*>(base + at);
+  at += align16(kWarps * sizeof(float));
+  m.full = reinterpret_cast<uint64_t*>(base + at);
+  m.empty = m.full + a.stages;
+  return m;
+}
+
+// The consumer warps' barrier (the producer warp never joins it).
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+}
+
+// Grid-wide stage counts: a block counts itself in on sync[0] when it has finished a
+// stage; stage s may start once the count reaches s * gridDim.x.
+__device__ __forceinline__ void stage_done(uint32_t* count) {
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(count, 1u);
+  }
+}
+
+__device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
+  if (threadIdx.x == 0) {
+    uint32_t seen = 0;
+    for (uint32_t tries = 0;; ++tries) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+      if (seen >= target) break;
+      if (tries == (1u << 25)) __trap();  // a lost block: a launch error, not a hang
+    }
+  }
+  consumer_sync();
+}
+
+__device__ __forceinline__ float bf(bf16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float round_bf(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+// A bf16 another block wrote in this launch, from the L2.
+__device__ __forceinline__ float load_l2(const bf16* p) {
+  return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+// The sum of v over the consumer threads, in every one of them (fixed order).
+__device__ __forceinline__ float consumer_sum(float v, float* red) {
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  v = detail::warp_sum(v);
+  if ((threadIdx.x & 31u) == 0) red[warp] = v;
+  consumer_sync();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += red[w];
+  consumer_sync();  // red may be written again
+  return total;
+}
+
+// act = rmsnorm(x) * weight with x = residual (+ delta), launch_add_rmsnorm's arithmetic;
+// `out` (block 0's) receives x when delta is added.
+__device__ void norm_into_act(const float* residual, const bf16* delta, const bf16* weight,
+                              float* out, int32_t d, float eps, bf16* act, float* red) {
+  const int tid = static_cast<int>(threadIdx.x);
+  float x[kMaxHeldPacks][kVec];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kMaxHeldPacks; ++k) {
+    const int32_t c = (tid + k * kConsumers) * kVec;
+    if (c >= d) continue;
+    const float4 r0 = __ldcg(reinterpret_cast<const float4*>(residual + c));
+    const float4 r1 = __ldcg(reinterpret_cast<const float4*>(residual + c + 4));
+    x[k][0] = r0.x, x[k][1] = r0.y, x[k][2] = r0.z, x[k][3] = r0.w;
+    x[k][4] = r1.x, x[k][5] = r1.y, x[k][6] = r1.z, x[k][7] = r1.w;
+    if (delta != nullptr) {
+      const uint4 dv = __ldcg(reinterpret_cast<const uint4*>(delta + c));
+      const bf16* dl = reinterpret_cast<const bf16*>(&dv);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) x[k][j] += bf(dl[j]);
+      if (out != nullptr) {
+        *reinterpret_cast<float4*>(out + c) = make_float4(x[k][0], x[k][1], x[k][2], x[k][3]);
+        *reinterpret_cast<float4*>(out + c + 4) = make_float4(x[k][4], x[k][5], x[k][6], x[k][7]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum_sq += x[k][j] * x[k][j];
+  }
+  const float total = consumer_sum(sum_sq, red);
+  const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(d) + eps);
+#pragma unroll
+  for (int k = 0; k < kMaxHeldPacks; ++k) {
+    const int32_t c = (tid + k * kConsumers) * kVec;
+    if (c >= d) continue;
+    const uint4 wv = __ldg(reinterpret_cast<const uint4*>(weight + c));
+    const bf16* w = reinterpret_cast<const bf16*>(&wv);
+    uint4 hv;
+    bf16* h = reinterpret_cast<bf16*>(&hv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) h[j] = __float2bfloat16_rn(x[k][j] * inv_rms * bf(w[j]));
+    *reinterpret_cast<uint4*>(act + c) = hv;
+  }
+  consumer_sync();
+}
+
+// act[0, n) = src[0, n), a row another block wrote (from the L2).
+__device__ void stage_row(const bf16* src, int32_t n, bf16* act) {
+  constexpr int kAtOnce = 4;  // loads issued together
+  for (int32_t c0 = static_cast<int32_t>(threadIdx.x) * kVec; c0 < n;
+       c0 += kAtOnce * kConsumers * kVec) {
+    uint4 v[kAtOnce];
+#pragma unroll
+    for (int t = 0; t < kAtOnce; ++t) {
+      const int32_t c = c0 + t * kConsumers * kVec;
+      if (c < n) v[t] = __ldcg(reinterpret_cast<const uint4*>(src + c));
+    }
+#pragma unroll
+    for (int t = 0; t < kAtOnce; ++t) {
+      const int32_t c = c0 + t * kConsumers * kVec;
+      if (c < n) *reinterpret_cast<uint4*>(act + c) = v[t];
+    }
+  }
+  consumer_sync();
+}
+
+// A lane's share of w[0, kc) · x[0, kc) (both in shared memory).
+__device__ __forceinline__ float dot_lane(const bf16* w, const bf16* x, int32_t kc, int lane) {
+  float acc = 0.0f;
+  for (int32_t e = lane * kVec; e < kc; e += 32 * kVec) {
+    const uint4 wv = *reinterpret_cast<const uint4*>(w + e);
+    const uint4 xv = *reinterpret_cast<const uint4*>(x + e);
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+    const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+    for (int j = 0; j < kVec / 2; ++j) {
+      const float2 a = __bfloat1622float2(w2[j]);
+      const float2 b = __bfloat1622float2(x2[j]);
+      acc = fmaf(a.x, b.x, acc);
+      acc = fmaf(a.y, b.y, acc);
+    }
+  }
+  return acc;
+}
+
+// The block's rows of one product of `layer`, input in act, from the ring (chunk counter
+// `i`, shared by every consumer warp); each row's sums go to the product's epilogue.
+template <int kProduct>
+__device__ void run_product(const KernelArgs& a, const DecodeLayer<bf16>& layer, const Smem& m,
+                            uint32_t& i) {
+  const ProductShape& s = a.shapes[kProduct];
+  const Share sh = share_of(s);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const auto stages = static_cast<uint32_t>(a.stages);
+  float acc0 = 0.0f;
+  float acc1 = 0.0f;
+  for (int32_t c = 0; c < sh.chunks; ++c, ++i) {
+    const uint32_t st = i % stages;
+    detail::barrier_wait(&m.full[st], (i / stages) & 1u);
+    const Chunk ch = chunk_of(s, sh, c);
+    // This warp's unit of the chunk, if it has one: unit u belongs to warp u % kWarps.
+    const int32_t first = ch.u0 + ((warp - ch.u0 % kWarps) + kWarps) % kWarps;
+    if (first < ch.u0 + ch.nrows) {
+      const bf16* stage = m.ring + static_cast<size_t>(st) * (kStageBytes / sizeof(bf16));
+      const bf16* x = m.act + static_cast<size_t>(ch.part) * s.kc;
+      const size_t row_at = static_cast<size_t>(first - ch.u0) * s.kc;
+      acc0 += dot_lane(stage + row_at, x, s.kc, lane);
+      if constexpr (kProduct == kGateUp) {
+        acc1 += dot_lane(stage + static_cast<size_t>(ch.nrows) * s.kc + row_at, x, s.kc, lane);
+      }
+      if (ch.part == s.parts - 1) {
+        const float sum0 = detail::warp_sum(acc0);
+        const float sum1 = kProduct == kGateUp ? detail::warp_sum(acc1) : 0.0f;
+        acc0 = acc1 = 0.0f;
+        const int64_t row = sh.row0 + first;
+        if (lane == 0) {
+          const DecodeLayersParams<bf16>& p = a.p;
+          if constexpr (kProduct == kQkv) {
+            const float bias = layer.qkv_bias != nullptr ? bf(layer.qkv_bias[row]) : 0.0f;
+            p.qkv[row] = __float2bfloat16_rn(sum0 + bias);
+          } else if constexpr (kProduct == kO) {
+            const float bias = layer.o_bias != nullptr ? bf(layer.o_bias[row]) : 0.0f;
+            p.delta[row] = __float2bfloat16_rn(sum0 + bias);
+          } else if constexpr (kProduct == kGateUp) {
+            p.act[row] = __float2bfloat16_rn(detail::silu_mul(round_bf(sum0), round_bf(sum1)));
+          } else {
+            p.delta[row] = __float2bfloat16_rn(sum0);
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) detail::barrier_arrive(&m.empty[st]);
+  }
+}
+
+// The producer warp's lane 0: every chunk of every product of every layer, in the order
+// the consumers take them, as fast as the ring frees stages.
+__device__ void produce(const KernelArgs& a, const Smem& m) {
+  const DecodeLayersParams<bf16>& p = a.p;
+  const auto stages = static_cast<uint32_t>(a.stages);
+  uint32_t i = 0;
+  for (int32_t l = 0; l < p.n_layers; ++l) {
+    const DecodeLayer<bf16>& layer = p.layers[l];
+    for (int product = 0; product < kProducts; ++product) {
+      const ProductShape& s = a.shapes[product];
+      const Share sh = share_of(s);
+      for (int32_t c = 0; c < sh.chunks; ++c, ++i) {
+        const uint32_t st = i % stages;
+        if (i >= stages) detail::barrier_wait(&m.empty[st], ((i / stages) - 1) & 1u);
+        const Chunk ch = chunk_of(s, sh, c);
+        const auto bytes = static_cast<uint32_t>(ch.nrows * s.kc * sizeof(bf16));
+        detail::barrier_arrive_expect(&m.full[st], bytes * static_cast<uint32_t>(s.mats));
+        unsigned char* stage =
+            reinterpret_cast<unsigned char*>(m.ring) + static_cast<size_t>(st) * kStageBytes;
+        for (int32_t mat = 0; mat < s.mats; ++mat) {
+          const bf16* w = weights_of(layer, product, mat, p.ff, p.d);
+          const bf16* src = w + (sh.row0 + ch.u0) * s.k + static_cast<int64_t>(ch.part) * s.kc;
+          detail::bulk_copy(stage + static_cast<size_t>(mat) * bytes, src, bytes, &m.full[st]);
+        }
+      }
+    }
+  }
+}
+
+// Query head h of the row: its head norm and RoPE, the K/V write (the kv head's first
+// query head) and the table entry (layer 0, head 0), then the attention over [lo, pos].
+__device__ void attend_head(const KernelArgs& a, const DecodeLayer<bf16>& layer, int32_t l,
+                            int32_t h, const Smem& m) {
+  const DecodeLayersParams<bf16>& p = a.p;
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int32_t hd = p.head_dim;
+  const int32_t half = hd / 2;
+  const int32_t group = p.n_heads / p.n_kv_heads;
+  const int32_t g = h / group;
+  const int64_t q_dim = int64_t{p.n_heads} * hd;
+  const int64_t kv_dim = int64_t{p.n_kv_heads} * hd;
+  const int32_t pos = p.positions[0];
+  const int32_t cell = p.cells[0];
+  const int32_t seq = p.row_seq[0];
+
+  if (warp == 0) {
+    const bf16* q = p.qkv + int64_t{h} * hd;
+    const bf16* k = p.qkv + q_dim + int64_t{g} * hd;
+    const bf16* v = p.qkv + q_dim + kv_dim + int64_t{g} * hd;
+    float q_sq = 0.0f;
+    float k_sq = 0.0f;
+    for (int32_t j = lane; j < hd; j += 32) {
+      m.q[j] = load_l2(q + j);
+      m.k[j] = load_l2(k + j);
+      m.v[j] = load_l2(v + j);
+      q_sq += m.q[j] * m.q[j];
+      k_sq += m.k[j] * m.k[j];
+    }
+    if (layer.q_norm != nullptr) {  // launch_head_rmsnorm's arithmetic, rounded to T
+      const float q_inv = 1.0f / sqrtf(detail::warp_sum(q_sq) / static_cast<float>(hd) + p.eps);
+      const float k_inv = 1.0f / sqrtf(detail::warp_sum(k_sq) / static_cast<float>(hd) + p.eps);
+      for (int32_t j = lane; j < hd; j += 32) {
+        m.q[j] = round_bf(m.q[j] * q_inv * bf(layer.q_norm[j]));
+        m.k[j] = round_bf(m.k[j] * k_inv * bf(layer.k_norm[j]));
+      }
+    }
+    __syncwarp();
+    for (int32_t j = lane; j < half; j += 32) {  // rope_kv_write.cu's arithmetic
+      const float angle = static_cast<float>(pos) * p.inv_freq[j];
+      const float c = cosf(angle);
+      const float s = sinf(angle);
+      const float qa = m.q[j], qb = m.q[j + half];
+      const float ka = m.k[j], kb = m.k[j + half];
+      m.q[j] = round_bf(__fsub_rn(__fmul_rn(qa, c), __fmul_rn(qb, s)));
+      m.q[j + half] = round_bf(__fadd_rn(__fmul_rn(qb, c), __fmul_rn(qa, s)));
+      m.k[j] = round_bf(__fsub_rn(__fmul_rn(ka, c), __fmul_rn(kb, s)));
+      m.k[j + half] = round_bf(__fadd_rn(__fmul_rn(kb, c), __fmul_rn(ka, s)));
+    }
+    __syncwarp();
+    if (h % group == 0) {
+      bf16* k_dst = layer.k_pool + int64_t{cell} * kv_dim + int64_t{g} * hd;
+      bf16* v_dst = layer.v_pool + int64_t{cell} * kv_dim + int64_t{g} * hd;
+      for (int32_t j = lane; j < hd; j += 32) {
+        k_dst[j] = __float2bfloat16_rn(m.k[j]);
+        v_dst[j] = __float2bfloat16_rn(m.v[j]);  // exact: v holds bf16 values
+      }
+    }
+    if (l == 0 && h == 0 && lane == 0) p.table[int64_t{seq} * p.table_stride + pos] = cell;
+  }
+  consumer_sync();
+
+  // Each warp folds a contiguous run of the keys, 32 at a time: lane t scores key
+  // base + t, then the warp adds the run's values, dims lane, lane + 32, ...
+  const int32_t lo = layer.window > 0 ? max(0, pos - layer.window + 1) : 0;
+  const int32_t n_keys = pos - lo + 1;
+  const int32_t per_warp = (n_keys + kWarps - 1) / kWarps;
+  const int32_t kb = lo + warp * per_warp;
+  const int32_t ke = min(kb + per_warp, pos + 1);
+  const int32_t* cells_of = p.table + int64_t{seq} * p.table_stride;
+  const bf16* k_pool = layer.k_pool + int64_t{g} * hd;
+  const bf16* v_pool = layer.v_pool + int64_t{g} * hd;
+  float run_max = -INFINITY;
+  float run_sum = 0.0f;
+  float acc[kMaxDimsPerLane] = {};
+  for (int32_t base = kb; base < ke; base += 32) {
+    const int32_t j = base + lane;
+    const bool valid = j < ke;
+    const int32_t key_cell = valid && j < pos ? cells_of[j] : -1;
+    float score = -INFINITY;
+    if (valid) {
+      float dot = 0.0f;
+      if (key_cell < 0) {
+        for (int32_t e = 0; e < hd; ++e) dot = fmaf(m.q[e], m.k[e], dot);
+      } else {
+        // The key's packs kKeyPacks at a time, their loads issued together.
+        const bf16* kr = k_pool + int64_t{key_cell} * kv_dim;
+        for (int32_t e0 = 0; e0 < hd; e0 += kKeyPacks * kVec) {
+          uint4 packs[kKeyPacks];
+#pragma unroll
+          for (int t = 0; t < kKeyPacks; ++t) {
+            if (e0 + t * kVec < hd) packs[t] = *reinterpret_cast<const uint4*>(kr + e0 + t * kVec);
+          }
+#pragma unroll
+          for (int t = 0; t < kKeyPacks; ++t) {
+            if (e0 + t * kVec >= hd) continue;
+            const bf16* k8 = reinterpret_cast<const bf16*>(&packs[t]);
+#pragma unroll
+            for (int x = 0; x < kVec; ++x) dot = fmaf(m.q[e0 + t * kVec + x], bf(k8[x]), dot);
+          }
+        }
+      }
+      score = dot * p.scale;
+    }
+    const float new_max = fmaxf(run_max, warp_max(score));  // finite: key kb + base is valid
+    const float correction = expf(run_max - new_max);       // 0 on the first run
+    const float weight = valid ? expf(score - new_max) : 0.0f;
+    run_sum = run_sum * correction + detail::warp_sum(weight);
+#pragma unroll
+    for (int t = 0; t < kMaxDimsPerLane; ++t) acc[t] *= correction;
+    // The values kValueKeys keys at a time, their loads issued together.
+    const int32_t count = min(32, ke - base);
+    for (int32_t t0 = 0; t0 < count; t0 += kValueKeys) {
+      float w[kValueKeys];
+      float v[kValueKeys][kMaxDimsPerLane];
+#pragma unroll
+      for (int q = 0; q < kValueKeys; ++q) {
+        const int32_t t = t0 + q;
+        const float w_t = __shfl_sync(0xffffffffu, weight, t & 31);
+        const int32_t c_t = __shfl_sync(0xffffffffu, key_cell, t & 31);
+        w[q] = t < count ? w_t : 0.0f;
+        const bf16* vr = v_pool + int64_t{max(c_t, 0)} * kv_dim;
+#pragma unroll
+        for (int u = 0; u < kMaxDimsPerLane; ++u) {
+          const int32_t e = lane + 32 * u;
+          v[q][u] = t < count && e < hd ? (c_t < 0 ? m.v[e] : bf(vr[e])) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kValueKeys; ++q) {
+#pragma unroll
+        for (int u = 0; u < kMaxDimsPerLane; ++u) acc[u] = fmaf(w[q], v[q][u], acc[u]);
+      }
+    }
+    run_max = new_max;
+  }
+  if (lane == 0) {
+    m.merge_m[warp] = run_max;
+    m.merge_l[warp] = run_sum;
+  }
+#pragma unroll
+  for (int u = 0; u < kMaxDimsPerLane; ++u) {
+    const int32_t e = lane + 32 * u;
+    if (e < hd) m.merge_acc[warp * hd + e] = acc[u];
+  }
+  consumer_sync();
+  for (int32_t e = static_cast<int32_t>(threadIdx.x); e < hd; e += kConsumers) {
+    float top = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) {
+      if (m.merge_l[w] > 0.0f) top = fmaxf(top, m.merge_m[w]);
+    }
+    float total = 0.0f;
+    float out = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (m.merge_l[w] > 0.0f) {
+        const float f = expf(m.merge_m[w] - top);
+        total += m.merge_l[w] * f;
+        out += m.merge_acc[w * hd + e] * f;
+      }
+    }
+    p.attn[int64_t{h} * hd + e] = __float2bfloat16_rn(out / total);
+  }
+  consumer_sync();
+}
+
+__global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Smem m = carve(smem, a);
+  if (threadIdx.x == 0) {
+    for (int32_t s = 0; s < a.stages; ++s) {
+      detail::barrier_init(&m.full[s], 1);
+      detail::barrier_init(&m.empty[s], kWarps);
+    }
+    detail::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {
+    if (threadIdx.x == kConsumers) produce(a, m);
+    return;
+  }
+
+  const DecodeLayersParams<bf16>& p = a.p;
+  const uint32_t blocks = gridDim.x;
+  uint32_t* count = p.sync;
+  uint32_t stage = 0;  // grid stages finished before the current one
+  uint32_t i = 0;      // ring chunks consumed
+  // The residual row the adds-th add reads (the other one is where it writes).
+  const auto residual_at = [&](int n) { return n % 2 == 0 ? p.residual : p.residual_out; };
+  int adds = 0;  // norms so far that added a delta into the residual
+  const bool writer = blockIdx.x == 0;
+  const int64_t q_dim = int64_t{p.n_heads} * p.head_dim;
+  for (int32_t l = 0; l < p.n_layers; ++l) {
+    const DecodeLayer<bf16> layer = p.layers[l];
+    // 1. input norm, q/k/v.
+    if (stage > 0) stage_wait(count, stage * blocks);
+    if (l == 0) {
+      norm_into_act(p.residual, nullptr, layer.input_norm, nullptr, p.d, p.eps, m.act, m.red);
+    } else {
+      norm_into_act(residual_at(adds), p.delta, layer.input_norm,
+                    writer ? residual_at(adds + 1) : nullptr, p.d, p.eps, m.act, m.red);
+      ++adds;
+    }
+    run_product<kQkv>(a, layer, m, i);
+    stage_done(count);
+    // 2. RoPE, K/V, attention: a block per query head.
+    stage_wait(count, ++stage * blocks);
+    for (int32_t h = static_cast<int32_t>(blockIdx.x); h < p.n_heads;
+         h += static_cast<int32_t>(blocks)) {
+      attend_head(a, layer, l, h, m);
+    }
+    stage_done(count);
+    // 3. o.
+    stage_wait(count, ++stage * blocks);
+    stage_row(p.attn, static_cast<int32_t>(q_dim), m.act);
+    run_product<kO>(a, layer, m, i);
+    stage_done(count);
+    // 4. post-attention norm, gate/up and SwiGLU.
+    stage_wait(count, ++stage * blocks);
+    norm_into_act(residual_at(adds), p.delta, layer.post_norm,
+                  writer ? residual_at(adds + 1) : nullptr, p.d, p.eps, m.act, m.red);
+    ++adds;
+    run_product<kGateUp>(a, layer, m, i);
+    stage_done(count);
+    // 5. down.
+    stage_wait(count, ++stage * blocks);
+    stage_row(p.act, p.ff, m.act);
+    run_product<kDown>(a, layer, m, i);
+    stage_done(count);
+    ++stage;
+  }
+  // The last block out zeroes both counters for the next launch: every block has passed
+  // its last wait by then.
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&count[1], 1u) == blocks - 1) {
+      count[0] = 0;
+      count[1] = 0;
+      __threadfence();
+    }
+  }
+}
+
+ProductShape shape_of(int32_t n, int32_t k, int32_t mats) {
+  ProductShape s{};
+  s.n = n;
+  s.k = k;
+  s.mats = mats;
+  const int32_t elems = kStageBytes / static_cast<int32_t>(sizeof(bf16)) / mats;
+  if (k <= elems) {
+    s.parts = 1;
+    s.kc = k;
+    s.rpc = std::min(elems / k, kWarps);
+  } else {
+    s.parts = (k + elems - 1) / elems;
+    while (k % s.parts != 0 || (k / s.parts) % kVec != 0) ++s.parts;
+    s.kc = k / s.parts;
+    s.rpc = 1;
+  }
+  return s;
+}
+
+struct DeviceLimits {
+  int sms = 0;
+  int smem_optin = 0;
+  bool cooperative = false;
+};
+
+cudaError_t device_limits(DeviceLimits* out) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  int coop = 0, major = 0;
+  if ((err = cudaDeviceGetAttribute(&out->sms, cudaDevAttrMultiProcessorCount, dev)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&out->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    dev)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) !=
+          cudaSuccess) {
+    return err;
+  }
+  out->cooperative = coop != 0 && major >= 9;
+  return cudaSuccess;
+}
+
+bool shapes_ok(int64_t d, int64_t ff, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+  return d > 0 && ff > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0 &&
+         n_heads % n_kv_heads == 0 && d % kVec == 0 && ff % kVec == 0 && head_dim % kVec == 0 &&
+         head_dim <= kMaxDecodeLayersHeadDim && d <= int64_t{kMaxHeldPacks} * kConsumers * kVec &&
+         n_heads * head_dim <= (int64_t{1} << 24) && ff <= (int64_t{1} << 24);
+}
+
+// Ring stages that fit beside the rest, or 0 when fewer than two do.
+int32_t stages_for(int smem_optin, int32_t act_elems, int32_t head_dim) {
+  for (int32_t s = kMaxStages; s >= 2; --s) {
+    if (static_cast<size_t>(s) * kStageBytes + fixed_smem_bytes(act_elems, head_dim, s) <=
+        static_cast<size_t>(smem_optin)) {
+      return s;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool decode_layers_supported(int64_t d, int64_t ff, int64_t n_heads, int64_t n_kv_heads,
+                             int64_t head_dim) {
+  if (!shapes_ok(d, ff, n_heads, n_kv_heads, head_dim)) return false;
+  DeviceLimits lim;
+  if (device_limits(&lim) != cudaSuccess || !lim.cooperative) return false;
+  const int64_t act = std::max({d, ff, n_heads * head_dim});
+  return stages_for(lim.smem_optin, static_cast<int32_t>(act), static_cast<int32_t>(head_dim)) > 0;
+}
+
+template <>
+cudaError_t launch_decode_layers<bf16>(const DecodeLayersParams<bf16>& p, cudaStream_t stream) {
+  if (p.n_layers < 0 || !shapes_ok(p.d, p.ff, p.n_heads, p.n_kv_heads, p.head_dim) ||
+      !(p.eps >= 0.0f)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.n_layers == 0) return cudaSuccess;
+  if (p.layers == nullptr || p.positions == nullptr || p.cells == nullptr || p.row_seq == nullptr ||
+      p.table == nullptr || p.table_stride <= 0 || p.inv_freq == nullptr || p.residual == nullptr ||
+      p.residual_out == nullptr || p.residual == p.residual_out || p.qkv == nullptr ||
+      p.attn == nullptr || p.act == nullptr || p.delta == nullptr || p.sync == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  DeviceLimits lim;
+  cudaError_t err = device_limits(&lim);
+  if (err != cudaSuccess) return err;
+  if (!lim.cooperative) return cudaErrorNotSupported;
+  KernelArgs a{};
+  a.p = p;
+  const int32_t q_dim = p.n_heads * p.head_dim;
+  const int32_t qkv_dim = q_dim + 2 * p.n_kv_heads * p.head_dim;
+  a.shapes[kQkv] = shape_of(qkv_dim, p.d, 1);
+  a.shapes[kO] = shape_of(p.d, q_dim, 1);
+  a.shapes[kGateUp] = shape_of(p.ff, p.d, 2);
+  a.shapes[kDown] = shape_of(p.d, p.ff, 1);
+  a.act_elems = std::max({p.d, p.ff, q_dim});
+  a.stages = stages_for(lim.smem_optin, a.act_elems, p.head_dim);
+  if (a.stages == 0) return cudaErrorNotSupported;
+  const size_t smem = static_cast<size_t>(a.stages) * kStageBytes +
+                      fixed_smem_bytes(a.act_elems, p.head_dim, a.stages);
+  err = cudaFuncSetAttribute(decode_layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layers_kernel, kThreads, smem);
+  if (err != cudaSuccess) return err;
+  if (per_sm < 1) return cudaErrorNotSupported;
+
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(lim.sms));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, decode_layers_kernel, a);
+}
+
+}  // namespace cellm::cuda
