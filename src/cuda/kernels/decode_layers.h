@@ -7,7 +7,7 @@
 // the memory idles during each small piece: ~10 µs a layer of the 1B's ~41
 // (docs/PERFORMANCE.md). Here one block per SM streams its share of every weight matrix,
 // layer after layer, into a ring of shared-memory stages (a producer warp issuing bulk
-// copies, cp.async.bulk), and never waits for activations to do so; the 16 consumer
+// copies, cp.async.bulk), and never waits for activations to do so; the 15 consumer
 // warps wait only where the math needs the whole previous result. So the weights of the
 // next product are already arriving while the norm or the attention runs.
 //
