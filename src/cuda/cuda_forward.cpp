@@ -713,7 +713,7 @@ class CudaForward final : public ForwardEngine {
     const ResidualWriter settled = ResidualWriter::kEarlierKernel;
     // A one-row step's layers in one persistent kernel, which leaves the residual before
     // the last delta in residual_alt.
-    const bool persistent = n == 1 && decode_layers_.get() != nullptr;
+    const bool persistent = n == 1 && persistent_one_row();
     if (persistent) {
       CELLM_CUDA_RETURN_IF_ERROR(launch_one_row_layers(residual), "the one-row layers");
       residual = buf<float>(buf_.residual_alt);

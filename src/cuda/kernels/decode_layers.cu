@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/mbarrier.cuh"
@@ -120,35 +122,39 @@ __host__ __device__ inline size_t align16(size_t n) {
   return (n + 15) / 16 * 16;
 }
 
-__host__ __device__ inline size_t fixed_smem_bytes(int32_t act_elems, int32_t head_dim,
-                                                   int32_t stages) {
-  const size_t attn_floats = 3 * static_cast<size_t>(head_dim) + 2 * kWarps +
-                             static_cast<size_t>(kWarps) * static_cast<size_t>(head_dim);
-  return align16(static_cast<size_t>(act_elems) * sizeof(bf16)) +
-         align16(attn_floats * sizeof(float)) + align16(kWarps * sizeof(float)) +
-         2 * static_cast<size_t>(stages) * sizeof(uint64_t);
+// Byte offsets of Smem's regions, and the whole size: one layout for the kernel (carve)
+// and the launcher.
+struct SmemLayout {
+  size_t act, attn, red, barriers, bytes;
+};
+
+__host__ __device__ inline SmemLayout smem_layout(int32_t stages, int32_t act_elems,
+                                                  int32_t head_dim) {
+  const auto hd = static_cast<size_t>(head_dim);
+  SmemLayout l{};
+  l.act = static_cast<size_t>(stages) * kStageBytes;
+  l.attn = l.act + align16(static_cast<size_t>(act_elems) * sizeof(bf16));
+  l.red = l.attn + align16((3 * hd + 2 * kWarps + kWarps * hd) * sizeof(float));
+  l.barriers = l.red + align16(kWarps * sizeof(float));
+  l.bytes = l.barriers + 2 * static_cast<size_t>(stages) * sizeof(uint64_t);
+  return l;
 }
 
 __device__ Smem carve(unsigned char* base, const KernelArgs& a) {
-  Smem m;
+  const SmemLayout l = smem_layout(a.stages, a.act_elems, a.p.head_dim);
   const int32_t hd = a.p.head_dim;
-  size_t at = 0;
+  Smem m;
   m.ring = reinterpret_cast<bf16*>(base);
-  at += static_cast<size_t>(a.stages) * kStageBytes;
-  m.act = reinterpret_cast<bf16*>(base + at);
-  at += align16(static_cast<size_t>(a.act_elems) * sizeof(bf16));
-  float* f = reinterpret_cast<float*>(base + at);
+  m.act = reinterpret_cast<bf16*>(base + l.act);
+  float* f = reinterpret_cast<float*>(base + l.attn);
   m.q = f;
   m.k = f + hd;
   m.v = f + 2 * hd;
   m.merge_m = f + 3 * hd;
   m.merge_l = m.merge_m + kWarps;
   m.merge_acc = m.merge_l + kWarps;
-  at += align16((3 * static_cast<size_t>(hd) + 2 * kWarps + static_cast<size_t>(kWarps) * hd) *
-                sizeof(float));
-  m.red = reinterpret_cast<float*>(base + at);
-  at += align16(kWarps * sizeof(float));
-  m.full = reinterpret_cast<uint64_t*>(base + at);
+  m.red = reinterpret_cast<float*>(base + l.red);
+  m.full = reinterpret_cast<uint64_t*>(base + l.barriers);
   m.empty = m.full + a.stages;
   return m;
 }
@@ -568,6 +574,12 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
   const auto residual_at = [&](int n) { return n % 2 == 0 ? p.residual : p.residual_out; };
   int adds = 0;  // norms so far that added a delta into the residual
   const bool writer = blockIdx.x == 0;
+  // act = rmsnorm(residual + delta) * weight, block 0 storing the new residual.
+  const auto add_and_norm = [&](const bf16* weight) {
+    norm_into_act(residual_at(adds), p.delta, weight, writer ? residual_at(adds + 1) : nullptr, p.d,
+                  p.eps, m.act, m.red);
+    ++adds;
+  };
   const int64_t q_dim = int64_t{p.n_heads} * p.head_dim;
   for (int32_t l = 0; l < p.n_layers; ++l) {
     const DecodeLayer<bf16> layer = p.layers[l];
@@ -576,9 +588,7 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
     if (l == 0) {
       norm_into_act(p.residual, nullptr, layer.input_norm, nullptr, p.d, p.eps, m.act, m.red);
     } else {
-      norm_into_act(residual_at(adds), p.delta, layer.input_norm,
-                    writer ? residual_at(adds + 1) : nullptr, p.d, p.eps, m.act, m.red);
-      ++adds;
+      add_and_norm(layer.input_norm);
     }
     run_product<kQkv>(a, layer, m, i);
     stage_done(count);
@@ -596,9 +606,7 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
     stage_done(count);
     // 4. post-attention norm, gate/up and SwiGLU.
     stage_wait(count, ++stage * blocks);
-    norm_into_act(residual_at(adds), p.delta, layer.post_norm,
-                  writer ? residual_at(adds + 1) : nullptr, p.d, p.eps, m.act, m.red);
-    ++adds;
+    add_and_norm(layer.post_norm);
     run_product<kGateUp>(a, layer, m, i);
     stage_done(count);
     // 5. down.
@@ -643,12 +651,11 @@ struct DeviceLimits {
   int sms = 0;
   int smem_optin = 0;
   bool cooperative = false;
+  size_t smem_opted = 0;  // the kernel's dynamic shared memory allowed and checked so far
 };
 
-cudaError_t device_limits(DeviceLimits* out) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
+cudaError_t query_limits(int dev, DeviceLimits* out) {
+  cudaError_t err = cudaSuccess;
   int coop = 0, major = 0;
   if ((err = cudaDeviceGetAttribute(&out->sms, cudaDevAttrMultiProcessorCount, dev)) !=
           cudaSuccess ||
@@ -663,6 +670,26 @@ cudaError_t device_limits(DeviceLimits* out) {
   return cudaSuccess;
 }
 
+// The current device's limits, queried once per device: a one-row step launches the
+// kernel every step, and these are host calls it need not repeat. The mutex also orders
+// the shared-memory opt-in (prepare_smem).
+std::mutex limits_mutex;
+std::map<int, DeviceLimits> limits_by_device;
+
+cudaError_t device_limits(DeviceLimits* out, int* device) {
+  cudaError_t err = cudaGetDevice(device);
+  if (err != cudaSuccess) return err;
+  const std::lock_guard<std::mutex> lock(limits_mutex);
+  auto it = limits_by_device.find(*device);
+  if (it == limits_by_device.end()) {
+    DeviceLimits lim;
+    if ((err = query_limits(*device, &lim)) != cudaSuccess) return err;
+    it = limits_by_device.emplace(*device, lim).first;
+  }
+  *out = it->second;
+  return cudaSuccess;
+}
+
 bool shapes_ok(int64_t d, int64_t ff, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
   return d > 0 && ff > 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0 &&
          n_heads % n_kv_heads == 0 && d % kVec == 0 && ff % kVec == 0 && head_dim % kVec == 0 &&
@@ -670,11 +697,27 @@ bool shapes_ok(int64_t d, int64_t ff, int64_t n_heads, int64_t n_kv_heads, int64
          n_heads * head_dim <= (int64_t{1} << 24) && ff <= (int64_t{1} << 24);
 }
 
+// Allows the kernel `smem` bytes of dynamic shared memory on `device` (the current one)
+// and checks a block then fits on an SM (all 16 warps' registers and the ring).
+cudaError_t prepare_smem(int device, size_t smem) {
+  cudaError_t err = cudaFuncSetAttribute(
+      decode_layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layers_kernel, kThreads, smem);
+  if (err != cudaSuccess) return err;
+  if (per_sm < 1) return cudaErrorNotSupported;
+  const std::lock_guard<std::mutex> lock(limits_mutex);
+  DeviceLimits& lim = limits_by_device[device];
+  lim.smem_opted = std::max(lim.smem_opted, smem);
+  return cudaSuccess;
+}
+
 // Ring stages that fit beside the rest, or 0 when fewer than two do.
 int32_t stages_for(int smem_optin, int32_t act_elems, int32_t head_dim) {
   for (int32_t s = kMaxStages; s >= 2; --s) {
-    if (static_cast<size_t>(s) * kStageBytes + fixed_smem_bytes(act_elems, head_dim, s) <=
-        static_cast<size_t>(smem_optin)) {
+    if (smem_layout(s, act_elems, head_dim).bytes <= static_cast<size_t>(smem_optin)) {
       return s;
     }
   }
@@ -687,7 +730,8 @@ bool decode_layers_supported(int64_t d, int64_t ff, int64_t n_heads, int64_t n_k
                              int64_t head_dim) {
   if (!shapes_ok(d, ff, n_heads, n_kv_heads, head_dim)) return false;
   DeviceLimits lim;
-  if (device_limits(&lim) != cudaSuccess || !lim.cooperative) return false;
+  int device = 0;
+  if (device_limits(&lim, &device) != cudaSuccess || !lim.cooperative) return false;
   const int64_t act = std::max({d, ff, n_heads * head_dim});
   return stages_for(lim.smem_optin, static_cast<int32_t>(act), static_cast<int32_t>(head_dim)) > 0;
 }
@@ -706,7 +750,8 @@ cudaError_t launch_decode_layers<bf16>(const DecodeLayersParams<bf16>& p, cudaSt
     return cudaErrorInvalidValue;
   }
   DeviceLimits lim;
-  cudaError_t err = device_limits(&lim);
+  int device = 0;
+  cudaError_t err = device_limits(&lim, &device);
   if (err != cudaSuccess) return err;
   if (!lim.cooperative) return cudaErrorNotSupported;
   KernelArgs a{};
@@ -720,16 +765,11 @@ cudaError_t launch_decode_layers<bf16>(const DecodeLayersParams<bf16>& p, cudaSt
   a.act_elems = std::max({p.d, p.ff, q_dim});
   a.stages = stages_for(lim.smem_optin, a.act_elems, p.head_dim);
   if (a.stages == 0) return cudaErrorNotSupported;
-  const size_t smem = static_cast<size_t>(a.stages) * kStageBytes +
-                      fixed_smem_bytes(a.act_elems, p.head_dim, a.stages);
-  err = cudaFuncSetAttribute(decode_layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  int per_sm = 0;
-  err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layers_kernel, kThreads, smem);
-  if (err != cudaSuccess) return err;
-  if (per_sm < 1) return cudaErrorNotSupported;
+  const size_t smem = smem_layout(a.stages, a.act_elems, p.head_dim).bytes;
+  if (smem > lim.smem_opted) {
+    err = prepare_smem(device, smem);
+    if (err != cudaSuccess) return err;
+  }
 
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(lim.sms));
