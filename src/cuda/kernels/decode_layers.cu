@@ -23,9 +23,6 @@ constexpr int kStageBytes = 16384;         // one ring stage
 constexpr int kMaxStages = CELLM_DL_STAGES;  // 192 KB of weights in flight per SM
 constexpr int kVec = 8;                      // bf16 per 16-byte access
 constexpr int kMaxHeldPacks = 4;             // a norm's packs per thread: d <= 16,384
-constexpr int kMaxDimsPerLane = kMaxDecodeLayersHeadDim / 32;
-constexpr int kKeyPacks = 8;   // a key's 16-byte packs loaded at once
-constexpr int kValueKeys = 4;  // keys whose values are loaded at once
 
 // The products of a layer, in the order each block streams its share of them.
 enum Product : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProducts = 4 };
@@ -385,10 +382,161 @@ __device__ void produce(const KernelArgs& a, const Smem& m) {
   }
 }
 
-// Query head h of the row: its head norm and RoPE, the K/V write (the kv head's first
-// query head) and the table entry (layer 0, head 0), then the attention over [lo, pos].
+// The attention's keys. Warp w of a head's block takes the contiguous run [kb, ke) of the
+// positions [lo, pos]; a key's K (or V) row of the kv head is P = head_dim / 8 packs of 16
+// bytes, held by a segment of `seg` lanes (the power of two >= P), so a warp covers
+// 32 / seg keys a round: in round r lane l holds pack l % seg of key
+// kb + r * (32 / seg) + l / seg. The older keys' K/V do not depend on the layer's q/k/v:
+// a lane loads its first kPreRounds rounds into registers before the stage's wait, so
+// after it the attention needs the L2 only for the row's own q/k/v.
+constexpr int kPreRounds = 4;  // rounds held in registers (8 registers each)
+
+struct KeyRun {
+  int32_t packs, seg, per_round;  // P, the segment, keys a round
+  int32_t pack, slot;             // this lane's pack and key within a round
+  int32_t kb, ke, pos, rounds;    // the warp's keys, the row's own position, rounds
+  const int32_t* cells_of;        // the row's cell table
+  const bf16* k_pool;             // the kv head's K (V) row of cell c: + c * kv_dim
+  const bf16* v_pool;
+  int64_t kv_dim;
+};
+
+__device__ __forceinline__ KeyRun key_run(const DecodeLayersParams<bf16>& p,
+                                          const DecodeLayer<bf16>& layer, int32_t h) {
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  KeyRun r;
+  r.packs = p.head_dim / kVec;
+  r.seg = 1;
+  while (r.seg < r.packs) r.seg *= 2;
+  r.per_round = 32 / r.seg;
+  r.pack = lane % r.seg;
+  r.slot = lane / r.seg;
+  r.pos = p.positions[0];
+  const int32_t lo = layer.window > 0 ? max(0, r.pos - layer.window + 1) : 0;
+  const int32_t per_warp = (r.pos - lo + 1 + kWarps - 1) / kWarps;
+  r.kb = lo + warp * per_warp;
+  r.ke = min(r.kb + per_warp, r.pos + 1);
+  r.rounds = r.ke > r.kb ? (r.ke - r.kb + r.per_round - 1) / r.per_round : 0;
+  r.cells_of = p.table + int64_t{p.row_seq[0]} * p.table_stride;
+  r.kv_dim = int64_t{p.n_kv_heads} * p.head_dim;
+  const int64_t g = h / (p.n_heads / p.n_kv_heads);
+  r.k_pool = layer.k_pool + g * p.head_dim + r.pack * kVec;
+  r.v_pool = layer.v_pool + g * p.head_dim + r.pack * kVec;
+  return r;
+}
+
+// Key j of round `round` for this lane, and its cell (-1: the row's own key, or none).
+__device__ __forceinline__ int32_t key_of(const KeyRun& r, int32_t round) {
+  return r.kb + round * r.per_round + r.slot;
+}
+__device__ __forceinline__ int32_t cell_of(const KeyRun& r, int32_t j) {
+  return r.pack < r.packs && j < r.ke && j < r.pos ? r.cells_of[j] : -1;
+}
+
+// The older keys' packs of rounds [r0, r0 + kPreRounds), issued together.
+struct KeyPacks {
+  uint4 k[kPreRounds];
+  uint4 v[kPreRounds];
+};
+
+__device__ __forceinline__ void load_keys(const KeyRun& r, int32_t r0, KeyPacks& kp) {
+  int32_t cell[kPreRounds];
+#pragma unroll
+  for (int t = 0; t < kPreRounds; ++t) cell[t] = cell_of(r, key_of(r, r0 + t));
+#pragma unroll
+  for (int t = 0; t < kPreRounds; ++t) {
+    if (cell[t] >= 0) {
+      kp.k[t] = *reinterpret_cast<const uint4*>(r.k_pool + int64_t{cell[t]} * r.kv_dim);
+      kp.v[t] = *reinterpret_cast<const uint4*>(r.v_pool + int64_t{cell[t]} * r.kv_dim);
+    }
+  }
+}
+
+// Before the stage's wait: the first rounds into registers, the L2 asked for the rest.
+__device__ void preload_keys(const KeyRun& r, KeyPacks& kp) {
+  load_keys(r, 0, kp);
+  for (int32_t round = kPreRounds; round < r.rounds; ++round) {
+    const int32_t cell = r.pack == 0 ? cell_of(r, key_of(r, round)) : -1;
+    if (cell < 0) continue;
+    const auto bytes = static_cast<uint32_t>(r.packs * kVec * sizeof(bf16));
+    const int64_t at = int64_t{cell} * r.kv_dim;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.k_pool + at), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.v_pool + at), "r"(bytes)
+                 : "memory");
+  }
+}
+
+// A warp's running softmax over its keys: the largest score so far, this lane's share of
+// the sum of weights (its segment's first lane counts each key) and of the weighted
+// values (its pack's dims, for its keys).
+struct Fold {
+  float max = -INFINITY;
+  float sum = 0.0f;
+  float acc[kVec] = {};
+};
+
+__device__ __forceinline__ void unpack(const uint4& v, float (&out)[kVec]) {
+  const bf16* b = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+  for (int x = 0; x < kVec; ++x) out[x] = bf(b[x]);
+}
+
+// Folds rounds [r0, r0 + kPreRounds) (packs in kp; the row's own key from m.k / m.v).
+__device__ __forceinline__ void fold_keys(const KeyRun& r, int32_t r0, const KeyPacks& kp,
+                                          const float (&q)[kVec], float scale, const Smem& m,
+                                          Fold& f) {
+  const bool mine = r.pack < r.packs;
+  float score[kPreRounds];
+  float top = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < kPreRounds; ++t) {
+    const int32_t j = key_of(r, r0 + t);
+    float kf[kVec] = {};
+    if (mine && j == r.pos) {
+#pragma unroll
+      for (int x = 0; x < kVec; ++x) kf[x] = m.k[r.pack * kVec + x];
+    } else if (mine && j < r.ke) {
+      unpack(kp.k[t], kf);
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int x = 0; x < kVec; ++x) dot = fmaf(q[x], kf[x], dot);
+    for (int off = r.seg / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    score[t] = j < r.ke ? dot * scale : -INFINITY;
+    top = fmaxf(top, score[t]);
+  }
+  // Finite: key kb + r0 * per_round is valid. The correction is 0 on the first rounds.
+  const float new_max = fmaxf(f.max, warp_max(top));
+  const float correction = expf(f.max - new_max);
+  f.sum *= correction;
+#pragma unroll
+  for (int x = 0; x < kVec; ++x) f.acc[x] *= correction;
+#pragma unroll
+  for (int t = 0; t < kPreRounds; ++t) {
+    const int32_t j = key_of(r, r0 + t);
+    if (j >= r.ke) continue;
+    const float w = expf(score[t] - new_max);
+    if (r.pack == 0) f.sum += w;
+    float vf[kVec] = {};
+    if (mine && j == r.pos) {
+#pragma unroll
+      for (int x = 0; x < kVec; ++x) vf[x] = m.v[r.pack * kVec + x];
+    } else if (mine) {
+      unpack(kp.v[t], vf);
+    }
+#pragma unroll
+    for (int x = 0; x < kVec; ++x) f.acc[x] = fmaf(w, vf[x], f.acc[x]);
+  }
+  f.max = new_max;
+}
+
+// Query head h of the row, after the stage's wait (kp: preload_keys's registers): its
+// head norm and RoPE, the K/V write (the kv head's first query head) and the table entry
+// (layer 0, head 0), then the attention over [lo, pos].
 __device__ void attend_head(const KernelArgs& a, const DecodeLayer<bf16>& layer, int32_t l,
-                            int32_t h, const Smem& m) {
+                            int32_t h, const KeyRun& r, KeyPacks& kp, const Smem& m) {
   const DecodeLayersParams<bf16>& p = a.p;
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int lane = static_cast<int>(threadIdx.x & 31u);
@@ -398,27 +546,9 @@ __device__ void attend_head(const KernelArgs& a, const DecodeLayer<bf16>& layer,
   const int32_t g = h / group;
   const int64_t q_dim = int64_t{p.n_heads} * hd;
   const int64_t kv_dim = int64_t{p.n_kv_heads} * hd;
-  const int32_t pos = p.positions[0];
+  const int32_t pos = r.pos;
   const int32_t cell = p.cells[0];
   const int32_t seq = p.row_seq[0];
-  const int32_t lo = layer.window > 0 ? max(0, pos - layer.window + 1) : 0;
-  const int32_t n_keys = pos - lo + 1;
-  const int32_t per_warp = (n_keys + kWarps - 1) / kWarps;
-  const int32_t kb = lo + warp * per_warp;
-  const int32_t ke = min(kb + per_warp, pos + 1);
-  const int32_t* cells_of = p.table + int64_t{seq} * p.table_stride;
-  const bf16* k_pool = layer.k_pool + int64_t{g} * hd;
-  const bf16* v_pool = layer.v_pool + int64_t{g} * hd;
-  // The older keys' K and V rows do not depend on this layer's q/k/v: ask the L2 for them
-  // while warp 0 loads and rotates the row's own.
-  for (int32_t j = kb + lane; j < min(ke, pos); j += 32) {
-    const int64_t at = int64_t{cells_of[j]} * kv_dim;
-    const uint32_t bytes = static_cast<uint32_t>(hd) * sizeof(bf16);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k_pool + at), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v_pool + at), "r"(bytes)
-                 : "memory");
-  }
 
   if (warp == 0) {
     const bf16* q = p.qkv + int64_t{h} * hd;
@@ -466,80 +596,31 @@ __device__ void attend_head(const KernelArgs& a, const DecodeLayer<bf16>& layer,
   }
   consumer_sync();
 
-  // Each warp folds a contiguous run of the keys, 32 at a time: lane t scores key
-  // base + t, then the warp adds the run's values, dims lane, lane + 32, ...
-  float run_max = -INFINITY;
-  float run_sum = 0.0f;
-  float acc[kMaxDimsPerLane] = {};
-  for (int32_t base = kb; base < ke; base += 32) {
-    const int32_t j = base + lane;
-    const bool valid = j < ke;
-    const int32_t key_cell = valid && j < pos ? cells_of[j] : -1;
-    float score = -INFINITY;
-    if (valid) {
-      float dot = 0.0f;
-      if (key_cell < 0) {
-        for (int32_t e = 0; e < hd; ++e) dot = fmaf(m.q[e], m.k[e], dot);
-      } else {
-        // The key's packs kKeyPacks at a time, their loads issued together.
-        const bf16* kr = k_pool + int64_t{key_cell} * kv_dim;
-        for (int32_t e0 = 0; e0 < hd; e0 += kKeyPacks * kVec) {
-          uint4 packs[kKeyPacks];
+  float q[kVec] = {};
+  if (r.pack < r.packs) {
 #pragma unroll
-          for (int t = 0; t < kKeyPacks; ++t) {
-            if (e0 + t * kVec < hd) packs[t] = *reinterpret_cast<const uint4*>(kr + e0 + t * kVec);
-          }
+    for (int x = 0; x < kVec; ++x) q[x] = m.q[r.pack * kVec + x];
+  }
+  Fold f;
+  if (r.rounds > 0) fold_keys(r, 0, kp, q, p.scale, m, f);
+  for (int32_t r0 = kPreRounds; r0 < r.rounds; r0 += kPreRounds) {
+    load_keys(r, r0, kp);
+    fold_keys(r, r0, kp, q, p.scale, m, f);
+  }
+  // The warp's sums: the weights over its segments' first lanes, the values over the
+  // segments (lanes slot 0 then hold the warp's dims of their pack).
+  f.sum = detail::warp_sum(f.sum);
+  for (int off = r.seg; off < 32; off <<= 1) {
 #pragma unroll
-          for (int t = 0; t < kKeyPacks; ++t) {
-            if (e0 + t * kVec >= hd) continue;
-            const bf16* k8 = reinterpret_cast<const bf16*>(&packs[t]);
-#pragma unroll
-            for (int x = 0; x < kVec; ++x) dot = fmaf(m.q[e0 + t * kVec + x], bf(k8[x]), dot);
-          }
-        }
-      }
-      score = dot * p.scale;
-    }
-    const float new_max = fmaxf(run_max, warp_max(score));  // finite: key kb + base is valid
-    const float correction = expf(run_max - new_max);       // 0 on the first run
-    const float weight = valid ? expf(score - new_max) : 0.0f;
-    run_sum = run_sum * correction + detail::warp_sum(weight);
-#pragma unroll
-    for (int t = 0; t < kMaxDimsPerLane; ++t) acc[t] *= correction;
-    // The values kValueKeys keys at a time, their loads issued together.
-    const int32_t count = min(32, ke - base);
-    for (int32_t t0 = 0; t0 < count; t0 += kValueKeys) {
-      float w[kValueKeys];
-      float v[kValueKeys][kMaxDimsPerLane];
-#pragma unroll
-      for (int q = 0; q < kValueKeys; ++q) {
-        const int32_t t = t0 + q;
-        const float w_t = __shfl_sync(0xffffffffu, weight, t & 31);
-        const int32_t c_t = __shfl_sync(0xffffffffu, key_cell, t & 31);
-        w[q] = t < count ? w_t : 0.0f;
-        const bf16* vr = v_pool + int64_t{max(c_t, 0)} * kv_dim;
-#pragma unroll
-        for (int u = 0; u < kMaxDimsPerLane; ++u) {
-          const int32_t e = lane + 32 * u;
-          v[q][u] = t < count && e < hd ? (c_t < 0 ? m.v[e] : bf(vr[e])) : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < kValueKeys; ++q) {
-#pragma unroll
-        for (int u = 0; u < kMaxDimsPerLane; ++u) acc[u] = fmaf(w[q], v[q][u], acc[u]);
-      }
-    }
-    run_max = new_max;
+    for (int x = 0; x < kVec; ++x) f.acc[x] += __shfl_xor_sync(0xffffffffu, f.acc[x], off);
   }
   if (lane == 0) {
-    m.merge_m[warp] = run_max;
-    m.merge_l[warp] = run_sum;
+    m.merge_m[warp] = f.max;
+    m.merge_l[warp] = f.sum;
   }
+  if (r.slot == 0 && r.pack < r.packs) {
 #pragma unroll
-  for (int u = 0; u < kMaxDimsPerLane; ++u) {
-    const int32_t e = lane + 32 * u;
-    if (e < hd) m.merge_acc[warp * hd + e] = acc[u];
+    for (int x = 0; x < kVec; ++x) m.merge_acc[warp * hd + r.pack * kVec + x] = f.acc[x];
   }
   consumer_sync();
   for (int32_t e = static_cast<int32_t>(threadIdx.x); e < hd; e += kConsumers) {
@@ -605,10 +686,21 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
     run_product<kQkv>(a, layer, m, i);
     stage_done(count);
     // 2. RoPE, K/V, attention: a block per query head.
+    // The block's first head's older keys load during the count.
+    const auto h0 = static_cast<int32_t>(blockIdx.x);
+    KeyPacks kp;
+    KeyRun run{};
+    if (h0 < p.n_heads) {
+      run = key_run(p, layer, h0);
+      preload_keys(run, kp);
+    }
     stage_wait(count, ++stage * blocks);
-    for (int32_t h = static_cast<int32_t>(blockIdx.x); h < p.n_heads;
-         h += static_cast<int32_t>(blocks)) {
-      attend_head(a, layer, l, h, m);
+    for (int32_t h = h0; h < p.n_heads; h += static_cast<int32_t>(blocks)) {
+      if (h != h0) {
+        run = key_run(p, layer, h);
+        load_keys(run, 0, kp);
+      }
+      attend_head(a, layer, l, h, run, kp, m);
     }
     stage_done(count);
     // 3. o.

@@ -18,9 +18,9 @@
 //   2. one block per query head: [q/k head norms,] RoPE of its q head and of its kv
 //      head's k (rope_kv_write.h's arithmetic, rounded to T as that kernel stores them),
 //      the attention of the row over positions [lo, pos] (the older positions' K/V read
-//      through the cell table, the row's own from the block's registers); the first
-//      block of each kv head writes k and v into the pools, block 0 on layer 0 the table
-//      entry.
+//      through the cell table, their first rounds into registers before the stage's
+//      wait; the row's own from shared memory); the first block of each kv head writes
+//      k and v into the pools, block 0 on layer 0 the table entry.
 //   3. its rows of delta = attn Woᵀ (+ bias).
 //   4. h = rmsnorm(residual + delta); its pairs of gate/up rows, and act = silu(g) * u
 //      from the two products rounded to T (swiglu.h's arithmetic).
