@@ -64,26 +64,43 @@ __device__ __forceinline__ Share share_of(const ProductShape& s) {
   return sh;
 }
 
-// The first unit (row or pair, within the share), unit count and column range of chunk c.
+// A chunk: its first unit (row or pair, within the share), unit count and column range.
+// Producer and consumers walk a share's chunks in order, stepping with next_chunk (no
+// division on the stream's path).
 struct Chunk {
-  int32_t u0;
-  int32_t nrows;
-  int32_t part;
+  int32_t u0 = 0;
+  int32_t nrows = 0;
+  int32_t part = 0;
 };
 
-__device__ __forceinline__ Chunk chunk_of(const ProductShape& s, const Share& sh, int32_t c) {
+__device__ __forceinline__ Chunk first_chunk(const ProductShape& s, const Share& sh) {
   Chunk ch;
-  if (s.parts == 1) {
-    ch.u0 = c * s.rpc;
-    ch.nrows = min(s.rpc, sh.rows - ch.u0);
-    ch.part = 0;
-  } else {
-    ch.u0 = c / s.parts;
-    ch.nrows = 1;
-    ch.part = c % s.parts;
-  }
+  ch.nrows = s.parts == 1 ? min(s.rpc, sh.rows) : 1;
   return ch;
 }
+
+__device__ __forceinline__ void next_chunk(const ProductShape& s, const Share& sh, Chunk& ch) {
+  if (s.parts == 1) {
+    ch.u0 += s.rpc;
+    ch.nrows = min(s.rpc, sh.rows - ch.u0);
+  } else if (++ch.part == s.parts) {
+    ch.part = 0;
+    ++ch.u0;
+  }
+}
+
+// A position in the ring: the stage, and how many times the ring has wrapped before it
+// (the parity of the stage's barrier phases).
+struct RingPos {
+  uint32_t st = 0;
+  uint32_t lap = 0;
+  __device__ __forceinline__ void advance(uint32_t stages) {
+    if (++st == stages) {
+      st = 0;
+      ++lap;
+    }
+  }
+};
 
 __device__ __forceinline__ const bf16* weights_of(const DecodeLayer<bf16>& layer, int product,
                                                   int32_t mat, int64_t ff, int64_t d) {
@@ -301,11 +318,11 @@ __device__ __forceinline__ float dot_lane(const bf16* w, const bf16* x, int32_t 
   return acc;
 }
 
-// The block's rows of one product of `layer`, input in act, from the ring (chunk counter
-// `i`, shared by every consumer warp); each row's sums go to the product's epilogue.
+// The block's rows of one product of `layer`, input in act, from the ring (position
+// `at`, the same in every consumer warp); each row's sums go to the product's epilogue.
 template <int kProduct>
 __device__ void run_product(const KernelArgs& a, const DecodeLayer<bf16>& layer, const Smem& m,
-                            uint32_t& i) {
+                            RingPos& at) {
   const ProductShape& s = a.shapes[kProduct];
   const Share sh = share_of(s);
   const int warp = static_cast<int>(threadIdx.x >> 5);
@@ -313,10 +330,10 @@ __device__ void run_product(const KernelArgs& a, const DecodeLayer<bf16>& layer,
   const auto stages = static_cast<uint32_t>(a.stages);
   float acc0 = 0.0f;
   float acc1 = 0.0f;
-  for (int32_t c = 0; c < sh.chunks; ++c, ++i) {
-    const uint32_t st = i % stages;
-    detail::barrier_wait(&m.full[st], (i / stages) & 1u);
-    const Chunk ch = chunk_of(s, sh, c);
+  Chunk ch = first_chunk(s, sh);
+  for (int32_t c = 0; c < sh.chunks; ++c, next_chunk(s, sh, ch), at.advance(stages)) {
+    const uint32_t st = at.st;
+    detail::barrier_wait(&m.full[st], at.lap & 1u);
     // This warp's unit of the chunk, if it has one: unit u belongs to warp u % kWarps.
     const int32_t first = ch.u0 + ((warp - ch.u0 % kWarps) + kWarps) % kWarps;
     if (first < ch.u0 + ch.nrows) {
@@ -354,29 +371,31 @@ __device__ void run_product(const KernelArgs& a, const DecodeLayer<bf16>& layer,
 }
 
 // The producer warp's lane 0: every chunk of every product of every layer, in the order
-// the consumers take them, as fast as the ring frees stages.
+// the consumers take them, as fast as the ring frees stages. Its work per stage is on the
+// stream's path (the 8B's products take a stage per row or half row), so everything but
+// the chunk's offset is settled per product, in registers.
 __device__ void produce(const KernelArgs& a, const Smem& m) {
   const DecodeLayersParams<bf16>& p = a.p;
   const auto stages = static_cast<uint32_t>(a.stages);
-  uint32_t i = 0;
+  RingPos at;
   for (int32_t l = 0; l < p.n_layers; ++l) {
     const DecodeLayer<bf16>& layer = p.layers[l];
     for (int product = 0; product < kProducts; ++product) {
       const ProductShape& s = a.shapes[product];
       const Share sh = share_of(s);
-      for (int32_t c = 0; c < sh.chunks; ++c, ++i) {
-        const uint32_t st = i % stages;
-        if (i >= stages) detail::barrier_wait(&m.empty[st], ((i / stages) - 1) & 1u);
-        const Chunk ch = chunk_of(s, sh, c);
+      const bf16* w0 = weights_of(layer, product, 0, p.ff, p.d) + sh.row0 * s.k;
+      const bf16* w1 = weights_of(layer, product, 1, p.ff, p.d) + sh.row0 * s.k;
+      Chunk ch = first_chunk(s, sh);
+      for (int32_t c = 0; c < sh.chunks; ++c, next_chunk(s, sh, ch), at.advance(stages)) {
+        const uint32_t st = at.st;
+        if (at.lap > 0) detail::barrier_wait(&m.empty[st], (at.lap - 1) & 1u);
         const auto bytes = static_cast<uint32_t>(ch.nrows * s.kc * sizeof(bf16));
         detail::barrier_arrive_expect(&m.full[st], bytes * static_cast<uint32_t>(s.mats));
         unsigned char* stage =
             reinterpret_cast<unsigned char*>(m.ring) + static_cast<size_t>(st) * kStageBytes;
-        for (int32_t mat = 0; mat < s.mats; ++mat) {
-          const bf16* w = weights_of(layer, product, mat, p.ff, p.d);
-          const bf16* src = w + (sh.row0 + ch.u0) * s.k + static_cast<int64_t>(ch.part) * s.kc;
-          detail::bulk_copy(stage + static_cast<size_t>(mat) * bytes, src, bytes, &m.full[st]);
-        }
+        const int64_t off = int64_t{ch.u0} * s.k + int64_t{ch.part} * s.kc;
+        detail::bulk_copy(stage, w0 + off, bytes, &m.full[st]);
+        if (s.mats == 2) detail::bulk_copy(stage + bytes, w1 + off, bytes, &m.full[st]);
       }
     }
   }
@@ -662,7 +681,7 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
   const uint32_t blocks = gridDim.x;
   uint32_t* count = p.sync;
   uint32_t stage = 0;  // grid stages finished before the current one
-  uint32_t i = 0;      // ring chunks consumed
+  RingPos at;          // the ring stage consumed next
   // The residual row the adds-th add reads (the other one is where it writes).
   const auto residual_at = [&](int n) { return n % 2 == 0 ? p.residual : p.residual_out; };
   int adds = 0;  // norms so far that added a delta into the residual
@@ -683,7 +702,7 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
     } else {
       add_and_norm(layer.input_norm);
     }
-    run_product<kQkv>(a, layer, m, i);
+    run_product<kQkv>(a, layer, m, at);
     stage_done(count);
     // 2. RoPE, K/V, attention: a block per query head.
     // The block's first head's older keys load during the count.
@@ -706,17 +725,17 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
     // 3. o.
     stage_wait(count, ++stage * blocks);
     stage_row(p.attn, static_cast<int32_t>(q_dim), m.act);
-    run_product<kO>(a, layer, m, i);
+    run_product<kO>(a, layer, m, at);
     stage_done(count);
     // 4. post-attention norm, gate/up and SwiGLU.
     stage_wait(count, ++stage * blocks);
     add_and_norm(layer.post_norm);
-    run_product<kGateUp>(a, layer, m, i);
+    run_product<kGateUp>(a, layer, m, at);
     stage_done(count);
     // 5. down.
     stage_wait(count, ++stage * blocks);
     stage_row(p.act, p.ff, m.act);
-    run_product<kDown>(a, layer, m, i);
+    run_product<kDown>(a, layer, m, at);
     stage_done(count);
     ++stage;
   }
