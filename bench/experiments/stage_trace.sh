@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The persistent one-row kernel's stage trace (decode_layers_stage_trace.patch) on the
-# device: copies the tree to /tmp/trace, applies the patch, builds `cellm` into /tmp/tb
-# (carry .deps) and runs `cellm bench --persistent-decode` at one row for each preset.
+# The persistent one-row kernel's stage trace on the device: copies the tree to
+# /tmp/trace, adds the trace to its decode_layers.cu (stage_trace_edit.py), builds
+# `cellm` into /tmp/tb (carry .deps) and runs `cellm bench --persistent-decode` at one
+# row for each preset.
 #   bash bench/experiments/stage_trace.sh [PRESET ...]     (default: 1b 8b)
 # Prints (and appends to $OUT/trace.txt) the "dltrace" lines (when the blocks of layer 8
 # of the 100th launch leave each stage's wait and finish it), the "dlwait" lines (cycles a
@@ -12,7 +13,7 @@ OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"
 rm -rf /tmp/trace && cp -r . /tmp/trace && rm -rf /tmp/trace/build
 cd /tmp/trace
-patch -p1 <bench/experiments/decode_layers_stage_trace.patch >/dev/null
+python3 bench/experiments/stage_trace_edit.py src/cuda/kernels/decode_layers.cu
 prefix=()
 [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
 cmake -S . -B /tmp/tb -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" -DCELLM_BUILD_TESTS=OFF \
