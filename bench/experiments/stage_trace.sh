@@ -24,5 +24,5 @@ presets=("$@")
 for preset in "${presets[@]}"; do
   echo "== $preset" | tee -a "$OUT/trace.txt"
   /tmp/tb/cellm bench --executor cuda --preset "$preset" -npp 128 -ntg 128 -npl 1 \
-    --persistent-decode 2>&1 | grep -E "dltrace|dlwait|^\| +[0-9]" | tee -a "$OUT/trace.txt"
+    --persistent-decode 2>&1 | grep -E "dltrace|dlwait|dlbusy|dlsync|^\| +[0-9]" | tee -a "$OUT/trace.txt"
 done

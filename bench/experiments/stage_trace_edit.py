@@ -29,6 +29,10 @@ edit("// The consumer warps' barrier (the producer warp never joins it).", """\
 __device__ unsigned long long dl_ts[5][3];
 __device__ unsigned dl_launch;
 __device__ unsigned long long dl_wait[2][4];  // [producer, consumer warp 0][product] cycles
+// Thread 0's cycles: [0] in run_product, [1] of them computing its units; by product.
+__device__ unsigned long long dl_busy[2][4];
+// Thread 0's cycles in stage_wait and stage_done, by stage (5 a layer).
+__device__ unsigned long long dl_sync[2][5];
 __device__ __forceinline__ unsigned long long dl_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -125,6 +129,17 @@ edit("""    if (atomicAdd(&count[1], 1u) == blocks - 1) {
                  k, dl_wait[0][k] * per, dl_wait[1][k] * per);
         }
       }
+      if (dl_launch == 100) {
+        const double per = 1.0 / (static_cast<double>(blocks) * a.p.n_layers);
+        for (int k = 0; k < 4; ++k) {
+          printf("dlbusy product %d: thread 0 %.0f cycles a block a layer in the product, %.0f of "
+                 "them computing its rows\\n", k, dl_busy[0][k] * per, dl_busy[1][k] * per);
+        }
+        for (int k = 0; k < 5; ++k) {
+          printf("dlsync stage %d: thread 0 %.0f cycles a block a layer in its count wait, %.0f in "
+                 "its count\\n", k, dl_sync[0][k] * per, dl_sync[1][k] * per);
+        }
+      }
       ++dl_launch;
       for (int k = 0; k < 5; ++k) {
         dl_ts[k][0] = ~0ull;
@@ -132,4 +147,55 @@ edit("""    if (atomicAdd(&count[1], 1u) == blocks - 1) {
         dl_ts[k][2] = 0;
       }
 """)
+# Thread 0's cycles in the counts (stage_wait's target names the stage: target / blocks).
+edit("""__device__ __forceinline__ void stage_done(uint32_t* count) {
+  consumer_sync();""", """\
+__device__ __forceinline__ void stage_done(uint32_t* count) {
+  const long long dl_t0 = clock64();
+  consumer_sync();""")
+edit("""    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+  }
+}""", """\
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+    if (dl_launch == 100) {
+      const unsigned k = (__ldcg(count) - 1) / gridDim.x % 5;
+      atomicAdd(&dl_sync[1][k], static_cast<unsigned long long>(clock64() - dl_t0));
+    }
+  }
+}""")
+edit("""__device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
+  if (threadIdx.x == 0) {""", """\
+__device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
+  const long long dl_t0 = clock64();
+  if (threadIdx.x == 0) {""")
+at = src.index("__device__ __forceinline__ void stage_wait(")
+end = src.index("  consumer_sync();\n}", at)
+src = src[:end] + """  consumer_sync();
+  if (threadIdx.x == 0 && dl_launch == 100) {
+    atomicAdd(&dl_sync[0][(target / gridDim.x) % 5], static_cast<unsigned long long>(clock64() - dl_t0));
+  }
+}""" + src[end + len("  consumer_sync();\n}"):]
+# Thread 0's cycles in each product, and computing its units.
+edit("""  Chunk ch = first_chunk(s, sh);
+  long long waited = 0;""", """\
+  Chunk ch = first_chunk(s, sh);
+  long long waited = 0;
+  long long busy = 0;
+  const long long dl_in = clock64();""")
+edit("""    if (first < ch.u0 + ch.nrows) {
+      const bf16* stage = m.ring""", """\
+    const long long dl_b0 = clock64();
+    if (first < ch.u0 + ch.nrows) {
+      const bf16* stage = m.ring""")
+edit("""    __syncwarp();
+    if (lane == 0) detail::barrier_arrive(&m.empty[st]);
+  }
+  if (threadIdx.x == 0 && dl_launch == 100) {""", """\
+    busy += clock64() - dl_b0;
+    __syncwarp();
+    if (lane == 0) detail::barrier_arrive(&m.empty[st]);
+  }
+  if (threadIdx.x == 0 && dl_launch == 100) {
+    atomicAdd(&dl_busy[0][kProduct], static_cast<unsigned long long>(clock64() - dl_in));
+    atomicAdd(&dl_busy[1][kProduct], static_cast<unsigned long long>(busy));""")
 open(path, "w").write(src)
