@@ -196,6 +196,9 @@ TEST(PersistentDecodeShapes, HeadsWiderThanTheKernelKeepTheSeparateKernels) {
   EXPECT_FALSE(cuda::decode_layers_supported(260, 512, 8, 2, 32));   // d not a multiple of 8
   EXPECT_FALSE(cuda::decode_layers_supported(256, 512, 6, 4, 32));   // 4 kv heads for 6
   EXPECT_TRUE(cuda::decode_layers_supported(2048, 8192, 32, 8, 64));
+  // The norms hold a row in two 8-float packs a consumer thread at most: d <= 7,680.
+  EXPECT_TRUE(cuda::decode_layers_supported(7680, 8192, 32, 8, 128));
+  EXPECT_FALSE(cuda::decode_layers_supported(7688, 8192, 32, 8, 128));
   ModelSpec spec = small_with_everything().spec();
   spec.head_dim = 4;
   spec.hidden_size = 32;

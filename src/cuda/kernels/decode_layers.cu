@@ -22,7 +22,10 @@ constexpr int kStageBytes = 16384;         // one ring stage
 #endif
 constexpr int kMaxStages = CELLM_DL_STAGES;  // 192 KB of weights in flight per SM
 constexpr int kVec = 8;                      // bf16 per 16-byte access
-constexpr int kMaxHeldPacks = 4;             // a norm's packs per thread: d <= 16,384
+// A norm's packs per thread: d <= 2 x 3,840 = 7,680. The norm's row is held in registers
+// (kVec floats a pack) across its block reduction; more packs spilled registers in every
+// stage (session 25: 4 packs cost the 1B's step 5%).
+constexpr int kMaxHeldPacks = 2;
 
 // The products of a layer, in the order each block streams its share of them.
 enum Product : int { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProducts = 4 };
@@ -234,15 +237,17 @@ __device__ __forceinline__ float consumer_sum(float v, float* red) {
 }
 
 // act = rmsnorm(x) * weight with x = residual (+ delta), launch_add_rmsnorm's arithmetic;
-// `out` (block 0's) receives x when delta is added.
+// `out` (block 0's) receives x when delta is added. kPacks: a thread's packs of the row
+// (d <= kPacks x kConsumers x kVec), held in registers.
+template <int kPacks>
 __device__ void norm_into_act(const float* residual, const bf16* delta, const bf16* weight,
                               float* out, int32_t d, float eps, bf16* act, float* red) {
   const int tid = static_cast<int>(threadIdx.x);
-  float x[kMaxHeldPacks][kVec];
-  uint4 held[kMaxHeldPacks];  // the weight's packs, loaded beside the row's
+  float x[kPacks][kVec];
+  uint4 held[kPacks];  // the weight's packs, loaded beside the row's
   float sum_sq = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kMaxHeldPacks; ++k) {
+  for (int k = 0; k < kPacks; ++k) {
     const int32_t c = (tid + k * kConsumers) * kVec;
     if (c >= d) continue;
     held[k] = __ldg(reinterpret_cast<const uint4*>(weight + c));
@@ -266,7 +271,7 @@ __device__ void norm_into_act(const float* residual, const bf16* delta, const bf
   const float total = consumer_sum(sum_sq, red);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(d) + eps);
 #pragma unroll
-  for (int k = 0; k < kMaxHeldPacks; ++k) {
+  for (int k = 0; k < kPacks; ++k) {
     const int32_t c = (tid + k * kConsumers) * kVec;
     if (c >= d) continue;
     const bf16* w = reinterpret_cast<const bf16*>(&held[k]);
@@ -406,9 +411,11 @@ __device__ void produce(const KernelArgs& a, const Smem& m) {
 // bytes, held by a segment of `seg` lanes (the power of two >= P), so a warp covers
 // 32 / seg keys a round: in round r lane l holds pack l % seg of key
 // kb + r * (32 / seg) + l / seg. The older keys' K/V do not depend on the layer's q/k/v:
-// a lane loads its first kPreRounds rounds into registers before the stage's wait, so
-// after it the attention needs the L2 only for the row's own q/k/v.
-constexpr int kPreRounds = 4;  // rounds held in registers (8 registers each)
+// a lane loads its first kPreRounds rounds into registers before the stage's wait (and
+// asks the L2 for the rest), so after it the attention needs the L2 mostly for the row's
+// own q/k/v. 2 rounds: 4 spilled registers in every stage (session 25: 1b 1.021 -> 0.936
+// ms a step with the one-pack kernel, 8b 4.52 -> 4.43; 1 round no better).
+constexpr int kPreRounds = 2;  // rounds held in registers (8 registers each)
 
 struct KeyRun {
   int32_t packs, seg, per_round;  // P, the segment, keys a round
@@ -661,6 +668,9 @@ __device__ void attend_head(const KernelArgs& a, const DecodeLayer<bf16>& layer,
   consumer_sync();
 }
 
+// kPacks: the norms' packs a thread (norm_into_act), 1 or kMaxHeldPacks; a kernel each, so
+// the one-pack kernel's registers are not sized for two.
+template <int kPacks>
 __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   const Smem m = carve(smem, a);
@@ -686,10 +696,13 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
   const auto residual_at = [&](int n) { return n % 2 == 0 ? p.residual : p.residual_out; };
   int adds = 0;  // norms so far that added a delta into the residual
   const bool writer = blockIdx.x == 0;
-  // act = rmsnorm(residual + delta) * weight, block 0 storing the new residual.
+  // act = rmsnorm(residual + delta) * weight (no delta: of the residual), block 0 storing
+  // the new residual.
+  const auto norm = [&](const float* residual, const bf16* delta, const bf16* weight, float* out) {
+    norm_into_act<kPacks>(residual, delta, weight, out, p.d, p.eps, m.act, m.red);
+  };
   const auto add_and_norm = [&](const bf16* weight) {
-    norm_into_act(residual_at(adds), p.delta, weight, writer ? residual_at(adds + 1) : nullptr, p.d,
-                  p.eps, m.act, m.red);
+    norm(residual_at(adds), p.delta, weight, writer ? residual_at(adds + 1) : nullptr);
     ++adds;
   };
   const int64_t q_dim = int64_t{p.n_heads} * p.head_dim;
@@ -698,7 +711,7 @@ __global__ void __maxnreg__(128) decode_layers_kernel(const KernelArgs a) {
     // 1. input norm, q/k/v.
     if (stage > 0) stage_wait(count, stage * blocks);
     if (l == 0) {
-      norm_into_act(p.residual, nullptr, layer.input_norm, nullptr, p.d, p.eps, m.act, m.red);
+      norm(p.residual, nullptr, layer.input_norm, nullptr);
     } else {
       add_and_norm(layer.input_norm);
     }
@@ -774,8 +787,13 @@ struct DeviceLimits {
   int sms = 0;
   int smem_optin = 0;
   bool cooperative = false;
-  size_t smem_opted = 0;  // the kernel's dynamic shared memory allowed and checked so far
+  // Each kernel's (kernels[packs - 1]) dynamic shared memory allowed and checked so far.
+  size_t smem_opted[kMaxHeldPacks] = {};
 };
+
+using KernelFn = void (*)(KernelArgs);
+constexpr KernelFn kernels[kMaxHeldPacks] = {decode_layers_kernel<1>, decode_layers_kernel<2>};
+static_assert(kMaxHeldPacks == 2, "a kernel for each pack count");
 
 cudaError_t query_limits(int dev, DeviceLimits* out) {
   cudaError_t err = cudaSuccess;
@@ -820,20 +838,19 @@ bool shapes_ok(int64_t d, int64_t ff, int64_t n_heads, int64_t n_kv_heads, int64
          n_heads * head_dim <= (int64_t{1} << 24) && ff <= (int64_t{1} << 24);
 }
 
-// Allows the kernel `smem` bytes of dynamic shared memory on `device` (the current one)
+// Allows kernel `k` `smem` bytes of dynamic shared memory on `device` (the current one)
 // and checks a block then fits on an SM (all 16 warps' registers and the ring).
-cudaError_t prepare_smem(int device, size_t smem) {
-  cudaError_t err = cudaFuncSetAttribute(
-      decode_layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+cudaError_t prepare_smem(int device, int k, size_t smem) {
+  cudaError_t err = cudaFuncSetAttribute(kernels[k], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   int per_sm = 0;
-  err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layers_kernel, kThreads, smem);
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernels[k], kThreads, smem);
   if (err != cudaSuccess) return err;
   if (per_sm < 1) return cudaErrorNotSupported;
   const std::lock_guard<std::mutex> lock(limits_mutex);
   DeviceLimits& lim = limits_by_device[device];
-  lim.smem_opted = std::max(lim.smem_opted, smem);
+  lim.smem_opted[k] = std::max(lim.smem_opted[k], smem);
   return cudaSuccess;
 }
 
@@ -889,8 +906,9 @@ cudaError_t launch_decode_layers<bf16>(const DecodeLayersParams<bf16>& p, cudaSt
   a.stages = stages_for(lim.smem_optin, a.act_elems, p.head_dim);
   if (a.stages == 0) return cudaErrorNotSupported;
   const size_t smem = smem_layout(a.stages, a.act_elems, p.head_dim).bytes;
-  if (smem > lim.smem_opted) {
-    err = prepare_smem(device, smem);
+  const int k = p.d <= int64_t{kConsumers} * kVec ? 0 : 1;  // kernels[k] holds k + 1 packs
+  if (smem > lim.smem_opted[k]) {
+    err = prepare_smem(device, k, smem);
     if (err != cudaSuccess) return err;
   }
 
@@ -904,7 +922,7 @@ cudaError_t launch_decode_layers<bf16>(const DecodeLayersParams<bf16>& p, cudaSt
   attribute.val.cooperative = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_layers_kernel, a);
+  return cudaLaunchKernelEx(&config, kernels[k], a);
 }
 
 }  // namespace cellm::cuda

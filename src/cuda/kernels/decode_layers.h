@@ -36,7 +36,8 @@
 // equals the chained kernels' within f32 rounding of the sums, not bit for bit.
 //
 // Limits (decode_layers_supported): T = bf16, the hidden, q/kv and intermediate widths
-// multiples of 8, head_dim even and at most kMaxDecodeLayersHeadDim, n_heads a multiple
+// multiples of 8, the hidden width at most 7,680 (a norm holds its row in registers),
+// head_dim even and at most kMaxDecodeLayersHeadDim, n_heads a multiple
 // of n_kv_heads, and the device able to hold one block per SM (cooperative launch).
 //
 // The launcher enqueues one cooperative kernel (every block resident at once, so the
