@@ -15,23 +15,19 @@ bench/experiments/ring_stream.sh runs it on a copy of the tree.
 """
 import sys
 
+from anchored_edit import Source
+
 path, mode = sys.argv[1], int(sys.argv[2])
 stage_bytes = int(sys.argv[3]) if len(sys.argv) > 3 else 16384
 stages = int(sys.argv[4]) if len(sys.argv) > 4 else 12
-src = open(path).read()
-
-
-def edit(old, new):
-    global src
-    if src.count(old) != 1:
-        sys.exit(f"ring_stream_edit.py: anchor found {src.count(old)} times, not once:\n{old}")
-    src = src.replace(old, new)
+source = Source(path, "ring_stream_edit.py")
+edit = source.edit
 
 
 edit("constexpr int kStageBytes = 16384;", f"constexpr int kStageBytes = {stage_bytes};")
 edit("#define CELLM_DL_STAGES 12", f"#define CELLM_DL_STAGES {stages}")
 if mode == 0:
-    open(path, "w").write(src)
+    source.save()
     sys.exit(0)
 if mode == 1:
     edit("      acc0 += dot_lane(stage + row_at, x, s.kc, lane);",
@@ -59,4 +55,4 @@ edit("""  for (int32_t l = 0; l < p.n_layers; ++l) {
   for (int32_t l = 0; l < 0; ++l) {{
     const DecodeLayer<bf16> layer = p.layers[l];
     // 1. input norm, q/k/v.""")
-open(path, "w").write(src)
+source.save()

@@ -13,15 +13,11 @@ kernel's next change says which edit to update.
 """
 import sys
 
+from anchored_edit import Source
+
 path = sys.argv[1]
-src = open(path).read()
-
-
-def edit(old, new):
-    global src
-    if src.count(old) != 1:
-        sys.exit(f"stage_trace_edit.py: anchor found {src.count(old)} times, not once:\n{old}")
-    src = src.replace(old, new)
+source = Source(path, "stage_trace_edit.py")
+edit = source.edit
 
 
 edit("#include <cmath>\n", "#include <cmath>\n#include <cstdio>\n")
@@ -58,9 +54,10 @@ for product, k in (("kQkv", 0), ("kO", 2), ("kGateUp", 3), ("kDown", 4)):
          f"    dl_mark(l, {k}, 1);\n    stage_done(count);")
 edit("    stage_wait(count, ++stage * blocks);\n    for (int32_t h = h0;",
      "    stage_wait(count, ++stage * blocks);\n    dl_mark(l, 1, 0);\n    for (int32_t h = h0;")
+src = source.text
 at = src.index("dl_mark(l, 1, 0);")
 end = src.index("    stage_done(count);", at)
-src = src[:end] + "    consumer_sync();\n    dl_mark(l, 1, 1);\n" + src[end:]
+source.text = src[:end] + "    consumer_sync();\n    dl_mark(l, 1, 1);\n" + src[end:]
 edit("    stage_wait(count, ++stage * blocks);\n    stage_row(p.attn",
      "    stage_wait(count, ++stage * blocks);\n    dl_mark(l, 2, 0);\n    stage_row(p.attn")
 edit("    stage_wait(count, ++stage * blocks);\n    add_and_norm(layer.post_norm);",
@@ -168,9 +165,10 @@ edit("""__device__ __forceinline__ void stage_wait(const uint32_t* count, uint32
 __device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
   const long long dl_t0 = clock64();
   if (threadIdx.x == 0) {""")
+src = source.text
 at = src.index("__device__ __forceinline__ void stage_wait(")
 end = src.index("  consumer_sync();\n}", at)
-src = src[:end] + """  consumer_sync();
+source.text = src[:end] + """  consumer_sync();
   if (threadIdx.x == 0 && dl_launch == 100) {
     atomicAdd(&dl_sync[0][(target / gridDim.x) % 5], static_cast<unsigned long long>(clock64() - dl_t0));
   }
@@ -198,4 +196,4 @@ edit("""    __syncwarp();
   if (threadIdx.x == 0 && dl_launch == 100) {
     atomicAdd(&dl_busy[0][kProduct], static_cast<unsigned long long>(clock64() - dl_in));
     atomicAdd(&dl_busy[1][kProduct], static_cast<unsigned long long>(busy));""")
-open(path, "w").write(src)
+source.save()
