@@ -144,10 +144,11 @@ edit("""    if (atomicAdd(&count[1], 1u) == blocks - 1) {
         dl_ts[k][2] = 0;
       }
 """)
-# Thread 0's cycles in the counts (stage_wait's target names the stage: target / blocks).
+# Thread 0's cycles in the counts (stage_wait's target names the stage: target / blocks;
+# stage_done is told it, since a load of the count would lengthen the chain it times).
 edit("""__device__ __forceinline__ void stage_done(uint32_t* count) {
   consumer_sync();""", """\
-__device__ __forceinline__ void stage_done(uint32_t* count) {
+__device__ __forceinline__ void stage_done(uint32_t* count, uint32_t dl_stage) {
   const long long dl_t0 = clock64();
   consumer_sync();""")
 edit("""    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
@@ -155,11 +156,17 @@ edit("""    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) 
 }""", """\
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
     if (dl_launch == 100) {
-      const unsigned k = (__ldcg(count) - 1) / gridDim.x % 5;
-      atomicAdd(&dl_sync[1][k], static_cast<unsigned long long>(clock64() - dl_t0));
+      atomicAdd(&dl_sync[1][dl_stage % 5], static_cast<unsigned long long>(clock64() - dl_t0));
     }
   }
 }""")
+# The kernel's stage_done calls name their stage (the grid stages finished before it).
+src = source.text
+body = src.index("decode_layers_kernel(const KernelArgs a) {")
+calls = src.count("    stage_done(count);", body)
+if calls != 5:
+    sys.exit(f"stage_trace_edit.py: {calls} stage_done calls in the kernel, not 5")
+source.text = src[:body] + src[body:].replace("    stage_done(count);", "    stage_done(count, stage);")
 edit("""__device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
   if (threadIdx.x == 0) {""", """\
 __device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
