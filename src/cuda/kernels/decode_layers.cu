@@ -413,8 +413,8 @@ __device__ void produce(const KernelArgs& a, const Smem& m) {
 // kb + r * (32 / seg) + l / seg. The older keys' K/V do not depend on the layer's q/k/v:
 // a lane loads its first kPreRounds rounds into registers before the stage's wait (and
 // asks the L2 for the rest), so after it the attention needs the L2 mostly for the row's
-// own q/k/v. 2 rounds: 4 spilled registers in every stage (session 25: 1b 1.021 -> 0.936
-// ms a step with the one-pack kernel, 8b 4.52 -> 4.43; 1 round no better).
+// own q/k/v. 4 rounds spilled registers in every stage (session 25, with 2: 1b 0.975 -> 0.936
+// ms a step, 8b 4.52 -> 4.43; 1 round no better).
 constexpr int kPreRounds = 2;  // rounds held in registers (8 registers each)
 
 struct KeyRun {

@@ -37,8 +37,8 @@
 //
 // Limits (decode_layers_supported): T = bf16, the hidden, q/kv and intermediate widths
 // multiples of 8, the hidden width at most 7,680 (a norm holds its row in registers),
-// head_dim even and at most kMaxDecodeLayersHeadDim, n_heads a multiple
-// of n_kv_heads, and the device able to hold one block per SM (cooperative launch).
+// head_dim even and at most kMaxDecodeLayersHeadDim, n_heads a multiple of n_kv_heads,
+// and the device able to hold one block per SM (cooperative launch).
 //
 // The launcher enqueues one cooperative kernel (every block resident at once, so the
 // grid-wide counts cannot deadlock) on `stream`, launched normally (it waits for the
