@@ -156,17 +156,17 @@ edit("""    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) 
 }""", """\
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
     if (dl_launch == 100) {
-      atomicAdd(&dl_sync[1][dl_stage % 5], static_cast<unsigned long long>(clock64() - dl_t0));
+      atomicAdd(&dl_sync[1][dl_stage], static_cast<unsigned long long>(clock64() - dl_t0));
     }
   }
 }""")
-# The kernel's stage_done calls name their stage (the grid stages finished before it).
+# The kernel's stage_done calls name their stage: 0-4 in the order they are written.
 src = source.text
 body = src.index("decode_layers_kernel(const KernelArgs a) {")
-calls = src.count("    stage_done(count);", body)
-if calls != 5:
-    sys.exit(f"stage_trace_edit.py: {calls} stage_done calls in the kernel, not 5")
-source.text = src[:body] + src[body:].replace("    stage_done(count);", "    stage_done(count, stage);")
+head, calls = src[:body], src[body:].split("    stage_done(count);")
+if len(calls) != 6:
+    sys.exit(f"stage_trace_edit.py: {len(calls) - 1} stage_done calls in the kernel, not 5")
+source.text = head + "".join(f"{c}    stage_done(count, {k});" for k, c in enumerate(calls[:-1])) + calls[-1]
 edit("""__device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
   if (threadIdx.x == 0) {""", """\
 __device__ __forceinline__ void stage_wait(const uint32_t* count, uint32_t target) {
