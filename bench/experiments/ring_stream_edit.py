@@ -23,7 +23,6 @@ stages = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 source = Source(path, "ring_stream_edit.py")
 edit = source.edit
 
-
 edit("constexpr int kStageBytes = 16384;", f"constexpr int kStageBytes = {stage_bytes};")
 edit("#define CELLM_DL_STAGES 12", f"#define CELLM_DL_STAGES {stages}")
 if mode == 0:
