@@ -5,7 +5,8 @@
 # runs `cellm bench` for each "NAME:ARGS" row of ROWS (bench_row.sh's form).
 #   FILE=src/cuda/kernels/decode_layers.cu ROWS="1b:--preset 1b -npl 1 --persistent-decode" \
 #     bash bench/experiments/kernel_variants.sh "main=" "r2=s/kPreRounds = 4/kPreRounds = 2/"
-# An empty SED builds the file unchanged. Rows go to $OUT/variants.txt; a variant whose sed
+# An empty SED builds the file unchanged; a SED of the form @PATH builds PATH in the file's
+# place (e.g. the file as it was before a patch applied to the copy). Rows go to $OUT/variants.txt; a variant whose sed
 # changes nothing is reported and skipped.
 set -euo pipefail
 OUT=${OUT:-/tmp/cellm-out}
@@ -24,7 +25,9 @@ for v in "$@"; do
   label=${v%%=*}
   script=${v#*=}
   cp /tmp/kv-original "$file"
-  if [ -n "$script" ]; then
+  if [[ $script == @* ]]; then
+    cp "${script#@}" "$file"
+  elif [ -n "$script" ]; then
     sed -i "$script" "$file"
     if cmp -s /tmp/kv-original "$file"; then echo "== $label: the sed changed nothing, skipped"; continue; fi
   fi
