@@ -6,8 +6,8 @@
 #   FILE=src/cuda/kernels/decode_layers.cu ROWS="1b:--preset 1b -npl 1 --persistent-decode" \
 #     bash bench/experiments/kernel_variants.sh "main=" "r2=s/kPreRounds = 4/kPreRounds = 2/"
 # An empty SED builds the file unchanged; a SED of the form @PATH builds PATH in the file's
-# place (e.g. the file as it was before a patch applied to the copy). Rows go to $OUT/variants.txt; a variant whose sed
-# changes nothing is reported and skipped.
+# place (e.g. the file as it was before a patch applied to the copy). Rows go to
+# $OUT/variants.txt; a variant whose sed changes nothing is reported and skipped.
 set -euo pipefail
 OUT=${OUT:-/tmp/cellm-out}
 mkdir -p "$OUT"

@@ -410,10 +410,10 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, bool skinny_candidate, const 
   };
   if (gemv_candidate) {
     // At one row the kRows kernel takes the product: timed alone the two GEMVs tie on the
-    // 1B's q/k/v (4.2-4.3 us each on the H200), but in a step's graph, launched while
-    // the norm before it runs, the tensor-core GEMV queues twice the weight loads ahead of
-    // it and the step took 15 us more (session 26, docs/PERFORMANCE.md); at 2-8 rows the
-    // tensor cores' arithmetic pays.
+    // 1B's q/k/v (4.2-4.4 us each on the H200), but the step's graph took 15 us more with
+    // the tensor-core one (session 26, docs/PERFORMANCE.md; likely its 8 weight loads a
+    // lane before its wait, against the kRows kernel's 4, queued ahead of the norm it is
+    // launched beside). From 2 rows the tensor cores' arithmetic pays.
     if (plan.key.m > 1) add(GemmKernel::kGemv, "gemv");
     // Every split of the kRows kernel: the best one varies by shape (at one row on the
     // H200, 8 for the 8B's gate_up, down and LM head; 1 for the 1B's gate_up).
