@@ -1,0 +1,481 @@
+// sync_stream_bench: what a grid-wide "the next input is ready" signal costs a persistent
+// kernel whose blocks stream weights through a shared-memory ring, and whether a signal
+// relayed inside thread-block clusters costs less.
+//
+//   sync_stream_bench [--stages-per-block N] [--stages S] [--iters N] [--quick]
+//
+// The persistent one-row kernel (src/cuda/kernels/decode_layers.cu) streams each product's
+// weights into a ring of shared-memory stages from one producer lane a block, and between
+// products its blocks count themselves in on a global counter and poll it before they read
+// the next product's input from the L2. Session 27 (docs/PERFORMANCE.md) found those counts
+// cost about as long as the weight bytes the ring keeps in flight: the poll's answer and
+// the input's bytes come back to the SM behind them. This bench isolates that, with no
+// arithmetic: every block is a producer lane (16 KB bulk copies into S stages) and a
+// consumer lane (waits for a stage to land, frees it); every P stages the consumer stops
+// at a sync and goes on only once the signal and X bytes of "input" have arrived. Modes:
+//   stream  no syncs: the ring's copy rate, the bound of the others.
+//   count   decode_layers.cu's way: each block adds one to a global counter (a release
+//           add), polls it (acquire loads) until every block is in, then bulk-copies the
+//           X input bytes from global memory into its shared memory.
+//   relay   clusters of C blocks; rank 0 streams nothing. The others count themselves in;
+//           rank 0, whose SM has no weights in flight, polls, copies the input into its
+//           own shared memory, and pushes it and the signal to its peers through
+//           distributed shared memory (a shared::cta -> shared::cluster bulk copy and a
+//           remote mbarrier arrive), so nothing comes back to a streaming SM through the
+//           L2's return path.
+//   mcast   relay, but rank 0 sends the input with one multicast bulk copy from global
+//           memory to every peer.
+// Each row is also run with the producers streaming nothing (idle): the signal alone.
+// Printed per row: the launch time, the streamed bytes' rate, and the signal's latency,
+// from the last block's arrival to each block having its input (mean over blocks and
+// syncs, and the mean over syncs of the slowest block), from %globaltimer.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cuda/kernels/mbarrier.cuh"  // barriers and the global -> shared bulk copy
+
+namespace {
+
+using cellm::cuda::detail::barrier_arrive;
+using cellm::cuda::detail::barrier_arrive_expect;
+using cellm::cuda::detail::barrier_init;
+using cellm::cuda::detail::barrier_wait;
+using cellm::cuda::detail::bulk_copy;
+using cellm::cuda::detail::fence_barrier_init;
+using cellm::cuda::detail::smem_addr;
+
+constexpr int kStageBytes = 16 * 1024;
+constexpr int kMaxStages = 12;
+constexpr int kMaxXBytes = 16 * 1024;
+constexpr int kThreads = 64;  // warp 0: the producer lane; warp 1: the consumer lane
+
+enum Mode : int { kStream = 0, kCount = 1, kRelay = 2, kMcast = 3 };
+
+struct Params {
+  const unsigned char* weights;  // chunks x kStageBytes
+  int64_t chunks;
+  const unsigned char* x;  // the input, kMaxXBytes
+  uint32_t* counter;
+  long long* t_arrive;  // [streamers][epochs]
+  long long* t_ready;   // [streamers][epochs]
+  long long* t_seen;    // [grid][epochs]: a relay's rank 0 saw every block in
+  int stages;           // ring stages
+  int stages_per_block;
+  int period;  // stages between syncs
+  int epochs;  // stages_per_block / period (0 in kStream)
+  int x_bytes;
+  int mode;
+  int cluster;  // C (1 outside relay and mcast)
+  int stream;   // 0: the producers copy nothing (the signal alone)
+};
+
+__device__ __forceinline__ long long now_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t cluster_id() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+
+// The shared::cluster address of this block's `p` in the block of rank `rank`.
+__device__ __forceinline__ uint32_t peer_addr(const void* p, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+  return r;
+}
+
+// Waits for phase `parity` of a barrier a peer may arrive on (acquire at cluster scope).
+__device__ __forceinline__ void cluster_barrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  for (uint32_t tries = 0; !done; ++tries) {
+    if (tries == (1u << 26)) __trap();
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+__device__ __forceinline__ void count_in(uint32_t* counter) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+
+__device__ __forceinline__ void poll(const uint32_t* counter, uint32_t target) {
+  uint32_t seen = 0;
+  for (uint32_t tries = 0;; ++tries) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    if (seen >= target) return;
+    if (tries == (1u << 26)) __trap();  // a lost block: a launch error, not a hang
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) sync_stream_kernel(Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;
+  unsigned char* xbuf = smem + kMaxStages * kStageBytes;
+  auto* full = reinterpret_cast<uint64_t*>(xbuf + kMaxXBytes);
+  uint64_t* empty = full + kMaxStages;
+  uint64_t* go = empty + kMaxStages;  // the signal (and input) for the current sync
+  uint64_t* own = go + 1;             // a relay's rank 0: its own copy of the input
+
+  const bool clustered = p.mode == kRelay || p.mode == kMcast;
+  const uint32_t rank = clustered ? cluster_rank() : 0;
+  const bool leader = clustered && rank == 0;
+  const int streamers = clustered ? static_cast<int>(gridDim.x / p.cluster) * (p.cluster - 1)
+                                  : static_cast<int>(gridDim.x);
+  const int sidx = clustered ? static_cast<int>(cluster_id() * (p.cluster - 1) + rank - 1)
+                             : static_cast<int>(blockIdx.x);
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], 1);
+    }
+    // go: the consumer's own arrive, and in a cluster rank 0's remote one.
+    barrier_init(go, clustered ? 2 : 1);
+    barrier_init(own, 1);
+    fence_barrier_init();
+  }
+  if (clustered) {
+    cluster_sync();  // every block's barriers exist before a peer arrives on them
+  } else {
+    __syncthreads();
+  }
+
+  if (!leader && warp == 0 && lane == 0 && p.stream) {
+    // The producer: stage i of this block is chunk i x streamers + sidx.
+    for (int i = 0; i < p.stages_per_block; ++i) {
+      const int slot = i % p.stages;
+      if (i >= p.stages) barrier_wait(&empty[slot], ((i / p.stages) - 1) & 1);
+      const int64_t chunk = (int64_t{i} * streamers + sidx) % p.chunks;
+      barrier_arrive_expect(&full[slot], kStageBytes);
+      bulk_copy(ring + slot * kStageBytes, p.weights + chunk * kStageBytes, kStageBytes,
+                &full[slot]);
+    }
+  }
+
+  if (!leader && warp == 1 && lane == 0) {
+    int epoch = 0;
+    for (int i = 0; i < p.stages_per_block; ++i) {
+      if (p.stream) {
+        const int slot = i % p.stages;
+        barrier_wait(&full[slot], (i / p.stages) & 1);
+        barrier_arrive(&empty[slot]);
+      }
+      if (p.mode == kStream || (i + 1) % p.period != 0 || epoch >= p.epochs) continue;
+      // A sync: count in, then wait for the signal and the input.
+      const long long arrived = now_ns();
+      if (clustered) {
+        if (p.x_bytes > 0) {
+          barrier_arrive_expect(go, static_cast<uint32_t>(p.x_bytes));
+        } else {
+          barrier_arrive(go);
+        }
+        count_in(p.counter);
+        cluster_barrier_wait(go, epoch & 1);
+      } else {
+        count_in(p.counter);
+        poll(p.counter, static_cast<uint32_t>((epoch + 1) * streamers));
+        if (p.x_bytes > 0) {
+          barrier_arrive_expect(go, static_cast<uint32_t>(p.x_bytes));
+          bulk_copy(xbuf, p.x, static_cast<uint32_t>(p.x_bytes), go);
+          barrier_wait(go, epoch & 1);
+        }
+      }
+      const long long ready = now_ns();
+      p.t_arrive[int64_t{sidx} * p.epochs + epoch] = arrived;
+      p.t_ready[int64_t{sidx} * p.epochs + epoch] = ready;
+      ++epoch;
+    }
+  }
+
+  if (leader && warp == 1 && lane == 0) {
+    const uint32_t peers_mask = ((1u << p.cluster) - 1) & ~1u;
+    for (int epoch = 0; epoch < p.epochs; ++epoch) {
+      poll(p.counter, static_cast<uint32_t>((epoch + 1) * streamers));
+      p.t_seen[int64_t{blockIdx.x} * p.epochs + epoch] = now_ns();
+      if (p.x_bytes > 0 && p.mode == kRelay) {
+        barrier_arrive_expect(own, static_cast<uint32_t>(p.x_bytes));
+        bulk_copy(xbuf, p.x, static_cast<uint32_t>(p.x_bytes), own);
+        barrier_wait(own, epoch & 1);
+        for (int r = 1; r < p.cluster; ++r) {
+          asm volatile(
+              "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], "
+              "%2, [%3];" ::"r"(peer_addr(xbuf, r)),
+              "r"(smem_addr(xbuf)), "r"(p.x_bytes), "r"(peer_addr(go, r))
+              : "memory");
+        }
+      }
+      if (p.x_bytes > 0 && p.mode == kMcast) {
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+            "[%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(xbuf)),
+            "l"(p.x), "r"(p.x_bytes), "r"(smem_addr(go)), "h"(static_cast<uint16_t>(peers_mask))
+            : "memory");
+      }
+      for (int r = 1; r < p.cluster; ++r) {
+        asm volatile(
+            "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer_addr(go, r))
+            : "memory");
+      }
+    }
+    // The last sync's copies must land before rank 0's shared memory goes away: the peers
+    // wait for them before the cluster barrier below.
+  }
+  __syncwarp();
+  if (clustered) {
+    cluster_sync();
+  }
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "sync_stream_bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Row {
+  const char* name;
+  int mode;
+  int cluster;
+  int period;
+  int x_bytes;
+};
+
+const char* mode_name(int mode) {
+  switch (mode) {
+    case kStream:
+      return "stream";
+    case kCount:
+      return "count";
+    case kRelay:
+      return "relay";
+    default:
+      return "mcast";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int stages_per_block = 1024, stages = 8, iters = 10;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--stages-per-block") == 0 && i + 1 < argc) {
+      stages_per_block = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--stages") == 0 && i + 1 < argc) {
+      stages = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "sync_stream_bench: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (stages < 2 || stages > kMaxStages || stages_per_block < stages) {
+    std::fprintf(stderr, "sync_stream_bench: --stages in [2, %d], --stages-per-block >= stages\n",
+                 kMaxStages);
+    return 2;
+  }
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "device properties");
+
+  constexpr int64_t kWeightBytes = int64_t{1} << 30;
+  const int64_t chunks = kWeightBytes / kStageBytes;
+  unsigned char *weights = nullptr, *x = nullptr;
+  uint32_t* counter = nullptr;
+  check(cudaMalloc(&weights, kWeightBytes), "cudaMalloc weights");
+  check(cudaMemset(weights, 0x3c, kWeightBytes), "fill weights");
+  check(cudaMalloc(&x, kMaxXBytes), "cudaMalloc x");
+  check(cudaMemset(x, 0x11, kMaxXBytes), "fill x");
+  check(cudaMalloc(&counter, sizeof(uint32_t)), "cudaMalloc counter");
+  const size_t smem = size_t{kMaxStages} * kStageBytes + kMaxXBytes + (2 * kMaxStages + 2) * 8;
+  check(cudaFuncSetAttribute(sync_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "opt in to shared memory");
+  check(cudaFuncSetAttribute(sync_stream_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+        "non-portable clusters");
+
+  const int max_epochs = stages_per_block;  // period >= 1
+  long long *t_arrive = nullptr, *t_ready = nullptr, *t_seen = nullptr;
+  const size_t stamps = size_t{static_cast<size_t>(sms)} * max_epochs;
+  check(cudaMalloc(&t_arrive, stamps * sizeof(long long)), "cudaMalloc stamps");
+  check(cudaMalloc(&t_ready, stamps * sizeof(long long)), "cudaMalloc stamps");
+  check(cudaMalloc(&t_seen, stamps * sizeof(long long)), "cudaMalloc stamps");
+
+  std::printf(
+      "sync_stream_bench: %s, %d SMs, L2 %d MB; %d stages of %d KB a block, %d stages "
+      "streamed a block, %d launches a row (median)\n",
+      prop.name, sms, prop.l2CacheSize >> 20, stages, kStageBytes / 1024, stages_per_block, iters);
+  std::printf(
+      "mode   |  C | period | x bytes | stream | blocks | streamers |      us |   GB/s | syncs | "
+      "signal mean us | slowest us | rank 0 sees us\n");
+
+  std::vector<Row> rows = {{"stream", kStream, 1, 0, 0}};
+  const std::vector<int> periods = quick ? std::vector<int>{12} : std::vector<int>{4, 12, 32};
+  for (int period : periods) {
+    rows.push_back({"count", kCount, 1, period, 0});
+    rows.push_back({"count", kCount, 1, period, 4096});
+  }
+  for (int c : quick ? std::vector<int>{8} : std::vector<int>{2, 4, 8, 16}) {
+    rows.push_back({"relay", kRelay, c, 12, 0});
+    rows.push_back({"relay", kRelay, c, 12, 4096});
+    rows.push_back({"mcast", kMcast, c, 12, 4096});
+  }
+  if (!quick) {
+    rows.push_back({"relay", kRelay, 8, 4, 4096});
+    rows.push_back({"relay", kRelay, 8, 32, 4096});
+  }
+
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  for (const Row& row : rows) {
+    for (int stream : {1, 0}) {
+      if (row.mode == kStream && stream == 0) continue;
+      cudaLaunchConfig_t config{};
+      cudaLaunchAttribute attr{};
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = smem;
+      int blocks = sms;
+      if (row.cluster > 1) {
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = static_cast<unsigned>(row.cluster);
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        config.attrs = &attr;
+        config.numAttrs = 1;
+        config.gridDim = dim3(static_cast<unsigned>(row.cluster));
+        int clusters = 0;
+        const cudaError_t e =
+            cudaOccupancyMaxActiveClusters(&clusters, sync_stream_kernel, &config);
+        if (e != cudaSuccess || clusters == 0) {
+          std::printf("%-6s | %2d | clusters of %d do not fit (%s)\n", row.name, row.cluster,
+                      row.cluster, cudaGetErrorString(e));
+          (void)cudaGetLastError();
+          continue;
+        }
+        blocks = clusters * row.cluster;
+      }
+      config.gridDim = dim3(static_cast<unsigned>(blocks));
+      const int streamers = row.cluster > 1 ? blocks / row.cluster * (row.cluster - 1) : blocks;
+      Params p{};
+      p.weights = weights;
+      p.chunks = chunks;
+      p.x = x;
+      p.counter = counter;
+      p.t_arrive = t_arrive;
+      p.t_ready = t_ready;
+      p.t_seen = t_seen;
+      p.stages = stages;
+      p.stages_per_block = stages_per_block;
+      p.period = row.period;
+      p.epochs = row.period > 0 ? stages_per_block / row.period : 0;
+      p.x_bytes = row.x_bytes;
+      p.mode = row.mode;
+      p.cluster = row.cluster;
+      p.stream = stream;
+      std::vector<float> times;
+      for (int it = 0; it < iters + 2; ++it) {
+        check(cudaMemset(counter, 0, sizeof(uint32_t)), "reset counter");
+        check(cudaEventRecord(start), "record");
+        check(cudaLaunchKernelEx(&config, sync_stream_kernel, p), "launch");
+        check(cudaEventRecord(stop), "record");
+        check(cudaEventSynchronize(stop), "run");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+        if (it >= 2) times.push_back(ms);
+      }
+      std::sort(times.begin(), times.end());
+      const double us = 1e3 * times[times.size() / 2];
+      const double bytes =
+          stream ? double{kStageBytes} * stages_per_block * static_cast<double>(streamers) : 0.0;
+
+      // The signal's latency, from the last block in to each block's input, per sync.
+      double mean = 0, slowest = 0, seen = 0;
+      if (p.epochs > 0) {
+        std::vector<long long> arrive(static_cast<size_t>(streamers) * p.epochs);
+        std::vector<long long> ready(arrive.size());
+        std::vector<long long> leader(static_cast<size_t>(blocks) * p.epochs);
+        check(cudaMemcpy(arrive.data(), t_arrive, arrive.size() * sizeof(long long),
+                         cudaMemcpyDeviceToHost),
+              "stamps");
+        check(cudaMemcpy(ready.data(), t_ready, ready.size() * sizeof(long long),
+                         cudaMemcpyDeviceToHost),
+              "stamps");
+        check(cudaMemcpy(leader.data(), t_seen, leader.size() * sizeof(long long),
+                         cudaMemcpyDeviceToHost),
+              "stamps");
+        for (int e = 0; e < p.epochs; ++e) {
+          long long last = 0;
+          for (int b = 0; b < streamers; ++b) {
+            last = std::max(last, arrive[static_cast<size_t>(b) * p.epochs + e]);
+          }
+          double worst = 0;
+          for (int b = 0; b < streamers; ++b) {
+            const double lat =
+                1e-3 * static_cast<double>(ready[static_cast<size_t>(b) * p.epochs + e] - last);
+            mean += lat;
+            worst = std::max(worst, lat);
+          }
+          slowest += worst;
+          if (row.cluster > 1) {
+            double leaders = 0;
+            for (int c = 0; c < blocks; c += row.cluster) {
+              leaders +=
+                  1e-3 * static_cast<double>(leader[static_cast<size_t>(c) * p.epochs + e] - last);
+            }
+            seen += leaders / (blocks / row.cluster);
+          }
+        }
+        mean /= static_cast<double>(p.epochs) * streamers;
+        slowest /= p.epochs;
+        seen /= p.epochs;
+      }
+      std::printf(
+          "%-6s | %2d | %6d | %7d | %6s | %6d | %9d | %7.1f | %6.0f | %5d | %14.2f | %10.2f | ",
+          mode_name(row.mode), row.cluster, row.period, row.x_bytes, stream ? "yes" : "idle",
+          blocks, streamers, us, stream ? bytes / us * 1e-3 : 0.0, p.epochs, mean, slowest);
+      if (row.cluster > 1) {
+        std::printf("%14.2f\n", seen);
+      } else {
+        std::printf("%14s\n", "-");
+      }
+    }
+  }
+  return 0;
+}
