@@ -18,7 +18,9 @@
 //   ldg    the attention's lane map with 16-byte loads into registers;
 //   bulk   tile's blocks and stages, each key's K or V row one 256-byte Hopper bulk copy
 //          (cp.async.bulk, a lane a row) landing on the stage's mbarrier;
-//   bulkef bulk with the L2 told to evict its lines first.
+//   bulkef bulk with the L2 told to evict its lines first;
+//   cells  a block per (row, eighth of its keys) copying each key's whole K and V cells
+//          (every kv head: 2 KB contiguous each) with one bulk copy apiece.
 // Each prints its time and read rate; run it under
 //   ncu --clock-control none -k regex:read_ --metrics
 //     lts__t_sectors_op_read.sum,dram__bytes_read.sum,gpu__time_duration.sum
@@ -248,6 +250,55 @@ __global__ void __launch_bounds__(128, 3)
   bulk_tiles<true>(k_pool, v_pool, table, context, out);
 }
 
+// The other layout a kernel could read: every kv head of a key at once, each cell's 2 KB of
+// K and 2 KB of V one bulk copy. A block per (row, eighth of its keys): as many blocks and
+// bytes as the others. Warp w walks tiles of 2 keys (w, w + 4, ...), two 8 KB stages;
+// lanes 0-1 copy the keys' K cells, lanes 2-3 their V cells.
+__global__ void __launch_bounds__(128, 3)
+    read_cells(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+               int32_t context, float* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ alignas(8) uint64_t full[4][2];
+  constexpr int kKeys = 2;
+  constexpr int kCellBytes = kCellElems * 2;
+  constexpr int kStage = 2 * kKeys * kCellElems;  // bf16: K and V of kKeys cells
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int per_block = context / static_cast<int>(gridDim.y);
+  const int32_t* cells = table + int64_t{blockIdx.x} * context + blockIdx.y * per_block;
+  __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 2 * kStage;
+  if (lane < 2) {
+    barrier_init(&full[warp][lane], 1);
+    fence_barrier_init();
+  }
+  __syncwarp();
+  const int n_tiles = per_block / kKeys;
+  uint32_t parity[2] = {0, 0};
+  float acc = 0.f;
+  int s = 0;
+  bool previous = false;
+  for (int t = warp; t < n_tiles; t += 4, s ^= 1) {
+    if (lane == 0) barrier_arrive_expect(&full[warp][s], 2 * kKeys * kCellBytes);
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (lane < 2 * kKeys) {
+      const int key = lane % kKeys;
+      const __nv_bfloat16* pool = lane < kKeys ? k_pool : v_pool;
+      const int64_t cell = cells[t * kKeys + key];
+      bulk_copy(stages + s * kStage + lane * kCellElems, pool + cell * kCellElems, kCellBytes,
+                &full[warp][s]);
+    }
+    if (previous) {
+      barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
+      parity[s ^ 1] ^= 1;
+      acc += __bfloat162float(stages[(s ^ 1) * kStage + lane]);
+      __syncwarp();
+    }
+    previous = true;
+  }
+  if (previous) barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
+  if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -288,7 +339,7 @@ int main(int argc, char** argv) {
         "upload table");
   float* out = nullptr;
   check(cudaMalloc(&out, sizeof(float) * rows * kKvHeads * 4), "cudaMalloc out");
-  for (auto kernel : {read_tile, read_pair, read_ldg, read_bulk, read_efbulk}) {
+  for (auto kernel : {read_tile, read_pair, read_ldg, read_bulk, read_efbulk, read_cells}) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
           "opt in to shared memory");
   }
@@ -309,7 +360,8 @@ int main(int argc, char** argv) {
                         {"pair", read_pair, dim3(rows, kKvHeads / 2), 64},
                         {"ldg", read_ldg, dim3(rows, kKvHeads), 128},
                         {"bulk", read_bulk, dim3(rows, kKvHeads), 128},
-                        {"bulkef", read_efbulk, dim3(rows, kKvHeads), 128}};
+                        {"bulkef", read_efbulk, dim3(rows, kKvHeads), 128},
+                        {"cells", read_cells, dim3(rows, kKvHeads), 128}};
   cudaEvent_t start = nullptr, stop = nullptr;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");

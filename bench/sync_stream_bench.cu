@@ -217,35 +217,42 @@ __global__ void __launch_bounds__(kThreads, 1) sync_stream_kernel(Params p) {
     }
   }
 
-  if (leader && warp == 1 && lane == 0) {
+  if (leader && warp == 1) {
+    // Lane 0 polls and fetches the input; then lane r (1 <= r < C) serves peer r, so the
+    // peers hear at once rather than one after another.
     const uint32_t peers_mask = ((1u << p.cluster) - 1) & ~1u;
     for (int epoch = 0; epoch < p.epochs; ++epoch) {
-      poll(p.counter, static_cast<uint32_t>((epoch + 1) * streamers));
-      p.t_seen[int64_t{blockIdx.x} * p.epochs + epoch] = now_ns();
-      if (p.x_bytes > 0 && p.mode == kRelay) {
-        barrier_arrive_expect(own, static_cast<uint32_t>(p.x_bytes));
-        bulk_copy(xbuf, p.x, static_cast<uint32_t>(p.x_bytes), own);
-        barrier_wait(own, epoch & 1);
-        for (int r = 1; r < p.cluster; ++r) {
+      if (lane == 0) {
+        poll(p.counter, static_cast<uint32_t>((epoch + 1) * streamers));
+        p.t_seen[int64_t{blockIdx.x} * p.epochs + epoch] = now_ns();
+        if (p.x_bytes > 0 && p.mode == kRelay) {
+          barrier_arrive_expect(own, static_cast<uint32_t>(p.x_bytes));
+          bulk_copy(xbuf, p.x, static_cast<uint32_t>(p.x_bytes), own);
+        }
+        if (p.x_bytes > 0 && p.mode == kMcast) {
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+              "cluster [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(xbuf)),
+              "l"(p.x), "r"(p.x_bytes), "r"(smem_addr(go)), "h"(static_cast<uint16_t>(peers_mask))
+              : "memory");
+        }
+      }
+      __syncwarp();
+      if (p.x_bytes > 0 && p.mode == kRelay) barrier_wait(own, epoch & 1);
+      if (lane >= 1 && lane < p.cluster) {
+        const auto r = static_cast<uint32_t>(lane);
+        if (p.x_bytes > 0 && p.mode == kRelay) {
           asm volatile(
               "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], "
               "%2, [%3];" ::"r"(peer_addr(xbuf, r)),
               "r"(smem_addr(xbuf)), "r"(p.x_bytes), "r"(peer_addr(go, r))
               : "memory");
         }
-      }
-      if (p.x_bytes > 0 && p.mode == kMcast) {
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-            "[%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(xbuf)),
-            "l"(p.x), "r"(p.x_bytes), "r"(smem_addr(go)), "h"(static_cast<uint16_t>(peers_mask))
-            : "memory");
-      }
-      for (int r = 1; r < p.cluster; ++r) {
         asm volatile(
             "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer_addr(go, r))
             : "memory");
       }
+      __syncwarp();
     }
     // The last sync's copies must land before rank 0's shared memory goes away: the peers
     // wait for them before the cluster barrier below.
@@ -343,7 +350,7 @@ int main(int argc, char** argv) {
       prop.name, sms, prop.l2CacheSize >> 20, stages, kStageBytes / 1024, stages_per_block, iters);
   std::printf(
       "mode   |  C | period | x bytes | stream | blocks | streamers |      us |   GB/s | syncs | "
-      "signal mean us | slowest us | rank 0 sees us\n");
+      "signal mean us | slowest us | arrival spread us | rank 0 sees us\n");
 
   std::vector<Row> rows = {{"stream", kStream, 1, 0, 0}};
   const std::vector<int> periods = quick ? std::vector<int>{12} : std::vector<int>{4, 12, 32};
@@ -355,6 +362,10 @@ int main(int argc, char** argv) {
     rows.push_back({"relay", kRelay, c, 12, 0});
     rows.push_back({"relay", kRelay, c, 12, 4096});
     rows.push_back({"mcast", kMcast, c, 12, 4096});
+  }
+  // A relay's streamers alone (no sync in the launch): the bound of its rows.
+  for (int c : quick ? std::vector<int>{8} : std::vector<int>{2, 8}) {
+    rows.push_back({"relay", kRelay, c, stages_per_block + 1, 0});
   }
   if (!quick) {
     rows.push_back({"relay", kRelay, 8, 4, 4096});
@@ -426,7 +437,7 @@ int main(int argc, char** argv) {
           stream ? double{kStageBytes} * stages_per_block * static_cast<double>(streamers) : 0.0;
 
       // The signal's latency, from the last block in to each block's input, per sync.
-      double mean = 0, slowest = 0, seen = 0;
+      double mean = 0, slowest = 0, seen = 0, skew = 0;
       if (p.epochs > 0) {
         std::vector<long long> arrive(static_cast<size_t>(streamers) * p.epochs);
         std::vector<long long> ready(arrive.size());
@@ -441,10 +452,12 @@ int main(int argc, char** argv) {
                          cudaMemcpyDeviceToHost),
               "stamps");
         for (int e = 0; e < p.epochs; ++e) {
-          long long last = 0;
+          long long last = 0, first = arrive[static_cast<size_t>(e)];
           for (int b = 0; b < streamers; ++b) {
             last = std::max(last, arrive[static_cast<size_t>(b) * p.epochs + e]);
+            first = std::min(first, arrive[static_cast<size_t>(b) * p.epochs + e]);
           }
+          skew += 1e-3 * static_cast<double>(last - first);
           double worst = 0;
           for (int b = 0; b < streamers; ++b) {
             const double lat =
@@ -464,12 +477,14 @@ int main(int argc, char** argv) {
         }
         mean /= static_cast<double>(p.epochs) * streamers;
         slowest /= p.epochs;
+        skew /= p.epochs;
         seen /= p.epochs;
       }
       std::printf(
           "%-6s | %2d | %6d | %7d | %6s | %6d | %9d | %7.1f | %6.0f | %5d | %14.2f | %10.2f | ",
           mode_name(row.mode), row.cluster, row.period, row.x_bytes, stream ? "yes" : "idle",
           blocks, streamers, us, stream ? bytes / us * 1e-3 : 0.0, p.epochs, mean, slowest);
+      std::printf("%17.2f | ", skew);
       if (row.cluster > 1) {
         std::printf("%14.2f\n", seen);
       } else {
