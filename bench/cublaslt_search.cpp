@@ -6,17 +6,16 @@
 // For each of the 8B's products (q/k/v 4096 -> 6144, o 4096 -> 4096, gate_up 4096 ->
 // 28672, down 14336 -> 4096; bf16 in and out, f32 accumulation, the operand layouts of
 // src/cuda/gemm.cpp) and each M (default 128): first the heuristic's 16 candidates, then
-// every configuration cublasLtMatmulAlgoCheck accepts among the algorithm ids, tiles,
-// stage counts, split-K counts (1-16; split sums reduced in f32, as Gemm allows for a
-// bf16 output) and CTA swizzles the library lists, then around each heuristic candidate
-// (keeping its stages, inner shape and custom option) every tile, split, swizzle and
-// cluster shape, up to N accepted a shape (default 4000; the whole space is ~26,000 for
-// the o product, ~9 minutes of the H200 for o and q/k/v at one M). Each
-// is timed as 10 calls in a CUDA graph (one replay) whose calls rotate over copies of the
-// weights totalling >= 512 MiB, so each reads its weights from HBM; the 8 fastest of each
-// search are timed again (50 calls, best of 5 replays). Printed per shape: the
-// heuristic's best, the search's best five, microseconds a call and the weights' rate as
-// a percentage of G (default 4250 GB/s).
+// around each of them (keeping its stages, inner shape and custom option) every tile,
+// split-K count (1-16; split sums reduced in f32, as Gemm allows for a bf16 output), CTA
+// swizzle and cluster shape, then every configuration cublasLtMatmulAlgoCheck accepts
+// among each algorithm id's own tiles, stage counts, splits and swizzles, up to N
+// accepted a shape (default 4000; around the heuristic alone the o product has ~26,000,
+// some minutes of the H200). Each configuration is timed as 10 calls in a CUDA graph (one
+// replay) whose calls rotate over copies of the weights totalling >= 512 MiB, so each
+// reads its weights from HBM; the 8 fastest are timed again (50 calls, best of 5
+// replays). Printed per shape: the heuristic's best and the search's best five, in
+// microseconds a call and the weights' rate as a percentage of G (default 4250 GB/s).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -27,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -236,12 +236,61 @@ void search(const char* name, int64_t k, int64_t n, int64_t m, int max_configs, 
   // Every configuration the library accepts.
   std::vector<Config> found;
   int tried = 0, accepted = 0;
+  const uint32_t splits[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
+  // Sets a configuration's tile, split (its sums reduced in f32) and swizzle.
+  const auto configure = [](cublasLtMatmulAlgo_t* algo, uint32_t tile, uint32_t split,
+                            uint32_t swz) {
+    set_algo(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+    set_algo(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split);
+    set_algo(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+             static_cast<uint32_t>(split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                                             : CUBLASLT_REDUCTION_SCHEME_NONE));
+    set_algo(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz);
+  };
+  // Times a configuration the library accepts once (a quick first timing).
+  std::unordered_set<std::string> seen;
+  const auto try_config = [&](const cublasLtMatmulAlgo_t& algo) {
+    std::string name = describe(algo);
+    if (!seen.insert(name).second) return;
+    ++tried;
+    cublasLtMatmulHeuristicResult_t result{};
+    if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &algo, &result) !=
+            CUBLAS_STATUS_SUCCESS ||
+        result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes) {
+      return;
+    }
+    ++accepted;
+    const double us = time_config(p, algo, 10, 1);
+    if (us > 0) found.push_back({algo, std::move(name), us});
+  };
+  // Around each of the heuristic's candidates (whose stages, inner shape and custom
+  // option the plain enumeration cannot set): every tile, split, swizzle and cluster shape.
+  const uint16_t clusters[] = {0, 2, 3, 4, 5, 6, 8};
+  for (const Config& h : std::vector<Config>(heuristic)) {
+    const std::vector<uint32_t> tiles = cap_list(h.algo, CUBLASLT_ALGO_CAP_TILE_IDS);
+    const int32_t splitk = cap_value<int32_t>(h.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT);
+    const uint32_t swizzle = cap_value<uint32_t>(h.algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT);
+    for (uint32_t tile : tiles) {
+      for (uint32_t split : splits) {
+        if (split > 1 && splitk == 0) continue;
+        for (uint32_t swz = 0; swz <= (swizzle != 0 ? 1u : 0u); ++swz) {
+          for (uint16_t cluster : clusters) {
+            if (accepted >= max_configs) break;
+            cublasLtMatmulAlgo_t algo = h.algo;
+            configure(&algo, tile, split, swz);
+            set_algo(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
+            try_config(algo);
+          }
+        }
+      }
+    }
+  }
+  // Then every algorithm id's own tiles, stages, splits and swizzles.
   int ids[256];
   int n_ids = 0;
   check(cublasLtMatmulAlgoGetIds(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
                                  CUDA_R_16BF, CUDA_R_16BF, 256, ids, &n_ids),
         "AlgoGetIds");
-  const uint32_t splits[] = {1, 2, 3, 4, 5, 6, 8, 12, 16};
   for (int i = 0; i < n_ids && accepted < max_configs; ++i) {
     cublasLtMatmulAlgo_t base;
     if (cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
@@ -265,63 +314,9 @@ void search(const char* name, int64_t k, int64_t n, int64_t m, int max_configs, 
           for (uint32_t swz = 0; swz <= (swizzle != 0 ? 1u : 0u); ++swz) {
             if (accepted >= max_configs) break;
             cublasLtMatmulAlgo_t algo = base;
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
             set_algo(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, stage);
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split);
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                     static_cast<uint32_t>(split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
-                                                     : CUBLASLT_REDUCTION_SCHEME_NONE));
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz);
-            ++tried;
-            cublasLtMatmulHeuristicResult_t result{};
-            if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &algo, &result) !=
-                    CUBLAS_STATUS_SUCCESS ||
-                result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes) {
-              continue;
-            }
-            ++accepted;
-            const double us = time_config(p, algo, 10, 1);
-            if (us > 0) found.push_back({algo, describe(algo), us});
-          }
-        }
-      }
-    }
-  }
-  // Around each of the heuristic's candidates (whose stages, inner shape and custom
-  // option the plain enumeration cannot set): every tile, split, swizzle and cluster shape.
-  std::vector<std::string> seen;
-  const uint16_t clusters[] = {0, 2, 3, 4, 5, 6, 8};
-  for (const Config& h : std::vector<Config>(heuristic)) {
-    const std::vector<uint32_t> tiles = cap_list(h.algo, CUBLASLT_ALGO_CAP_TILE_IDS);
-    const int32_t splitk = cap_value<int32_t>(h.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT);
-    const uint32_t swizzle = cap_value<uint32_t>(h.algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT);
-    for (uint32_t tile : tiles) {
-      for (uint32_t split : splits) {
-        if (split > 1 && splitk == 0) continue;
-        for (uint32_t swz = 0; swz <= (swizzle != 0 ? 1u : 0u); ++swz) {
-          for (uint16_t cluster : clusters) {
-            if (accepted >= max_configs) break;
-            cublasLtMatmulAlgo_t algo = h.algo;
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split);
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                     static_cast<uint32_t>(split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
-                                                     : CUBLASLT_REDUCTION_SCHEME_NONE));
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz);
-            set_algo(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
-            const std::string name = describe(algo);
-            if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
-            seen.push_back(name);
-            ++tried;
-            cublasLtMatmulHeuristicResult_t result{};
-            if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &algo, &result) !=
-                    CUBLAS_STATUS_SUCCESS ||
-                result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes) {
-              continue;
-            }
-            ++accepted;
-            const double us = time_config(p, algo, 10, 1);
-            if (us > 0) found.push_back({algo, name, us});
+            configure(&algo, tile, split, swz);
+            try_config(algo);
           }
         }
       }
