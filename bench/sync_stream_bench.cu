@@ -52,8 +52,9 @@ using cellm::cuda::detail::smem_addr;
 
 constexpr int kStageBytes = 16 * 1024;
 constexpr int kMaxStages = 12;
-constexpr int kMaxXBytes = 16 * 1024;
-constexpr int kThreads = 64;  // warp 0: the producer lane; warp 1: the consumer lane
+constexpr int kMaxXBytes = 128 * 1024;     // count mode; a cluster mode's input is <= 16 KB
+constexpr int kMaxSmemBytes = 227 * 1024;  // an H100 / H200 block's dynamic limit
+constexpr int kThreads = 64;               // warp 0: the producer lane; warp 1: the consumer lane
 
 enum Mode : int { kStream = 0, kCount = 1, kRelay = 2, kMcast = 3 };
 
@@ -67,9 +68,9 @@ struct Params {
   long long* t_seen;    // [grid][epochs]: a relay's rank 0 saw every block in
   int stages;           // ring stages
   int stages_per_block;
-  int period;  // stages between syncs
-  int epochs;  // stages_per_block / period (0 in kStream)
-  int x_bytes;
+  int period;   // stages between syncs
+  int epochs;   // stages_per_block / period (0 in kStream)
+  int x_bytes;  // count mode: a multiple of 16 KB above 16 KB (copied 16 KB at a time)
   int mode;
   int cluster;  // C (1 outside relay and mcast)
   int stream;   // 0: the producers copy nothing (the signal alone)
@@ -138,8 +139,8 @@ __device__ __forceinline__ void poll(const uint32_t* counter, uint32_t target) {
 __global__ void __launch_bounds__(kThreads, 1) sync_stream_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
-  unsigned char* xbuf = smem + kMaxStages * kStageBytes;
-  auto* full = reinterpret_cast<uint64_t*>(xbuf + kMaxXBytes);
+  unsigned char* xbuf = smem + p.stages * kStageBytes;
+  auto* full = reinterpret_cast<uint64_t*>(xbuf + (p.x_bytes + 127) / 128 * 128);
   uint64_t* empty = full + kMaxStages;
   uint64_t* go = empty + kMaxStages;  // the signal (and input) for the current sync
   uint64_t* own = go + 1;             // a relay's rank 0: its own copy of the input
@@ -206,7 +207,10 @@ __global__ void __launch_bounds__(kThreads, 1) sync_stream_kernel(Params p) {
         poll(p.counter, static_cast<uint32_t>((epoch + 1) * streamers));
         if (p.x_bytes > 0) {
           barrier_arrive_expect(go, static_cast<uint32_t>(p.x_bytes));
-          bulk_copy(xbuf, p.x, static_cast<uint32_t>(p.x_bytes), go);
+          for (int off = 0; off < p.x_bytes; off += 16 * 1024) {
+            bulk_copy(xbuf + off, p.x + off, static_cast<uint32_t>(min(16 * 1024, p.x_bytes - off)),
+                      go);
+          }
           barrier_wait(go, epoch & 1);
         }
       }
@@ -330,9 +334,8 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&x, kMaxXBytes), "cudaMalloc x");
   check(cudaMemset(x, 0x11, kMaxXBytes), "fill x");
   check(cudaMalloc(&counter, sizeof(uint32_t)), "cudaMalloc counter");
-  const size_t smem = size_t{kMaxStages} * kStageBytes + kMaxXBytes + (2 * kMaxStages + 2) * 8;
   check(cudaFuncSetAttribute(sync_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)),
+                             kMaxSmemBytes),
         "opt in to shared memory");
   check(cudaFuncSetAttribute(sync_stream_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
         "non-portable clusters");
@@ -349,7 +352,8 @@ int main(int argc, char** argv) {
       "streamed a block, %d launches a row (median)\n",
       prop.name, sms, prop.l2CacheSize >> 20, stages, kStageBytes / 1024, stages_per_block, iters);
   std::printf(
-      "mode   |  C | period | x bytes | stream | blocks | streamers |      us |   GB/s | syncs | "
+      "mode   |  C | ring | period | x bytes | stream | blocks | streamers |      us |   GB/s | "
+      "syncs | "
       "signal mean us | slowest us | arrival spread us | rank 0 sees us\n");
 
   std::vector<Row> rows = {{"stream", kStream, 1, 0, 0}};
@@ -358,6 +362,9 @@ int main(int argc, char** argv) {
     rows.push_back({"count", kCount, 1, period, 0});
     rows.push_back({"count", kCount, 1, period, 4096});
   }
+  // Larger inputs after the count (partial sums read back from the L2): a row's ring
+  // shrinks to fit them (128 KB leaves 6 stages).
+  for (int kb : {16, 64, 128}) rows.push_back({"count", kCount, 1, 12, kb * 1024});
   for (int c : quick ? std::vector<int>{8} : std::vector<int>{2, 4, 8, 16}) {
     rows.push_back({"relay", kRelay, c, 12, 0});
     rows.push_back({"relay", kRelay, c, 12, 4096});
@@ -381,7 +388,11 @@ int main(int argc, char** argv) {
       cudaLaunchConfig_t config{};
       cudaLaunchAttribute attr{};
       config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = smem;
+      // The ring, the input, the barriers; a large input leaves fewer stages.
+      const int x_pad = (row.x_bytes + 127) / 128 * 128;
+      const int barrier_bytes = (2 * kMaxStages + 2) * 8;
+      const int ring = std::min(stages, (kMaxSmemBytes - x_pad - barrier_bytes) / kStageBytes);
+      config.dynamicSmemBytes = static_cast<size_t>(ring) * kStageBytes + x_pad + barrier_bytes;
       int blocks = sms;
       if (row.cluster > 1) {
         attr.id = cudaLaunchAttributeClusterDimension;
@@ -412,7 +423,7 @@ int main(int argc, char** argv) {
       p.t_arrive = t_arrive;
       p.t_ready = t_ready;
       p.t_seen = t_seen;
-      p.stages = stages;
+      p.stages = ring;
       p.stages_per_block = stages_per_block;
       p.period = row.period;
       p.epochs = row.period > 0 ? stages_per_block / row.period : 0;
@@ -481,8 +492,9 @@ int main(int argc, char** argv) {
         seen /= p.epochs;
       }
       std::printf(
-          "%-6s | %2d | %6d | %7d | %6s | %6d | %9d | %7.1f | %6.0f | %5d | %14.2f | %10.2f | ",
-          mode_name(row.mode), row.cluster, row.period, row.x_bytes, stream ? "yes" : "idle",
+          "%-6s | %2d | %4d | %6d | %7d | %6s | %6d | %9d | %7.1f | %6.0f | %5d | %14.2f | %10.2f "
+          "| ",
+          mode_name(row.mode), row.cluster, ring, row.period, row.x_bytes, stream ? "yes" : "idle",
           blocks, streamers, us, stream ? bytes / us * 1e-3 : 0.0, p.epochs, mean, slowest);
       std::printf("%17.2f | ", skew);
       if (row.cluster > 1) {
