@@ -2,7 +2,7 @@
 // kernel whose blocks stream weights through a shared-memory ring, and whether a signal
 // relayed inside thread-block clusters costs less.
 //
-//   sync_stream_bench [--stages-per-block N] [--stages S] [--iters N] [--quick]
+//   sync_stream_bench [--stages-per-block N] [--stages S] [--iters N] [--quick] [--script]
 //
 // The persistent one-row kernel (src/cuda/kernels/decode_layers.cu) streams each product's
 // weights into a ring of shared-memory stages from one producer lane a block, and between
@@ -26,6 +26,7 @@
 //   mcast   relay, but rank 0 sends the input with one multicast bulk copy from global
 //           memory to every peer.
 // Each row is also run with the producers streaming nothing (idle): the signal alone.
+// --script runs whole layers' chains instead (run_scripts below).
 // Printed per row: the launch time, the streamed bytes' rate, and the signal's latency,
 // from the last block's arrival to each block having its input (mean over blocks and
 // syncs, and the mean over syncs of the slowest block), from %globaltimer.
@@ -274,6 +275,272 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
+// --- A layer's chain as a script (--script): which syncs a persistent design makes ---
+//
+// The producer streams as above; the consumer lane walks `layers` copies of a script of
+// steps: consume S stages, then a sync, then read R bytes of input from the L2 (16 KB
+// bulk copies). Syncs:
+//   grid     every block counts in on one counter and polls it (with spin_ns, blocks
+//            0-7 first spend that long on the chain: the five-sync chain's attention);
+//   group    blocks b % 8 == g count in on group g's counter; block g polls it, spends
+//            spin_ns (a kv head's attention), then sets the group's flag, which the other
+//            members poll;
+//   reduce   each cluster's ranks 1..C-1 copy an 8 KB partial sum into rank 0's shared
+//            memory over distributed shared memory; rank 0 waits for them, spends spin_ns
+//            (their sum), writes 8 KB to global memory and counts in; every block polls
+//            for every cluster's rank 0;
+//   none     no sync (the same stages streamed: the script's bound).
+enum SyncKind : int { kGridSync = 0, kGroupWait = 1, kClusterReduce = 2, kNoSync = 3 };
+struct Step {
+  int stages;
+  int kind;
+  int read_bytes;
+  int spin_ns;
+};
+constexpr int kMaxSteps = 8;
+constexpr int kGroups = 8;
+constexpr int kPartialBytes = 8 * 1024;
+
+struct ScriptParams {
+  const unsigned char* weights;
+  int64_t chunks;
+  const unsigned char* x;  // kMaxXBytes
+  unsigned char* out;      // [grid][kPartialBytes]
+  uint32_t* counters;      // [0] grid, [1 + g] group g's count, [1 + kGroups + g] its flag
+  Step steps[kMaxSteps];
+  int n_steps;
+  int layers;
+  int stages;  // ring
+  int xcap;    // bytes of the input buffer
+  int cluster;
+  int stream;
+};
+
+__device__ __forceinline__ void spin_for(int ns) {
+  const long long t0 = now_ns();
+  while (now_ns() - t0 < ns) {
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) script_kernel(ScriptParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = smem;
+  unsigned char* xbuf = smem + p.stages * kStageBytes;
+  auto* full = reinterpret_cast<uint64_t*>(xbuf + p.xcap);
+  uint64_t* empty = full + kMaxStages;
+  uint64_t* go = empty + kMaxStages;  // the input read after a sync
+  uint64_t* red = go + 1;             // rank 0: the peers' partial sums
+
+  const auto b = static_cast<int>(blockIdx.x);
+  const auto blocks = static_cast<int>(gridDim.x);
+  const uint32_t rank = cluster_rank();
+  const int clusters = blocks / p.cluster;
+  const int g = b % kGroups;
+  const int members = blocks / kGroups + (g < blocks % kGroups ? 1 : 0);
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  int per_layer = 0;
+  for (int s = 0; s < p.n_steps; ++s) per_layer += p.steps[s].stages;
+  const int total = per_layer * p.layers;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], 1);
+    }
+    barrier_init(go, 1);
+    barrier_init(red, 1);
+    fence_barrier_init();
+  }
+  cluster_sync();
+
+  if (warp == 0 && lane == 0 && p.stream) {
+    for (int i = 0; i < total; ++i) {
+      const int slot = i % p.stages;
+      if (i >= p.stages) barrier_wait(&empty[slot], ((i / p.stages) - 1) & 1);
+      const int64_t chunk = (int64_t{i} * blocks + b) % p.chunks;
+      barrier_arrive_expect(&full[slot], kStageBytes);
+      bulk_copy(ring + slot * kStageBytes, p.weights + chunk * kStageBytes, kStageBytes,
+                &full[slot]);
+    }
+  }
+
+  if (warp == 1 && lane == 0) {
+    int i = 0;
+    uint32_t grid_target = 0, group_epoch = 0, go_phase = 0, red_phase = 0;
+    for (int layer = 0; layer < p.layers; ++layer) {
+      for (int s = 0; s < p.n_steps; ++s) {
+        const Step st = p.steps[s];
+        for (int k = 0; k < st.stages; ++k, ++i) {
+          if (!p.stream) continue;
+          const int slot = i % p.stages;
+          barrier_wait(&full[slot], (i / p.stages) & 1);
+          barrier_arrive(&empty[slot]);
+        }
+        if (st.kind == kGridSync) {
+          if (st.spin_ns > 0 && b < kGroups) spin_for(st.spin_ns);
+          count_in(&p.counters[0]);
+          grid_target += static_cast<uint32_t>(blocks);
+          poll(&p.counters[0], grid_target);
+        } else if (st.kind == kGroupWait) {
+          ++group_epoch;
+          count_in(&p.counters[1 + g]);
+          uint32_t* flag = &p.counters[1 + kGroups + g];
+          if (b < kGroups) {
+            poll(&p.counters[1 + g], group_epoch * static_cast<uint32_t>(members));
+            spin_for(st.spin_ns);
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(group_epoch)
+                         : "memory");
+          } else {
+            poll(flag, group_epoch);
+          }
+        } else if (st.kind == kClusterReduce) {
+          if (rank != 0) {
+            asm volatile(
+                "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], "
+                "[%1], %2, [%3];" ::"r"(peer_addr(xbuf + (rank - 1) * kPartialBytes, 0)),
+                "r"(smem_addr(xbuf)), "r"(kPartialBytes), "r"(peer_addr(red, 0))
+                : "memory");
+          } else {
+            barrier_arrive_expect(red, static_cast<uint32_t>((p.cluster - 1) * kPartialBytes));
+            cluster_barrier_wait(red, red_phase);
+            red_phase ^= 1;
+            spin_for(st.spin_ns);
+            asm volatile(
+                "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                "cp.async.bulk.commit_group;\n"
+                "cp.async.bulk.wait_group 0;" ::"l"(p.out + int64_t{b} * kPartialBytes),
+                "r"(smem_addr(xbuf)), "r"(kPartialBytes)
+                : "memory");
+            count_in(&p.counters[0]);
+          }
+          grid_target += static_cast<uint32_t>(clusters);
+          poll(&p.counters[0], grid_target);
+        }
+        if (st.read_bytes > 0) {
+          barrier_arrive_expect(go, static_cast<uint32_t>(st.read_bytes));
+          for (int off = 0; off < st.read_bytes; off += 16 * 1024) {
+            bulk_copy(xbuf + off, p.x + off,
+                      static_cast<uint32_t>(min(16 * 1024, st.read_bytes - off)), go);
+          }
+          barrier_wait(go, go_phase);
+          go_phase ^= 1;
+        }
+      }
+    }
+  }
+  __syncwarp();
+  cluster_sync();
+}
+
+// Runs the layer scripts (--script): the five-sync chain decode_layers.cu has, the
+// two-sync design of docs/PERFORMANCE.md (session 28), each with and without its chain's
+// work, and their stages streamed with no sync; prints each launch's median time and its
+// loss a layer against the streamed bound.
+void run_scripts(const unsigned char* weights, int64_t chunks, const unsigned char* x, int iters) {
+  constexpr int kCluster = 8, kLayers = 16, kXcap = 128 * 1024;  // 16 clusters' partials
+  constexpr int kBarrierBytes = (2 * kMaxStages + 2) * 8;
+  const int ring = std::min(kMaxStages, (kMaxSmemBytes - kXcap - kBarrierBytes) / kStageBytes);
+  check(cudaFuncSetAttribute(script_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kMaxSmemBytes),
+        "opt in to shared memory");
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kCluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(ring) * kStageBytes + kXcap + kBarrierBytes;
+  config.gridDim = dim3(kCluster);
+  int clusters = 0;
+  check(cudaOccupancyMaxActiveClusters(&clusters, script_kernel, &config), "cluster occupancy");
+  const int blocks = clusters * kCluster;
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  uint32_t* counters = nullptr;
+  unsigned char* out = nullptr;
+  check(cudaMalloc(&counters, (1 + 2 * kGroups) * sizeof(uint32_t)), "cudaMalloc counters");
+  check(cudaMalloc(&out, static_cast<size_t>(blocks) * kPartialBytes), "cudaMalloc partials");
+
+  // Stages a block streams a 1B layer (16 KB stages over `blocks` blocks): q/k/v 12.6 MB,
+  // o 8.4, gate_up 67.1, down 33.5.
+  const auto per_block = [&](double mb) {
+    return std::max(1, static_cast<int>(mb * 1e6 / blocks / kStageBytes + 0.5));
+  };
+  const int qkv = per_block(12.58), o = per_block(8.39), gate_up = per_block(67.11),
+            down = per_block(33.55);
+  struct Script {
+    const char* name;
+    std::vector<Step> steps;
+  };
+  const auto five = [&](int attention_ns) {
+    return std::vector<Step>{{qkv, kGridSync, 4096, 0},
+                             {0, kGridSync, 4096, attention_ns},
+                             {o, kGridSync, 16384, 0},
+                             {gate_up, kGridSync, 16384, 0},
+                             {down, kGridSync, 16384, 0}};
+  };
+  const auto two = [&](int attention_ns, int sum_ns) {
+    return std::vector<Step>{
+        {qkv, kGroupWait, 512, attention_ns},
+        {o, kGridSync, 65536, 0},
+        {gate_up + down, kClusterReduce, std::min(clusters * kPartialBytes, kXcap), sum_ns}};
+  };
+  const Script scripts[] = {
+      {"streamed, no sync", {{qkv + o + gate_up + down, kNoSync, 0, 0}}},
+      {"five grid syncs", five(0)},
+      {"five grid syncs, 1.5 us attention", five(1500)},
+      {"two syncs + group wait + reduce", two(0, 0)},
+      {"the same, 1.5 us attention, 0.3 us sum", two(1500, 300)},
+  };
+  std::printf(
+      "\nlayer scripts: %d blocks (clusters of %d), a ring of %d stages, %d layers of %d + %d + "
+      "%d + %d stages (q/k/v, o, gate_up, down)\n",
+      blocks, kCluster, ring, kLayers, qkv, o, gate_up, down);
+  std::printf("script                                   | stream |      us | lost a layer us\n");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  double bound = 0;
+  for (int stream : {1, 0}) {
+    for (const Script& sc : scripts) {
+      ScriptParams p{};
+      p.weights = weights;
+      p.chunks = chunks;
+      p.x = x;
+      p.out = out;
+      p.counters = counters;
+      p.n_steps = static_cast<int>(sc.steps.size());
+      for (int s = 0; s < p.n_steps; ++s) p.steps[s] = sc.steps[static_cast<size_t>(s)];
+      p.layers = kLayers;
+      p.stages = ring;
+      p.xcap = kXcap;
+      p.cluster = kCluster;
+      p.stream = stream;
+      std::vector<float> times;
+      for (int it = 0; it < iters + 2; ++it) {
+        check(cudaMemset(counters, 0, (1 + 2 * kGroups) * sizeof(uint32_t)), "reset counters");
+        check(cudaEventRecord(start), "record");
+        check(cudaLaunchKernelEx(&config, script_kernel, p), "launch");
+        check(cudaEventRecord(stop), "record");
+        check(cudaEventSynchronize(stop), "run");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+        if (it >= 2) times.push_back(ms);
+      }
+      std::sort(times.begin(), times.end());
+      const double us = 1e3 * times[times.size() / 2];
+      if (sc.steps[0].kind == kNoSync) bound = us;
+      std::printf("%-40s | %6s | %7.1f | %15.2f\n", sc.name, stream ? "yes" : "idle", us,
+                  (us - bound) / kLayers);
+    }
+  }
+  cudaFree(counters);
+  cudaFree(out);
+}
+
 struct Row {
   const char* name;
   int mode;
@@ -299,7 +566,7 @@ const char* mode_name(int mode) {
 
 int main(int argc, char** argv) {
   int stages_per_block = 1024, stages = 8, iters = 10;
-  bool quick = false;
+  bool quick = false, script = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--stages-per-block") == 0 && i + 1 < argc) {
       stages_per_block = std::atoi(argv[++i]);
@@ -309,6 +576,8 @@ int main(int argc, char** argv) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--script") == 0) {
+      script = true;
     } else {
       std::fprintf(stderr, "sync_stream_bench: unknown argument %s\n", argv[i]);
       return 2;
@@ -334,6 +603,11 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&x, kMaxXBytes), "cudaMalloc x");
   check(cudaMemset(x, 0x11, kMaxXBytes), "fill x");
   check(cudaMalloc(&counter, sizeof(uint32_t)), "cudaMalloc counter");
+  if (script) {
+    std::printf("sync_stream_bench: %s, %d SMs\n", prop.name, sms);
+    run_scripts(weights, chunks, x, iters);
+    return 0;
+  }
   check(cudaFuncSetAttribute(sync_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kMaxSmemBytes),
         "opt in to shared memory");
