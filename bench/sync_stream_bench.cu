@@ -137,6 +137,20 @@ __device__ __forceinline__ void poll(const uint32_t* counter, uint32_t target) {
   }
 }
 
+// The producer lane: `count` 16 KB stages into a ring of `stages`, stage i of streamer
+// `index` (of `streamers`) being chunk i x streamers + index of the weights.
+__device__ __forceinline__ void produce(const unsigned char* weights, int64_t chunks, int count,
+                                        int streamers, int index, unsigned char* ring, int stages,
+                                        uint64_t* full, uint64_t* empty) {
+  for (int i = 0; i < count; ++i) {
+    const int slot = i % stages;
+    if (i >= stages) barrier_wait(&empty[slot], ((i / stages) - 1) & 1);
+    const int64_t chunk = (int64_t{i} * streamers + index) % chunks;
+    barrier_arrive_expect(&full[slot], kStageBytes);
+    bulk_copy(ring + slot * kStageBytes, weights + chunk * kStageBytes, kStageBytes, &full[slot]);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) sync_stream_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
@@ -173,15 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1) sync_stream_kernel(Params p) {
   }
 
   if (!leader && warp == 0 && lane == 0 && p.stream) {
-    // The producer: stage i of this block is chunk i x streamers + sidx.
-    for (int i = 0; i < p.stages_per_block; ++i) {
-      const int slot = i % p.stages;
-      if (i >= p.stages) barrier_wait(&empty[slot], ((i / p.stages) - 1) & 1);
-      const int64_t chunk = (int64_t{i} * streamers + sidx) % p.chunks;
-      barrier_arrive_expect(&full[slot], kStageBytes);
-      bulk_copy(ring + slot * kStageBytes, p.weights + chunk * kStageBytes, kStageBytes,
-                &full[slot]);
-    }
+    produce(p.weights, p.chunks, p.stages_per_block, streamers, sidx, ring, p.stages, full, empty);
   }
 
   if (!leader && warp == 1 && lane == 0) {
@@ -275,6 +281,31 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
+// The median time of `iters` launches of `kernel` (after two untimed), each after
+// `counter_bytes` of counters are zeroed; events on the legacy stream.
+template <typename Params>
+double median_launch_us(const cudaLaunchConfig_t& config, void (*kernel)(Params), const Params& p,
+                        void* counters, size_t counter_bytes, int iters) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::vector<float> times;
+  for (int it = 0; it < iters + 2; ++it) {
+    check(cudaMemset(counters, 0, counter_bytes), "reset counters");
+    check(cudaEventRecord(start), "record");
+    check(cudaLaunchKernelEx(&config, kernel, p), "launch");
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "run");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (it >= 2) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return 1e3 * times[times.size() / 2];
+}
+
 // --- A layer's chain as a script (--script): which syncs a persistent design makes ---
 //
 // The producer streams as above; the consumer lane walks `layers` copies of a script of
@@ -355,14 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) script_kernel(ScriptParams p) {
   cluster_sync();
 
   if (warp == 0 && lane == 0 && p.stream) {
-    for (int i = 0; i < total; ++i) {
-      const int slot = i % p.stages;
-      if (i >= p.stages) barrier_wait(&empty[slot], ((i / p.stages) - 1) & 1);
-      const int64_t chunk = (int64_t{i} * blocks + b) % p.chunks;
-      barrier_arrive_expect(&full[slot], kStageBytes);
-      bulk_copy(ring + slot * kStageBytes, p.weights + chunk * kStageBytes, kStageBytes,
-                &full[slot]);
-    }
+    produce(p.weights, p.chunks, total, blocks, b, ring, p.stages, full, empty);
   }
 
   if (warp == 1 && lane == 0) {
@@ -500,9 +524,6 @@ void run_scripts(const unsigned char* weights, int64_t chunks, const unsigned ch
       "%d + %d stages (q/k/v, o, gate_up, down)\n",
       blocks, kCluster, ring, kLayers, qkv, o, gate_up, down);
   std::printf("script                                   | stream |      us | lost a layer us\n");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
   double bound = 0;
   for (int stream : {1, 0}) {
     for (const Script& sc : scripts) {
@@ -519,19 +540,8 @@ void run_scripts(const unsigned char* weights, int64_t chunks, const unsigned ch
       p.xcap = kXcap;
       p.cluster = kCluster;
       p.stream = stream;
-      std::vector<float> times;
-      for (int it = 0; it < iters + 2; ++it) {
-        check(cudaMemset(counters, 0, (1 + 2 * kGroups) * sizeof(uint32_t)), "reset counters");
-        check(cudaEventRecord(start), "record");
-        check(cudaLaunchKernelEx(&config, script_kernel, p), "launch");
-        check(cudaEventRecord(stop), "record");
-        check(cudaEventSynchronize(stop), "run");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        if (it >= 2) times.push_back(ms);
-      }
-      std::sort(times.begin(), times.end());
-      const double us = 1e3 * times[times.size() / 2];
+      const double us = median_launch_us(config, script_kernel, p, counters,
+                                         (1 + 2 * kGroups) * sizeof(uint32_t), iters);
       if (sc.steps[0].kind == kNoSync) bound = us;
       std::printf("%-40s | %6s | %7.1f | %15.2f\n", sc.name, stream ? "yes" : "idle", us,
                   (us - bound) / kLayers);
@@ -653,9 +663,6 @@ int main(int argc, char** argv) {
     rows.push_back({"relay", kRelay, 8, 32, 4096});
   }
 
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
   for (const Row& row : rows) {
     for (int stream : {1, 0}) {
       if (row.mode == kStream && stream == 0) continue;
@@ -705,19 +712,8 @@ int main(int argc, char** argv) {
       p.mode = row.mode;
       p.cluster = row.cluster;
       p.stream = stream;
-      std::vector<float> times;
-      for (int it = 0; it < iters + 2; ++it) {
-        check(cudaMemset(counter, 0, sizeof(uint32_t)), "reset counter");
-        check(cudaEventRecord(start), "record");
-        check(cudaLaunchKernelEx(&config, sync_stream_kernel, p), "launch");
-        check(cudaEventRecord(stop), "record");
-        check(cudaEventSynchronize(stop), "run");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        if (it >= 2) times.push_back(ms);
-      }
-      std::sort(times.begin(), times.end());
-      const double us = 1e3 * times[times.size() / 2];
+      const double us =
+          median_launch_us(config, sync_stream_kernel, p, counter, sizeof(uint32_t), iters);
       const double bytes =
           stream ? double{kStageBytes} * stages_per_block * static_cast<double>(streamers) : 0.0;
 
