@@ -60,6 +60,10 @@ struct Gemm::Plan {
   }
 };
 
+// Rows from which Gemm's tuner also times the heuristic's first cuBLASLt kernel with
+// smaller tiles (cublaslt_candidates).
+constexpr int64_t kTileVariantsFromRows = 64;
+
 // 0 offers the tuner the kRows GEMV with launch_gemv's own split only, as before every
 // split was a candidate (an A/B build: bench/variant_visit.sh "one=-DCELLM_TUNE_ROWS_SPLITS=0").
 #ifndef CELLM_TUNE_ROWS_SPLITS
@@ -354,6 +358,19 @@ Result<std::vector<GemmChoice>> Gemm::cublaslt_candidates(const Plan& plan) {
   // A bf16 output would carry the partial sums of these schemes rounded to bf16.
   const bool narrow_output = static_cast<cudaDataType_t>(plan.key.out_type) != CUDA_R_32F;
   std::vector<GemmChoice> candidates;
+  // Appends `algo` unless it is a candidate already.
+  const auto add_algo = [&](const cublasLtMatmulAlgo_t& algo, const std::string& origin) {
+    if (std::any_of(candidates.begin(), candidates.end(),
+                    [&](const GemmChoice& c) { return same_algo(c.algo, algo); })) {
+      return;
+    }
+    GemmChoice c;
+    c.kernel = GemmKernel::kCublasLt;
+    c.algo = algo;
+    c.bias_in_epilogue = plan.choice.bias_in_epilogue;
+    c.name = describe_algo(algo, origin);
+    candidates.push_back(std::move(c));
+  };
   cublasLtMatmulHeuristicResult_t results[kPerQuery];
   const auto query = [&](cublasLtMatmulPreference_t preference, const char* origin) {
     int count = 0;
@@ -371,16 +388,7 @@ Result<std::vector<GemmChoice>> Gemm::cublaslt_candidates(const Plan& plan) {
            split.reduction == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) {
         continue;
       }
-      if (std::any_of(candidates.begin(), candidates.end(),
-                      [&](const GemmChoice& c) { return same_algo(c.algo, r.algo); })) {
-        continue;
-      }
-      GemmChoice c;
-      c.kernel = GemmKernel::kCublasLt;
-      c.algo = r.algo;
-      c.bias_in_epilogue = plan.choice.bias_in_epilogue;
-      c.name = describe_algo(r.algo, origin + std::to_string(i));
-      candidates.push_back(std::move(c));
+      add_algo(r.algo, origin + std::to_string(i));
     }
   };
   query(plan.preference, "h");
@@ -390,6 +398,42 @@ Result<std::vector<GemmChoice>> Gemm::cublaslt_candidates(const Plan& plan) {
       make_preference(plan.key, workspace_.bytes(),
                       CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_INPLACE));
   query(no_reduce_kernel.get(), "r");
+  // At many rows, the heuristic's first kernel with smaller tiles and no split: a skinny
+  // product's 64x64 tiles fill about one wave by themselves (bench/cublaslt_search.cpp,
+  // session 28: the 8B's o and down at 128 rows 5-8% faster so than the heuristic's best;
+  // the tuner took them for o and swiglu + down at 64-128 rows, and the long B = 128 row
+  // went 11,911 -> 12,145 tok/s, docs/PERFORMANCE.md).
+  if (plan.key.m >= kTileVariantsFromRows && !candidates.empty()) {
+    const cublasLtMatmulAlgo_t base = candidates.front().algo;
+    const uint32_t tiles[] = {CUBLASLT_MATMUL_TILE_64x64, CUBLASLT_MATMUL_TILE_64x128,
+                              CUBLASLT_MATMUL_TILE_128x64};
+    const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1};
+    const uint32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    for (const uint32_t tile : tiles) {
+      for (const uint16_t cluster : clusters) {
+        cublasLtMatmulAlgo_t algo = base;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                                 sizeof tile) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                                 sizeof one) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &none, sizeof none) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                                 &cluster,
+                                                 sizeof cluster) != CUBLAS_STATUS_SUCCESS) {
+          continue;
+        }
+        cublasLtMatmulHeuristicResult_t checked{};
+        if (cublasLtMatmulAlgoCheck(handle_, plan.desc, plan.a, plan.b, plan.d, plan.d, &algo,
+                                    &checked) != CUBLAS_STATUS_SUCCESS ||
+            checked.state != CUBLAS_STATUS_SUCCESS || checked.workspaceSize > workspace_.bytes()) {
+          continue;
+        }
+        add_algo(algo, "t" + std::to_string(tile) + "c" + std::to_string(cluster));
+      }
+    }
+  }
   return candidates;
 }
 

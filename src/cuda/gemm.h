@@ -42,8 +42,10 @@
 // operands and stream (GemmTimer, gemm_tuning.h) and keeps the fastest: the first 8
 // algorithms of cuBLASLt's heuristic, up to 8 more from a second query restricted to
 // algorithms without a separate reduction kernel (CUBLASLT_REDUCTION_SCHEME_NONE |
-// INPLACE), deduplicated, and the GEMV's two kernels (GemvKernel) for the bf16 calls they
-// serve. run_swiglu_down's candidates are whole units: the fused tensor-core GEMV, or
+// INPLACE), from 64 rows the first of them again with 64x64, 64x128 and 128x64 tiles and no
+// split (clusters 1x1x1 and 1x2x1; what cublasLtMatmulAlgoCheck accepts), deduplicated, and
+// the GEMV's two kernels (GemvKernel) for the bf16 calls they serve. run_swiglu_down's
+// candidates are whole units: the fused tensor-core GEMV, or
 // launch_swiglu followed by the kRows GEMV or by each cuBLASLt algorithm. For bf16 outputs, split-K
 // algorithms that reduce in the output type (INPLACE, OUTPUT_TYPE) are left out: they round partial
 // sums to bf16, outside the accumulation contract above, which every candidate meets. A candidate
