@@ -20,7 +20,19 @@
 //          (cp.async.bulk, a lane a row) landing on the stage's mbarrier;
 //   bulkef bulk with the L2 told to evict its lines first;
 //   cells  a block per (row, eighth of its keys) copying each key's whole K and V cells
-//          (every kv head: 2 KB contiguous each) with one bulk copy apiece.
+//          (every kv head: 2 KB contiguous each) with one bulk copy apiece;
+//   heads  another layout: K (and V) stored head-major, [kv head, cell, head_dim], so one
+//          kv head's rows of consecutive cells are contiguous. bulk's blocks and stages;
+//          a tile of 16 consecutive cells is one 4 KB bulk copy for K and one for V, any
+//          other tile 256-byte copies as bulk's.
+//   runsN  the head-major layout with longer runs: one warp a (row, kv head) block, a ring of
+//          stages of N keys (N = 16, 64), each a single K and a single V bulk copy when its
+//          cells are consecutive (else 256-byte copies), the next stages in flight while
+//          the warp reads one: how fast whole runs of one kv head's rows stream.
+// --placement says where each row's keys lie: `shuffled` (default; a shuffle of every
+// cell), `contiguous` (row r's keys in cells [r C, (r + 1) C)), or `decode:P` (as cellm
+// bench leaves them: each row's first P keys contiguous, the later ones interleaved with
+// the other rows', one cell a row a step).
 // Each prints its time and read rate; run it under
 //   ncu --clock-control none -k regex:read_ --metrics
 //     lts__t_sectors_op_read.sum,dram__bytes_read.sum,gpu__time_duration.sum
@@ -63,6 +75,8 @@ constexpr int kRowPad = 8;  // bf16, as the attention pads its rows
 constexpr int kRowElems = kHeadDim + kRowPad;
 constexpr int kStageElems = 2 * kTileKeys * kRowElems;  // K and V of one tile
 constexpr int kSmemBytes = 4 * 2 * kStageElems * 2;     // 4 warps x 2 stages: 68 KB
+constexpr int64_t kCells = 512 * 1024;                  // 1 GiB of K and 1 GiB of V
+constexpr int64_t kHeadPlane = kCells * kHeadDim;       // bf16 of one kv head (head-major)
 
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
@@ -199,9 +213,8 @@ __device__ __forceinline__ void bulk_read(void* dst, const void* src, uint32_t b
 // copies key l % 16's K row for l < 16, its V row otherwise), a tile landing on its
 // stage's mbarrier.
 template <bool kEvictFirst>
-__device__ __forceinline__ void bulk_tiles(const __nv_bfloat16* k_pool,
-                                           const __nv_bfloat16* v_pool, const int32_t* table,
-                                           int32_t context, float* out) {
+__device__ __forceinline__ void bulk_tiles(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool,
+                                           const int32_t* table, int32_t context, float* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ alignas(8) uint64_t full[4][2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -299,10 +312,121 @@ __global__ void __launch_bounds__(128, 3)
   if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
 }
 
+// The head-major layout: kv head h's row of cell c at (h kCells + c) kHeadDim. bulk's blocks,
+// warps and stages, unpadded rows; a tile whose 16 cells are consecutive is one 4 KB bulk
+// copy of K (lane 0) and one of V (lane 16), any other one 256-byte copy a key's row.
+__global__ void __launch_bounds__(128, 3)
+    read_heads(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+               int32_t context, float* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ alignas(8) uint64_t full[4][2];
+  constexpr int kTileElems = kTileKeys * kHeadDim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* cells = table + int64_t{blockIdx.x} * context;
+  const int64_t head_base = int64_t{blockIdx.y} * kHeadPlane;
+  __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 2 * 2 * kTileElems;
+  if (lane < 2) {
+    barrier_init(&full[warp][lane], 1);
+    fence_barrier_init();
+  }
+  __syncwarp();
+  const int n_tiles = context / kTileKeys;
+  const int key = lane % 16;
+  const __nv_bfloat16* pool = lane < 16 ? k_pool : v_pool;
+  uint32_t parity[2] = {0, 0};
+  float acc = 0.f;
+  int s = 0;
+  bool previous = false;
+  for (int t = warp; t < n_tiles; t += 4, s ^= 1) {
+    __nv_bfloat16* dst = stages + s * 2 * kTileElems + (lane / 16) * kTileElems;
+    if (lane == 0) barrier_arrive_expect(&full[warp][s], 2 * kTileKeys * kRowBytes);
+    fence_proxy_async_shared();
+    __syncwarp();
+    const int32_t cell = cells[t * kTileKeys + key];
+    const int32_t first = __shfl_sync(0xffffffffu, cell, 0);
+    const bool run = __all_sync(0xffffffffu, cell == first + key);
+    if (!run) {
+      bulk_copy(dst + key * kHeadDim, pool + head_base + int64_t{cell} * kHeadDim, kRowBytes,
+                &full[warp][s]);
+    } else if (key == 0) {
+      bulk_copy(dst, pool + head_base + int64_t{cell} * kHeadDim, kTileKeys * kRowBytes,
+                &full[warp][s]);
+    }
+    if (previous) {
+      barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
+      parity[s ^ 1] ^= 1;
+      acc += __bfloat162float(stages[(s ^ 1) * 2 * kTileElems + lane]);
+      __syncwarp();
+    }
+    previous = true;
+  }
+  if (previous) barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
+  if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
+}
+
+// The head-major layout read in runs of kKeys consecutive cells: one warp a (row, kv head),
+// a ring of kStages stages (K then V of kKeys keys each), kStages - 1 in flight while the
+// warp reads the oldest.
+template <int kKeys, int kStages>
+__global__ void __launch_bounds__(32)
+    read_runs(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+              int32_t context, float* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ alignas(8) uint64_t full[kStages];
+  constexpr int kTileElems = kKeys * kHeadDim;
+  const int lane = threadIdx.x;
+  const int32_t* cells = table + int64_t{blockIdx.x} * context;
+  const int64_t head_base = int64_t{blockIdx.y} * kHeadPlane;
+  __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem);
+  if (lane < kStages) barrier_init(&full[lane], 1);
+  fence_barrier_init();
+  __syncwarp();
+  const int n_tiles = context / kKeys;
+  const auto issue = [&](int t) {
+    const int slot = t % kStages;
+    __nv_bfloat16* dst = stages + slot * 2 * kTileElems;
+    if (lane == 0) barrier_arrive_expect(&full[slot], 2 * kKeys * kRowBytes);
+    fence_proxy_async_shared();
+    __syncwarp();
+    bool run = true;
+    for (int i = lane; i < kKeys; i += 32) {
+      run = run && cells[t * kKeys + i] == cells[t * kKeys] + i;
+    }
+    run = __all_sync(0xffffffffu, run);
+    const int64_t first = cells[t * kKeys];
+    if (run) {
+      if (lane < 2) {
+        bulk_copy(dst + lane * kTileElems,
+                  (lane == 0 ? k_pool : v_pool) + head_base + first * kHeadDim, kKeys * kRowBytes,
+                  &full[slot]);
+      }
+    } else {
+      for (int i = lane; i < 2 * kKeys; i += 32) {
+        const int key = i % kKeys;
+        bulk_copy(
+            dst + (i / kKeys) * kTileElems + key * kHeadDim,
+            (i < kKeys ? k_pool : v_pool) + head_base + int64_t{cells[t * kKeys + key]} * kHeadDim,
+            kRowBytes, &full[slot]);
+      }
+    }
+  };
+  for (int t = 0; t < min(kStages - 1, n_tiles); ++t) issue(t);
+  float acc = 0.f;
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + kStages - 1 < n_tiles) issue(t + kStages - 1);
+    const int slot = t % kStages;
+    barrier_wait(&full[slot], (t / kStages) & 1);
+    acc += __bfloat162float(stages[slot * 2 * kTileElems + lane]);
+    __syncwarp();
+  }
+  if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4] = acc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int rows = 128, context = 1152, iters = 20;
+  const char* placement = "shuffled";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
       rows = std::atoi(argv[++i]);
@@ -310,12 +434,13 @@ int main(int argc, char** argv) {
       context = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--placement") == 0 && i + 1 < argc) {
+      placement = argv[++i];
     } else {
       std::fprintf(stderr, "kv_read_bench: unknown argument %s\n", argv[i]);
       return 2;
     }
   }
-  constexpr int64_t kCells = 512 * 1024;  // 1 GiB of K and 1 GiB of V
   if (rows < 1 || context < kTileKeys || context % kTileKeys != 0 ||
       int64_t{rows} * context > kCells) {
     std::fprintf(stderr,
@@ -329,45 +454,80 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&v_pool, kCells * kCellElems * sizeof(__nv_bfloat16)), "cudaMalloc v");
   check(cudaMemset(k_pool, 0x3c, kCells * kCellElems * sizeof(__nv_bfloat16)), "fill k");
   check(cudaMemset(v_pool, 0x3c, kCells * kCellElems * sizeof(__nv_bfloat16)), "fill v");
-  // Row r's keys: cells [r context, (r + 1) context) of a shuffle of every cell.
-  std::vector<int32_t> order(kCells);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937(1));
+  // Row r's keys (table[r context + i]), placed as --placement says.
+  std::vector<int32_t> order(static_cast<size_t>(rows) * context);
+  if (std::strcmp(placement, "shuffled") == 0) {
+    std::vector<int32_t> all(kCells);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), std::mt19937(1));
+    std::copy_n(all.begin(), order.size(), order.begin());
+  } else if (std::strcmp(placement, "contiguous") == 0) {
+    std::iota(order.begin(), order.end(), 0);
+  } else if (std::strncmp(placement, "decode:", 7) == 0 && std::atoi(placement + 7) >= 0 &&
+             std::atoi(placement + 7) <= context) {
+    const int prefix = std::atoi(placement + 7);
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < context; ++i) {
+        order[static_cast<size_t>(r) * context + i] =
+            i < prefix ? r * prefix + i : rows * prefix + (i - prefix) * rows + r;
+      }
+    }
+  } else {
+    std::fprintf(stderr,
+                 "kv_read_bench: --placement is shuffled, contiguous or decode:P (0 <= P <= "
+                 "context); got %s\n",
+                 placement);
+    return 2;
+  }
   int32_t* table = nullptr;
   check(cudaMalloc(&table, sizeof(int32_t) * rows * context), "cudaMalloc table");
-  check(cudaMemcpy(table, order.data(), sizeof(int32_t) * rows * context, cudaMemcpyHostToDevice),
+  check(cudaMemcpy(table, order.data(), sizeof(int32_t) * order.size(), cudaMemcpyHostToDevice),
         "upload table");
   float* out = nullptr;
   check(cudaMalloc(&out, sizeof(float) * rows * kKvHeads * 4), "cudaMalloc out");
-  for (auto kernel : {read_tile, read_pair, read_ldg, read_bulk, read_efbulk, read_cells}) {
+  for (auto kernel :
+       {read_tile, read_pair, read_ldg, read_bulk, read_efbulk, read_cells, read_heads}) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
           "opt in to shared memory");
   }
+  // The runs kernels' rings: 4 stages of 16 keys (32 KB) and 3 of 64 keys (96 KB; 2 blocks an SM).
+  constexpr int kRuns16Smem = 4 * 2 * 16 * kRowBytes, kRuns64Smem = 3 * 2 * 64 * kRowBytes;
+  check(cudaFuncSetAttribute(read_runs<16, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kRuns16Smem),
+        "opt in to shared memory");
+  check(cudaFuncSetAttribute(read_runs<64, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kRuns64Smem),
+        "opt in to shared memory");
 
   const double bytes = 2.0 * rows * context * kKvHeads * kRowBytes;
   std::printf(
-      "kv_read_bench: %d rows x %d keys, %d kv heads of %d bytes, K and V: %.1f MB a "
+      "kv_read_bench: %d rows x %d keys (%s), %d kv heads of %d bytes, K and V: %.1f MB a "
       "launch, %d launches\n",
-      rows, context, kKvHeads, kRowBytes, bytes / 1e6, iters);
+      rows, context, placement, kKvHeads, kRowBytes, bytes / 1e6, iters);
   std::printf("kernel |     us |   GB/s\n");
   struct Case {
     const char* name;
     void (*kernel)(const __nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int32_t, float*);
     dim3 grid;
     int threads;
+    int smem = kSmemBytes;
   };
   const Case cases[] = {{"tile", read_tile, dim3(rows, kKvHeads), 128},
                         {"pair", read_pair, dim3(rows, kKvHeads / 2), 64},
                         {"ldg", read_ldg, dim3(rows, kKvHeads), 128},
                         {"bulk", read_bulk, dim3(rows, kKvHeads), 128},
                         {"bulkef", read_efbulk, dim3(rows, kKvHeads), 128},
-                        {"cells", read_cells, dim3(rows, kKvHeads), 128}};
+                        {"cells", read_cells, dim3(rows, kKvHeads), 128},
+                        {"heads", read_heads, dim3(rows, kKvHeads), 128},
+                        {"runs16", read_runs<16, 4>, dim3(rows, kKvHeads), 32, kRuns16Smem},
+                        {"runs64", read_runs<64, 3>, dim3(rows, kKvHeads), 32, kRuns64Smem}};
   cudaEvent_t start = nullptr, stop = nullptr;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
   for (const Case& c : cases) {
+    if (std::strcmp(c.name, "runs64") == 0 && context % 64 != 0) continue;  // whole runs only
     const auto launch = [&] {
-      c.kernel<<<c.grid, c.threads, kSmemBytes>>>(k_pool, v_pool, table, context, out);
+      c.kernel<<<c.grid, c.threads, c.smem>>>(k_pool, v_pool, table, context, out);
     };
     launch();  // warm-up
     check(cudaDeviceSynchronize(), c.name);
