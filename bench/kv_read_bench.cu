@@ -211,15 +211,19 @@ __device__ __forceinline__ void bulk_read(void* dst, const void* src, uint32_t b
 
 // read_tile's blocks and stages, each key's K and V rows one 256-byte bulk copy (lane l
 // copies key l % 16's K row for l < 16, its V row otherwise), a tile landing on its
-// stage's mbarrier.
-template <bool kEvictFirst>
+// stage's mbarrier. kHeadMajor reads the head-major layout (kv head h's row of cell c at
+// (h kCells + c) kHeadDim) into unpadded stage rows, a tile whose 16 cells are consecutive
+// as one 4 KB bulk copy of K (lane 0) and one of V (lane 16).
+template <bool kEvictFirst, bool kHeadMajor>
 __device__ __forceinline__ void bulk_tiles(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool,
                                            const int32_t* table, int32_t context, float* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ alignas(8) uint64_t full[4][2];
+  constexpr int kStageRow = kHeadMajor ? kHeadDim : kRowElems;  // bf16 between a stage's rows
+  constexpr int64_t kCellStride = kHeadMajor ? kHeadDim : kCellElems;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* cells = table + int64_t{blockIdx.x} * context;
-  const int64_t head_off = int64_t{blockIdx.y} * kHeadDim;
+  const int64_t head_off = int64_t{blockIdx.y} * (kHeadMajor ? kHeadPlane : kHeadDim);
   __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 2 * kStageElems;
   if (lane < 2) {
     barrier_init(&full[warp][lane], 1);
@@ -234,13 +238,21 @@ __device__ __forceinline__ void bulk_tiles(const __nv_bfloat16* k_pool, const __
   int s = 0;
   bool previous = false;
   for (int t = warp; t < n_tiles; t += 4, s ^= 1) {
-    __nv_bfloat16* dst = stages + s * kStageElems + (lane / 16) * kTileKeys * kRowElems;
+    __nv_bfloat16* dst = stages + s * kStageElems + (lane / 16) * kTileKeys * kStageRow;
     if (lane == 0) barrier_arrive_expect(&full[warp][s], 2 * kTileKeys * kRowBytes);
     fence_proxy_async_shared();
     __syncwarp();
-    const int64_t cell = cells[t * kTileKeys + key];
-    bulk_read<kEvictFirst>(dst + key * kRowElems, pool + cell * kCellElems + head_off, kRowBytes,
-                           &full[warp][s]);
+    const int32_t cell = cells[t * kTileKeys + key];
+    const __nv_bfloat16* src = pool + head_off + cell * kCellStride;
+    bool run = false;
+    if constexpr (kHeadMajor) {
+      run = __all_sync(0xffffffffu, cell == __shfl_sync(0xffffffffu, cell, 0) + key);
+    }
+    if (!run) {
+      bulk_read<kEvictFirst>(dst + key * kStageRow, src, kRowBytes, &full[warp][s]);
+    } else if (key == 0) {
+      bulk_read<kEvictFirst>(dst, src, kTileKeys * kRowBytes, &full[warp][s]);
+    }
     if (previous) {
       barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
       parity[s ^ 1] ^= 1;
@@ -255,12 +267,17 @@ __device__ __forceinline__ void bulk_tiles(const __nv_bfloat16* k_pool, const __
 __global__ void __launch_bounds__(128, 3)
     read_bulk(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
               int32_t context, float* out) {
-  bulk_tiles<false>(k_pool, v_pool, table, context, out);
+  bulk_tiles<false, false>(k_pool, v_pool, table, context, out);
 }
 __global__ void __launch_bounds__(128, 3)
     read_efbulk(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
                 int32_t context, float* out) {
-  bulk_tiles<true>(k_pool, v_pool, table, context, out);
+  bulk_tiles<true, false>(k_pool, v_pool, table, context, out);
+}
+__global__ void __launch_bounds__(128, 3)
+    read_heads(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
+               int32_t context, float* out) {
+  bulk_tiles<false, true>(k_pool, v_pool, table, context, out);
 }
 
 // The other layout a kernel could read: every kv head of a key at once, each cell's 2 KB of
@@ -304,58 +321,6 @@ __global__ void __launch_bounds__(128, 3)
       barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
       parity[s ^ 1] ^= 1;
       acc += __bfloat162float(stages[(s ^ 1) * kStage + lane]);
-      __syncwarp();
-    }
-    previous = true;
-  }
-  if (previous) barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
-  if (lane == 0) out[(int64_t{blockIdx.x} * gridDim.y + blockIdx.y) * 4 + warp] = acc;
-}
-
-// The head-major layout: kv head h's row of cell c at (h kCells + c) kHeadDim. bulk's blocks,
-// warps and stages, unpadded rows; a tile whose 16 cells are consecutive is one 4 KB bulk
-// copy of K (lane 0) and one of V (lane 16), any other one 256-byte copy a key's row.
-__global__ void __launch_bounds__(128, 3)
-    read_heads(const __nv_bfloat16* k_pool, const __nv_bfloat16* v_pool, const int32_t* table,
-               int32_t context, float* out) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ alignas(8) uint64_t full[4][2];
-  constexpr int kTileElems = kTileKeys * kHeadDim;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int32_t* cells = table + int64_t{blockIdx.x} * context;
-  const int64_t head_base = int64_t{blockIdx.y} * kHeadPlane;
-  __nv_bfloat16* stages = reinterpret_cast<__nv_bfloat16*>(smem) + warp * 2 * 2 * kTileElems;
-  if (lane < 2) {
-    barrier_init(&full[warp][lane], 1);
-    fence_barrier_init();
-  }
-  __syncwarp();
-  const int n_tiles = context / kTileKeys;
-  const int key = lane % 16;
-  const __nv_bfloat16* pool = lane < 16 ? k_pool : v_pool;
-  uint32_t parity[2] = {0, 0};
-  float acc = 0.f;
-  int s = 0;
-  bool previous = false;
-  for (int t = warp; t < n_tiles; t += 4, s ^= 1) {
-    __nv_bfloat16* dst = stages + s * 2 * kTileElems + (lane / 16) * kTileElems;
-    if (lane == 0) barrier_arrive_expect(&full[warp][s], 2 * kTileKeys * kRowBytes);
-    fence_proxy_async_shared();
-    __syncwarp();
-    const int32_t cell = cells[t * kTileKeys + key];
-    const int32_t first = __shfl_sync(0xffffffffu, cell, 0);
-    const bool run = __all_sync(0xffffffffu, cell == first + key);
-    if (!run) {
-      bulk_copy(dst + key * kHeadDim, pool + head_base + int64_t{cell} * kHeadDim, kRowBytes,
-                &full[warp][s]);
-    } else if (key == 0) {
-      bulk_copy(dst, pool + head_base + int64_t{cell} * kHeadDim, kTileKeys * kRowBytes,
-                &full[warp][s]);
-    }
-    if (previous) {
-      barrier_wait(&full[warp][s ^ 1], parity[s ^ 1]);
-      parity[s ^ 1] ^= 1;
-      acc += __bfloat162float(stages[(s ^ 1) * 2 * kTileElems + lane]);
       __syncwarp();
     }
     previous = true;
