@@ -264,6 +264,17 @@ TEST(CellmBadRequestTest, BenchWithAnUnknownPrefetchChoiceIsRefused) {
                      "cellm bench", {"--l2-prefetch must be timed, on or off, not 'always'"});
 }
 
+TEST(CellmBadRequestTest, BenchClocksOnTheCpuExecutorIsRefused) {
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--executor", "cpu", "--clocks"}),
+                     "cellm bench", {"--clocks reads a CUDA device's clock: give --executor cuda"});
+}
+
+TEST(CellmBadRequestTest, BenchClocksWithAServingLoadIsRefused) {
+  ExpectOneErrorLine(
+      run_cellm({"bench", "--preset", "110m", "--executor", "cpu", "--requests", "4", "--clocks"}),
+      "cellm bench", {"--clocks reads the clock through a row's TG phase", "--requests"});
+}
+
 TEST(CellmBadRequestTest, TokenizeWithoutTextIsRefused) {
   ExpectOneErrorLine(run_cellm({"tokenize", "--model", testing::kjv_dir()}), "cellm tokenize",
                      {"--text is required"});

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "args.h"
+#include "cellm/gpu_power.h"
 #include "cellm/runner.h"
 #include "commands.h"
 #include "engine_setup.h"
@@ -84,6 +85,10 @@ const std::vector<FlagSpec> kFlags = {
     {"step-times", "",
      "CUDA: add the mean wall and device time of a decode step (host share = the difference), "
      "and list the kernel each tuned GEMM shape chose"},
+    {"clocks", "",
+     "CUDA: read the GPU's SM clock, power and power-cap state every 20 ms (NVML) through each "
+     "row's TG phase; adds TG MHz and TG W (their medians) and capped (the share of readings "
+     "with the clock held down by the power limit)"},
     {"json", "", "print one JSON object per row instead of the table"},
 };
 
@@ -92,6 +97,43 @@ struct Row {
   double t_pp = 0, t_tg = 0;
   std::optional<double> floor_fraction;  // of the TG phase
   std::optional<StepTimeReport> steps;   // the TG phase's decode steps (--step-times)
+  std::optional<GpuPowerSummary> power;  // the TG phase's clock and power (--clocks)
+};
+
+// --clocks: the CUDA device's clock and power through a row's TG phase.
+class PowerProbe {
+ public:
+  static Result<std::unique_ptr<PowerProbe>> create(ExecutorKind kind) {
+    if (kind != ExecutorKind::kCuda) {
+      return InvalidArgument("--clocks reads a CUDA device's clock: give --executor cuda");
+    }
+#ifdef CELLM_HAVE_CUDA
+    CELLM_ASSIGN_OR_RETURN(std::unique_ptr<GpuPowerSampler> sampler,
+                           GpuPowerSampler::create(/*cuda_device=*/0, /*period_ms=*/20));
+    auto probe = std::make_unique<PowerProbe>();
+    probe->sampler_ = std::move(sampler);
+    return probe;
+#else
+    return NotSupported("--clocks needs cellm built with its CUDA executor");
+#endif
+  }
+  void start() {
+#ifdef CELLM_HAVE_CUDA
+    sampler_->start();
+#endif
+  }
+  GpuPowerSummary stop() {
+#ifdef CELLM_HAVE_CUDA
+    return sampler_->stop();
+#else
+    return {};
+#endif
+  }
+
+ private:
+#ifdef CELLM_HAVE_CUDA
+  std::unique_ptr<GpuPowerSampler> sampler_;
+#endif
 };
 
 // One row of the serving load (--requests).
@@ -141,7 +183,8 @@ EngineLimits limits_for(EngineLimits limits, int64_t b, int64_t tokens) {
 }
 
 Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits limits, int64_t pp,
-                      int64_t tg, int64_t b, uint64_t seed, std::optional<double> peak_gbs) {
+                      int64_t tg, int64_t b, uint64_t seed, std::optional<double> peak_gbs,
+                      PowerProbe* power) {
   limits = limits_for(limits, b, pp + tg + 2);
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor,
                          make_executor(kind, model.weights, limits));
@@ -163,11 +206,13 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
   }
   GenConfig config;  // greedy, no stop tokens
   std::string error;
-  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt, std::nullopt};
+  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt, std::nullopt, std::nullopt};
   config.max_new_tokens = 1;
   row.t_pp = run_phase(sessions, prompts, config, error);
   config.max_new_tokens = static_cast<int32_t>(tg);
+  if (power != nullptr) power->start();
   row.t_tg = run_phase(sessions, nexts, config, error);
+  if (power != nullptr) row.power = power->stop();
   if (!error.empty()) return Internal("a generation failed: " + error);
   row.steps = step_time_report(*executor);
   if (peak_gbs) {
@@ -348,15 +393,17 @@ void print_load_json(const LoadRow& r, const std::string& device) {
   std::fflush(stdout);
 }
 
-void print_header(bool with_floor, bool with_steps) {
+void print_header(bool with_floor, bool with_steps, bool with_clocks) {
   std::printf(
       "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |"
-      "      T s |    S t/s |%s%s\n",
-      with_floor ? " TG_BW% |" : "", with_steps ? " step ms |  dev ms |" : "");
+      "      T s |    S t/s |%s%s%s\n",
+      with_floor ? " TG_BW% |" : "", with_steps ? " step ms |  dev ms |" : "",
+      with_clocks ? " TG MHz |   TG W | capped |" : "");
   std::printf(
       "|-------|--------|------|--------|----------|----------|----------|----------|"
-      "----------|----------|%s%s\n",
-      with_floor ? "--------|" : "", with_steps ? "---------|---------|" : "");
+      "----------|----------|%s%s%s\n",
+      with_floor ? "--------|" : "", with_steps ? "---------|---------|" : "",
+      with_clocks ? "--------|--------|--------|" : "");
 }
 
 void print_row(const Row& r) {
@@ -370,6 +417,10 @@ void print_row(const Row& r) {
   if (r.steps && r.steps->decode_steps > 0) {
     const auto n = static_cast<double>(r.steps->decode_steps);
     std::printf(" %7.3f | %7.3f |", r.steps->wall_ms / n, r.steps->device_ms / n);
+  }
+  if (r.power) {
+    std::printf(" %6.0f | %6.0f | %5.0f%% |", r.power->sm_mhz_median, r.power->watts_median,
+                100.0 * r.power->power_capped);
   }
   std::printf("\n");
   std::fflush(stdout);
@@ -386,6 +437,15 @@ void print_json(const Row& r, const std::string& device) {
   if (!device.empty()) j["device"] = device;
   if (r.floor_fraction) j["tg_floor_fraction"] = *r.floor_fraction;
   add_step_json(j, r.steps);
+  if (r.power) {
+    j["tg_power_samples"] = r.power->samples;
+    j["tg_sm_mhz"] = r.power->sm_mhz_median;
+    j["tg_sm_mhz_min"] = r.power->sm_mhz_min;
+    j["tg_power_w"] = r.power->watts_median;
+    j["tg_power_w_max"] = r.power->watts_max;
+    j["tg_power_capped"] = r.power->power_capped;
+    j["power_limit_w"] = r.power->power_limit_watts;
+  }
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
 }
@@ -427,6 +487,16 @@ int run_bench(int argc, const char* const* argv) {
   Result<ExecutorKind> kind =
       parse_executor_kind(args->get("executor").value_or(to_string(default_executor_kind())));
   if (!kind.ok()) return fail(cmd, kind.status());
+  std::unique_ptr<PowerProbe> power;
+  if (args->has("clocks")) {
+    if (*requests > 0) {
+      return fail(cmd, InvalidArgument("--clocks reads the clock through a row's TG phase; the "
+                                       "serving load (--requests) has none"));
+    }
+    Result<std::unique_ptr<PowerProbe>> probe = PowerProbe::create(*kind);
+    if (!probe.ok()) return fail(cmd, probe.status());
+    power = std::move(*probe);
+  }
   if (args->has("model") == args->has("preset")) {
     return fail(cmd, InvalidArgument("give exactly one of --model DIR or --preset NAME"));
   }
@@ -485,7 +555,7 @@ int run_bench(int argc, const char* const* argv) {
     startups.push_back(note);
   };
   // Warm-up: threads, page faults, allocator (and, on CUDA, the B = 1 GEMMs' tuning).
-  Result<Row> warm = bench_one(*model, *kind, limits, 8, 4, 1, 0, std::nullopt);
+  Result<Row> warm = bench_one(*model, *kind, limits, 8, 4, 1, 0, std::nullopt, nullptr);
   if (!warm.ok()) return fail(cmd, warm.status());
   note_startup("warm-up ", 1, *warm);
   const bool with_steps = limits.time_steps && *kind == ExecutorKind::kCuda;
@@ -507,14 +577,16 @@ int run_bench(int argc, const char* const* argv) {
     }
     return 0;
   }
-  if (!json) print_header(peak_gbs.has_value(), with_steps);
+  if (!json) print_header(peak_gbs.has_value(), with_steps, power != nullptr);
+  double power_limit_w = 0;
   for (int64_t pp : *npp) {
     for (int64_t tg : *ntg) {
       for (int64_t b : *npl) {
-        Result<Row> row =
-            bench_one(*model, *kind, limits, pp, tg, b, static_cast<uint64_t>(*seed), peak_gbs);
+        Result<Row> row = bench_one(*model, *kind, limits, pp, tg, b, static_cast<uint64_t>(*seed),
+                                    peak_gbs, power.get());
         if (!row.ok()) return fail(cmd, row.status());
         note_startup("", b, *row);
+        if (row->power) power_limit_w = row->power->power_limit_watts;
         if (json) {
           print_json(*row, device);
         } else {
@@ -522,6 +594,13 @@ int run_bench(int argc, const char* const* argv) {
         }
       }
     }
+  }
+  if (power && !json) {
+    std::printf(
+        "\nclocks: NVML read every 20 ms through each row's TG phase: the medians of the SM "
+        "clock and the board power, and the share of readings with the clock held down by the "
+        "%.0f W power limit\n",
+        power_limit_w);
   }
   if (limits.time_steps && !json) {
     if (!startups.empty()) {
