@@ -1,7 +1,10 @@
 // sample_bench: microseconds per cuda::launch_sample, timed with CUDA events.
 //
-//   sample_bench [--iters N]
+//   sample_bench [--iters N] [--vocab V] [--rows R] [--policy NAME]
 //
+// --vocab, --rows and --policy (a policy's name as printed, e.g. "T0.7 top-p0.9")
+// keep only the shapes that match, e.g. for a kernel trace of one shape
+// (bench/kernel_trace.cpp).
 // For vocab 128256 (Llama 3) and 32000 (Llama 2), rows 1, 16, 64 and 256, and
 // five policies (greedy; temperature 0.7 with top-p 0.9, with top-k 50, alone;
 // temperature 1 with min-p 0.05), prints the time of one
@@ -96,11 +99,21 @@ float time_ms(cudaStream_t stream, Fn&& fn) {
 
 int main(int argc, char** argv) {
   int iters = 200;
+  int64_t only_vocab = 0;
+  int64_t only_rows = 0;
+  std::string only_policy;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) {
+      only_vocab = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+      only_rows = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--policy") == 0 && i + 1 < argc) {
+      only_policy = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: sample_bench [--iters N]\n");
+      std::fprintf(stderr,
+                   "usage: sample_bench [--iters N] [--vocab V] [--rows R] [--policy NAME]\n");
       return 2;
     }
   }
@@ -137,6 +150,7 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> normal(0.f, 2.f);
   std::uniform_int_distribution<int32_t> position(0, 1 << 20);
   for (const int64_t vocab : vocabs) {
+    if (only_vocab != 0 && vocab != only_vocab) continue;
     std::vector<float> logits(static_cast<size_t>(max_rows * vocab));
     for (float& x : logits) x = normal(rng);
     for (int64_t r = 0; r < max_rows; ++r) {
@@ -148,7 +162,9 @@ int main(int argc, char** argv) {
                      cudaMemcpyHostToDevice),
           "upload logits");
     for (const int64_t rows : row_counts) {
+      if (only_rows != 0 && rows != only_rows) continue;
       for (const Policy& policy : policies) {
+        if (!only_policy.empty() && only_policy != policy.name) continue;
         std::vector<SamplingRow> params(static_cast<size_t>(rows), policy.row);
         for (int64_t r = 0; r < rows; ++r) {
           params[static_cast<size_t>(r)].seed = static_cast<uint64_t>(r) + 1;

@@ -327,27 +327,51 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int32_t end = min(begin + chunk_logits, vocab);
   const unsigned lane = lane_id();
   const unsigned warp = warp_id();
-  for (int32_t base = begin; base < end; base += kChunkThreads) {
-    const int32_t i = base + static_cast<int32_t>(threadIdx.x);
-    const float w = i < end ? weight_of(x[i], scale) : 0.f;
-    const bool take = w > 0.f && key_of(w) >= min_key;
-    const unsigned ballot = __ballot_sync(kFullMask, take);
-    if (lane == 0) warp_count[warp] = static_cast<uint32_t>(__popc(static_cast<int>(ballot)));
+  // A pass takes kCompactPer logits a thread, each warp a run of 32 * kCompactPer
+  // consecutive ids (element e of lane l: id run + 32 e + l, so each load is
+  // coalesced), all loads in flight before the weights; a block-wide count per
+  // pass places each warp's candidates after those of the warps before it, and
+  // within a warp ballots in element order keep the ids ascending.
+  constexpr int kCompactPer = 8;
+  constexpr int32_t kWarpRun = 32 * kCompactPer;
+  constexpr int32_t kPass = kChunkThreads * kCompactPer;
+  const float nan = __int_as_float(0x7FFFFFFF);  // weight 0: never a candidate
+  for (int32_t base = begin; base < end; base += kPass) {
+    const int32_t run = base + static_cast<int32_t>(warp) * kWarpRun;
+    float v[kCompactPer];
+#pragma unroll
+    for (int e = 0; e < kCompactPer; ++e) {
+      const int32_t i = run + 32 * e + static_cast<int32_t>(lane);
+      v[e] = i < end ? x[i] : nan;
+    }
+    unsigned ballot[kCompactPer];
+    uint32_t count = 0;
+#pragma unroll
+    for (int e = 0; e < kCompactPer; ++e) {
+      v[e] = weight_of(v[e], scale);
+      ballot[e] = __ballot_sync(kFullMask, v[e] > 0.f && key_of(v[e]) >= min_key);
+      count += static_cast<uint32_t>(__popc(static_cast<int>(ballot[e])));
+    }
+    if (lane == 0) warp_count[warp] = count;
     __syncthreads();
-    uint32_t before = 0;
-    uint32_t tile = 0;
+    uint32_t at = offset;
+    uint32_t pass = 0;
     for (unsigned q = 0; q < kChunkThreads / 32; ++q) {
-      before += q < warp ? warp_count[q] : 0u;
-      tile += warp_count[q];
+      at += q < warp ? warp_count[q] : 0u;
+      pass += warp_count[q];
     }
-    if (take) {
-      const uint32_t at =
-          offset + before +
-          static_cast<uint32_t>(__popc(static_cast<int>(ballot & ((1u << lane) - 1u))));
-      bits[at] = __float_as_uint(w);
-      ids[at] = static_cast<uint32_t>(i);
+    const unsigned lanes_before = (1u << lane) - 1u;
+#pragma unroll
+    for (int e = 0; e < kCompactPer; ++e) {
+      if ((ballot[e] >> lane) & 1u) {
+        const uint32_t slot =
+            at + static_cast<uint32_t>(__popc(static_cast<int>(ballot[e] & lanes_before)));
+        bits[slot] = __float_as_uint(v[e]);
+        ids[slot] = static_cast<uint32_t>(run + 32 * e + static_cast<int32_t>(lane));
+      }
+      at += static_cast<uint32_t>(__popc(static_cast<int>(ballot[e])));
     }
-    offset += tile;
+    offset += pass;
     __syncthreads();
   }
   detail::allow_dependent_grids();

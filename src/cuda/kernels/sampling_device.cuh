@@ -70,7 +70,10 @@ __device__ uint32_t uniform_bits24(uint64_t seed, int32_t position) {
 // checked on the host against std::exp over every float in [-inf, -0]. CUDA's own
 // expf is up to 2 ulp off and would break ties that the host keeps.
 // kExp2Table[i] = bits(2^(i/32)) - (i << 47), the exponent added back per use.
-__constant__ uint64_t kExp2Table[32] = {
+// In global memory, read through the L1: the lanes of a warp index it by their own
+// x, and the constant cache would serve 32 different words one at a time (that
+// serialisation made the weights' kernels compute-bound).
+__device__ const uint64_t kExp2Table[32] = {
     0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
     0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
     0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
@@ -99,7 +102,8 @@ __device__ float host_expf(float x) {
   const uint64_t ki = static_cast<uint64_t>(__double_as_longlong(kd));
   kd = __dsub_rn(kd, kShift);
   const double r = fma(kInvLn2N, xd, -kd);
-  const uint64_t t = kExp2Table[ki % 32] + (ki << 47);
+  const uint64_t t =
+      __ldg(reinterpret_cast<const unsigned long long*>(kExp2Table) + ki % 32) + (ki << 47);
   const double s = __longlong_as_double(static_cast<long long>(t));
   const double z = fma(kC0, r, kC1);
   const double r2 = __dmul_rn(r, r);
