@@ -64,9 +64,28 @@ TEST(CellmHelpTest, EverySubcommandDescribesItsFlags) {
         "step-width", "threads", "executor", "report-json", "help"}},
       {"tokenize", {"model", "text", "add-special", "help"}},
       {"bench",
-       {"model", "preset", "npp", "ntg", "npl", "executor", "step-width", "threads", "seed",
-        "peak-bandwidth", "no-pdl", "no-gemm-tuning", "early-triggers", "early-after-cublas",
-        "l2-prefetch", "requests", "json", "help"}},
+       {"model",
+        "preset",
+        "npp",
+        "ntg",
+        "npl",
+        "temperature",
+        "top-k",
+        "top-p",
+        "min-p",
+        "executor",
+        "step-width",
+        "threads",
+        "seed",
+        "peak-bandwidth",
+        "no-pdl",
+        "no-gemm-tuning",
+        "early-triggers",
+        "early-after-cublas",
+        "l2-prefetch",
+        "requests",
+        "json",
+        "help"}},
   };
   for (const HelpCase& c : cases) {
     for (const char* help : {"--help", "-h"}) {
@@ -127,7 +146,39 @@ TEST(CellmBenchTest, JsonPrintsOneRowPerParallelismWithEveryColumn) {
     EXPECT_DOUBLE_EQ(row.at("t").get<double>(), t_pp + t_tg);
     EXPECT_DOUBLE_EQ(row.at("speed").get<double>(), static_cast<double>(pl * 12) / (t_pp + t_tg));
     EXPECT_FALSE(row.contains("tg_floor_fraction"));
+    EXPECT_EQ(row.at("sampling").get<std::string>(), "greedy");
   }
+}
+
+// The sampling flags reach every generation: the rows name the policy their tokens were
+// drawn with, in both kinds of row, and the table's header line names it too.
+TEST(CellmBenchTest, SamplingFlagsAreThePolicyOfEveryRow) {
+  const CellmRun rows =
+      run_cellm({"bench", "--preset", "110m", "-npp", "8", "-ntg", "4", "-npl", "1,2", "--json",
+                 "--threads", "2", "--temperature", "0.7", "--top-p", "0.9"});
+  ExpectSuccess(rows);
+  std::istringstream lines(rows.out);
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    EXPECT_EQ(json::parse(line).at("sampling").get<std::string>(), "temperature 0.7, top-p 0.9")
+        << line;
+  }
+  EXPECT_EQ(n, 2) << rows.out;
+
+  const CellmRun load =
+      run_cellm({"bench",         "--preset", "110m",       "-npp", "4",       "-ntg",      "4",
+                 "-npl",          "2",        "--requests", "3",    "--json",  "--threads", "2",
+                 "--temperature", "1",        "--top-k",    "5",    "--min-p", "0.05"});
+  ExpectSuccess(load);
+  const json row = json::parse(load.out);
+  EXPECT_EQ(row.at("sampling").get<std::string>(), "temperature 1, top-k 5, min-p 0.05");
+  EXPECT_EQ(row.at("requests").get<int64_t>(), 3);
+
+  const CellmRun table = run_cellm({"bench", "--preset", "110m", "-npp", "4", "-ntg", "2",
+                                    "--threads", "2", "--temperature", "0.5", "--top-k", "40"});
+  ExpectSuccess(table);
+  EXPECT_NE(table.out.find("; sampling temperature 0.5, top-k 40\n"), std::string::npos)
+      << table.out;
 }
 
 // The serving load: 3 clients run 7 requests of 8 prompt tokens and 2-6 generated ones

@@ -264,6 +264,17 @@ TEST(CellmBadRequestTest, BenchWithAnUnknownPrefetchChoiceIsRefused) {
                      "cellm bench", {"--l2-prefetch must be timed, on or off, not 'always'"});
 }
 
+TEST(CellmBadRequestTest, BenchWithABadSamplingFlagIsRefused) {
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--top-p", "0"}), "cellm bench",
+                     {"top_p must be in (0, 1]", "got 0"});
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--min-p", "2"}), "cellm bench",
+                     {"min_p must be in [0, 1]", "got 2"});
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--top-k=-3"}), "cellm bench",
+                     {"--top-k must be in [0, 2147483647], got -3"});
+  ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--temperature", "hot"}),
+                     "cellm bench", {"--temperature expects a number", "'hot'"});
+}
+
 TEST(CellmBadRequestTest, BenchClocksOnTheCpuExecutorIsRefused) {
   ExpectOneErrorLine(run_cellm({"bench", "--preset", "110m", "--executor", "cpu", "--clocks"}),
                      "cellm bench", {"--clocks reads a CUDA device's clock: give --executor cuda"});

@@ -7,7 +7,9 @@
 // one extra token so every session has a non-empty delta; its first step is
 // therefore a 2-token prefill per session, the remaining TG - 1 are decodes.
 //   N_KV = B (PP + TG)   S_PP = B PP / T_PP   S_TG = B TG / T_TG   S = N_KV / T
-// Greedy, stop tokens ignored.
+// Greedy unless the sampling flags say otherwise (--temperature, --top-k, --top-p,
+// --min-p, as `cellm generate` takes them; session i draws with seed S + i); stop tokens
+// ignored.
 //
 // With --requests N, a serving load instead: B clients send N requests in all, each
 // client one after another. A request opens a session, prefills PP random tokens,
@@ -38,59 +40,77 @@
 namespace cellm::cli {
 namespace {
 
-const std::vector<FlagSpec> kFlags = {
-    {"model", "DIR", "Hugging Face model folder"},
-    {"preset", "NAME", "random weights with real shapes: 110m, 1b or 8b"},
-    {"npp", "LIST", "prompt lengths, comma-separated (default 128)"},
-    {"ntg", "LIST", "generated tokens per session (default 128)"},
-    {"npl", "LIST", "sessions in parallel (default 1)"},
-    {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
-    {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
-    {"no-pdl", "",
-     "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
-    {"no-gemm-tuning", "",
-     "CUDA: use cuBLASLt's heuristic for every GEMM instead of timing the decode GEMMs' kernels"},
-    {"early-triggers", "WHEN",
-     "CUDA: let the next kernel launch before the wait of the decode graphs' norms, RoPE and "
-     "attention: timed (capture both ways, keep the faster; default), on or off"},
-    {"early-after-cublas", "WHEN",
-     "CUDA: in decode graphs, launch a cellm kernel behind a cuBLASLt kernel once all of that "
-     "kernel's blocks have started (it still waits for the results): timed (default), on or off"},
-    {"l2-prefetch", "WHEN",
-     "CUDA: in decode graphs of up to 8 rows, prefetch the head of each layer's gate_up rows into "
-     "the L2 beside the attention: timed (default), on or off"},
-    {"no-overlap", "",
-     "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
-     "next step during the host's work buys)"},
-    {"no-cluster-fold", "",
-     "CUDA: fold a few rows' attention chunks through the workspace in global memory instead "
-     "of inside thread-block clusters (to measure what the cluster fold buys)"},
-    {"no-prefill-attention", "",
-     "CUDA: run a prompt chunk's attention one row at a time (the decode kernel) instead of in "
-     "blocks of consecutive rows that share each key's gather (to measure what it buys)"},
-    {"persistent-decode", "",
-     "CUDA: run a one-row step's layers in one persistent kernel that streams the weights "
-     "through every SM's shared memory (an experiment; slower than the default kernels)"},
-    {"no-prefill-warm", "",
-     "CUDA: skip loading the prefill GEMMs' kernels at startup (each then loads at its first "
-     "prefill: to measure what the warm-up buys)"},
-    {"requests", "N",
-     "a serving load instead: B clients send N requests in all, each opening a session, "
-     "prefilling PP tokens, generating TG/2 to 3 TG/2 tokens and closing it"},
-    {"step-width", "W", "tokens per forward (default 512)"},
-    {"threads", "N", "CPU threads; 0 = all (default 0)"},
-    {"seed", "S", "seed of the random prompts and preset weights (default 1)"},
-    {"peak-bandwidth", "GB/s",
-     "memory bandwidth; adds TG_BW%: the TG phase's fraction of the bandwidth floor"},
-    {"step-times", "",
-     "CUDA: add the mean wall and device time of a decode step (host share = the difference), "
-     "and list the kernel each tuned GEMM shape chose"},
-    {"clocks", "",
-     "CUDA: read the GPU's SM clock, power and power-cap state every 20 ms (NVML) through each "
-     "row's TG phase; adds TG MHz and TG W (their medians) and capped (the share of readings "
-     "with the clock held down by the power limit)"},
-    {"json", "", "print one JSON object per row instead of the table"},
-};
+// The flags: the model and the rows, the sampling flags (engine_setup.h), then the rest.
+const std::vector<FlagSpec> kFlags = [] {
+  std::vector<FlagSpec> flags = {
+      {"model", "DIR", "Hugging Face model folder"},
+      {"preset", "NAME", "random weights with real shapes: 110m, 1b or 8b"},
+      {"npp", "LIST", "prompt lengths, comma-separated (default 128)"},
+      {"ntg", "LIST", "generated tokens per session (default 128)"},
+      {"npl", "LIST", "sessions in parallel (default 1)"},
+  };
+  flags.insert(flags.end(), sampling_flags().begin(), sampling_flags().end());
+  flags.insert(
+      flags.end(),
+      {
+          {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+          {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
+          {"no-pdl", "",
+           "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
+          {"no-gemm-tuning", "",
+           "CUDA: use cuBLASLt's heuristic for every GEMM instead of timing the decode GEMMs' "
+           "kernels"},
+          {"early-triggers", "WHEN",
+           "CUDA: let the next kernel launch before the wait of the decode graphs' norms, RoPE and "
+           "attention: timed (capture both ways, keep the faster; default), on or off"},
+          {"early-after-cublas", "WHEN",
+           "CUDA: in decode graphs, launch a cellm kernel behind a cuBLASLt kernel once all of "
+           "that "
+           "kernel's blocks have started (it still waits for the results): timed (default), on or "
+           "off"},
+          {"l2-prefetch", "WHEN",
+           "CUDA: in decode graphs of up to 8 rows, prefetch the head of each layer's gate_up rows "
+           "into "
+           "the L2 beside the attention: timed (default), on or off"},
+          {"no-overlap", "",
+           "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
+           "next step during the host's work buys)"},
+          {"no-cluster-fold", "",
+           "CUDA: fold a few rows' attention chunks through the workspace in global memory instead "
+           "of inside thread-block clusters (to measure what the cluster fold buys)"},
+          {"no-prefill-attention", "",
+           "CUDA: run a prompt chunk's attention one row at a time (the decode kernel) instead of "
+           "in "
+           "blocks of consecutive rows that share each key's gather (to measure what it buys)"},
+          {"persistent-decode", "",
+           "CUDA: run a one-row step's layers in one persistent kernel that streams the weights "
+           "through every SM's shared memory (an experiment; slower than the default kernels)"},
+          {"no-prefill-warm", "",
+           "CUDA: skip loading the prefill GEMMs' kernels at startup (each then loads at its first "
+           "prefill: to measure what the warm-up buys)"},
+          {"requests", "N",
+           "a serving load instead: B clients send N requests in all, each opening a session, "
+           "prefilling PP tokens, generating TG/2 to 3 TG/2 tokens and closing it"},
+          {"step-width", "W", "tokens per forward (default 512)"},
+          {"threads", "N", "CPU threads; 0 = all (default 0)"},
+          {"seed", "S",
+           "seed of the random prompts and preset weights, and (S + i) of session i's draws "
+           "(default 1)"},
+          {"peak-bandwidth", "GB/s",
+           "memory bandwidth; adds TG_BW%: the TG phase's fraction of the bandwidth floor"},
+          {"step-times", "",
+           "CUDA: add the mean wall and device time of a decode step (host share = the "
+           "difference), "
+           "and list the kernel each tuned GEMM shape chose"},
+          {"clocks", "",
+           "CUDA: read the GPU's SM clock, power and power-cap state every 20 ms (NVML) through "
+           "each "
+           "row's TG phase; adds TG MHz and TG W (their medians) and capped (the share of readings "
+           "with the clock held down by the power limit)"},
+          {"json", "", "print one JSON object per row instead of the table"},
+      });
+  return flags;
+}();
 
 struct Row {
   int64_t pp = 0, tg = 0, b = 0, n_kv = 0;
@@ -98,6 +118,7 @@ struct Row {
   std::optional<double> floor_fraction;  // of the TG phase
   std::optional<StepTimeReport> steps;   // the TG phase's decode steps (--step-times)
   std::optional<GpuPowerSummary> power;  // the TG phase's clock and power (--clocks)
+  SamplingParams sampling;               // how every token was drawn
 };
 
 // --clocks: the CUDA device's clock and power through a row's TG phase.
@@ -146,15 +167,18 @@ struct LoadRow {
   std::vector<double> ttft_ms, tpot_ms;
   EngineMetrics engine;  // the runner's steps: how the batches formed
   std::optional<StepTimeReport> steps;
+  SamplingParams sampling;  // how every token was drawn
 };
 
-// Runs `gens` generations concurrently and returns the wall time in seconds.
+// Runs one generation of each session concurrently (session i draws with seed `seed` +
+// i) and returns the wall time in seconds.
 double run_phase(std::vector<Session>& sessions, const std::vector<std::vector<Token>>& deltas,
-                 const GenConfig& config, std::string& error) {
+                 GenConfig config, uint64_t seed, std::string& error) {
   const int64_t t0 = now_us();
   std::vector<GenerationHandle> handles;
   handles.reserve(sessions.size());
   for (size_t i = 0; i < sessions.size(); ++i) {
+    config.seed = seed + i;
     handles.push_back(sessions[i].generate_async(deltas[i], config, nullptr));
   }
   for (GenerationHandle& h : handles) {
@@ -183,8 +207,8 @@ EngineLimits limits_for(EngineLimits limits, int64_t b, int64_t tokens) {
 }
 
 Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits limits, int64_t pp,
-                      int64_t tg, int64_t b, uint64_t seed, std::optional<double> peak_gbs,
-                      PowerProbe* power) {
+                      int64_t tg, int64_t b, uint64_t seed, const SamplingParams& sampling,
+                      std::optional<double> peak_gbs, PowerProbe* power) {
   limits = limits_for(limits, b, pp + tg + 2);
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor,
                          make_executor(kind, model.weights, limits));
@@ -204,14 +228,15 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
     for (int64_t t = 0; t < pp; ++t) prompts[static_cast<size_t>(i)].push_back(pick(rng));
     nexts[static_cast<size_t>(i)] = {pick(rng)};
   }
-  GenConfig config;  // greedy, no stop tokens
+  GenConfig config;  // no stop tokens
+  config.sampling = sampling;
   std::string error;
-  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt, std::nullopt, std::nullopt};
+  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt, std::nullopt, std::nullopt, sampling};
   config.max_new_tokens = 1;
-  row.t_pp = run_phase(sessions, prompts, config, error);
+  row.t_pp = run_phase(sessions, prompts, config, seed, error);
   config.max_new_tokens = static_cast<int32_t>(tg);
   if (power != nullptr) power->start();
-  row.t_tg = run_phase(sessions, nexts, config, error);
+  row.t_tg = run_phase(sessions, nexts, config, seed, error);
   if (power != nullptr) row.power = power->stop();
   if (!error.empty()) return Internal("a generation failed: " + error);
   row.steps = step_time_report(*executor);
@@ -233,7 +258,8 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
 // have run. Request i's prompt and length come from an rng seeded with (seed, i), so a
 // row is the same work whatever the order the clients take them in.
 Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const EngineLimits& limits,
-                         int64_t pp, int64_t tg, int64_t b, int64_t requests, uint64_t seed) {
+                         int64_t pp, int64_t tg, int64_t b, int64_t requests, uint64_t seed,
+                         const SamplingParams& sampling) {
   const int64_t tg_min = std::max<int64_t>(1, tg / 2), tg_max = tg + tg / 2;
   // The executor and the scheduler both sized for b sessions (the scheduler decodes up to
   // max_sessions a step).
@@ -243,7 +269,7 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(row_limits));
   Runner runner(*executor, std::move(scheduler));
   const int64_t vocab = model.weights->config().vocab_size();
-  LoadRow row{pp, tg, b, requests, 0, 0, 0, {}, {}, {}, std::nullopt};
+  LoadRow row{pp, tg, b, requests, 0, 0, 0, {}, {}, {}, std::nullopt, sampling};
   std::atomic<int64_t> next{0};
   std::mutex mu;  // guards row's counts, its per-request times and error
   std::string error;
@@ -253,7 +279,9 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
       std::uniform_int_distribution<Token> pick(0, static_cast<Token>(vocab - 1));
       std::vector<Token> prompt(static_cast<size_t>(pp));
       for (Token& t : prompt) t = pick(rng);
-      GenConfig config;  // greedy, no stop tokens
+      GenConfig config;  // no stop tokens
+      config.sampling = sampling;
+      config.seed = seed + static_cast<uint64_t>(i);
       config.max_new_tokens =
           static_cast<int32_t>(std::uniform_int_distribution<int64_t>(tg_min, tg_max)(rng));
       std::optional<Session> session = runner.open_session_async().get();
@@ -386,7 +414,8 @@ void print_load_json(const LoadRow& r, const std::string& device) {
                       {"decode_rows_per_step", r.engine.mean_admitted_decode_sessions()},
                       {"steps_with_prefill", r.engine.steps_with_prefill},
                       {"prefill_step_ms", prefill_step_ms(r.engine)},
-                      {"busy_fraction", busy_fraction(r)}};
+                      {"busy_fraction", busy_fraction(r)},
+                      {"sampling", describe_sampling(r.sampling)}};
   if (!device.empty()) j["device"] = device;
   add_step_json(j, r.steps);
   std::printf("%s\n", j.dump().c_str());
@@ -429,11 +458,17 @@ void print_row(const Row& r) {
 // `device`: describe_cuda_device's text, or empty (the CPU executor).
 void print_json(const Row& r, const std::string& device) {
   const double t = r.t_pp + r.t_tg;
-  nlohmann::json j = {{"pp", r.pp},     {"tg", r.tg},
-                      {"pl", r.b},      {"n_kv", r.n_kv},
-                      {"t_pp", r.t_pp}, {"speed_pp", static_cast<double>(r.b * r.pp) / r.t_pp},
-                      {"t_tg", r.t_tg}, {"speed_tg", static_cast<double>(r.b * r.tg) / r.t_tg},
-                      {"t", t},         {"speed", static_cast<double>(r.n_kv) / t}};
+  nlohmann::json j = {{"pp", r.pp},
+                      {"tg", r.tg},
+                      {"pl", r.b},
+                      {"n_kv", r.n_kv},
+                      {"t_pp", r.t_pp},
+                      {"speed_pp", static_cast<double>(r.b * r.pp) / r.t_pp},
+                      {"t_tg", r.t_tg},
+                      {"speed_tg", static_cast<double>(r.b * r.tg) / r.t_tg},
+                      {"t", t},
+                      {"speed", static_cast<double>(r.n_kv) / t},
+                      {"sampling", describe_sampling(r.sampling)}};
   if (!device.empty()) j["device"] = device;
   if (r.floor_fraction) j["tg_floor_fraction"] = *r.floor_fraction;
   add_step_json(j, r.steps);
@@ -477,6 +512,8 @@ int run_bench(int argc, const char* const* argv) {
                           &threads.status(), &seed.status(), &requests.status()}) {
     if (!s->ok()) return fail(cmd, *s);
   }
+  Result<SamplingParams> sampling = parse_sampling_flags(*args);
+  if (!sampling.ok()) return fail(cmd, sampling.status());
   std::optional<double> peak_gbs;
   if (args->has("peak-bandwidth")) {
     Result<double> v = args->get_float("peak-bandwidth", 0);
@@ -531,13 +568,14 @@ int run_bench(int argc, const char* const* argv) {
     const ModelConfig& c = model->weights->config();
     std::printf(
         "model %s: %lld layers, d %lld, %lld/%lld heads, ff %lld, vocab %lld, %.2f GB "
-        "of weights; executor %s%s%s, step width %d\n\n",
+        "of weights; executor %s%s%s, step width %d; sampling %s\n\n",
         model->name.c_str(), static_cast<long long>(c.num_layers()),
         static_cast<long long>(c.hidden_size()), static_cast<long long>(c.num_heads()),
         static_cast<long long>(c.num_kv_heads()), static_cast<long long>(c.intermediate_size()),
         static_cast<long long>(c.vocab_size()),
         static_cast<double>(model->weights->total_bytes()) / 1e9, to_string(*kind),
-        device.empty() ? "" : " on ", device.c_str(), limits.step_width);
+        device.empty() ? "" : " on ", device.c_str(), limits.step_width,
+        describe_sampling(*sampling).c_str());
   }
   std::vector<std::string> startups;  // per executor: "B=b x.x s"
   const auto note_startup = [&](const char* what, int64_t b, const Row& row) {
@@ -555,7 +593,7 @@ int run_bench(int argc, const char* const* argv) {
     startups.push_back(note);
   };
   // Warm-up: threads, page faults, allocator (and, on CUDA, the B = 1 GEMMs' tuning).
-  Result<Row> warm = bench_one(*model, *kind, limits, 8, 4, 1, 0, std::nullopt, nullptr);
+  Result<Row> warm = bench_one(*model, *kind, limits, 8, 4, 1, 0, *sampling, std::nullopt, nullptr);
   if (!warm.ok()) return fail(cmd, warm.status());
   note_startup("warm-up ", 1, *warm);
   const bool with_steps = limits.time_steps && *kind == ExecutorKind::kCuda;
@@ -564,8 +602,8 @@ int run_bench(int argc, const char* const* argv) {
     for (int64_t pp : *npp) {
       for (int64_t tg : *ntg) {
         for (int64_t b : *npl) {
-          Result<LoadRow> row =
-              load_one(*model, *kind, limits, pp, tg, b, *requests, static_cast<uint64_t>(*seed));
+          Result<LoadRow> row = load_one(*model, *kind, limits, pp, tg, b, *requests,
+                                         static_cast<uint64_t>(*seed), *sampling);
           if (!row.ok()) return fail(cmd, row.status());
           if (json) {
             print_load_json(*row, device);
@@ -583,7 +621,7 @@ int run_bench(int argc, const char* const* argv) {
     for (int64_t tg : *ntg) {
       for (int64_t b : *npl) {
         Result<Row> row = bench_one(*model, *kind, limits, pp, tg, b, static_cast<uint64_t>(*seed),
-                                    peak_gbs, power.get());
+                                    *sampling, peak_gbs, power.get());
         if (!row.ok()) return fail(cmd, row.status());
         note_startup("", b, *row);
         if (row->power) power_limit_w = row->power->power_limit_watts;

@@ -9,12 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "cellm/cuda_executor.h"
 #include "cellm/executor.h"
 #include "cellm/model_weights.h"
 #include "cellm/scheduler.h"
 #include "cellm/status.h"
 #include "cellm/tokenizer.h"
+#include "cellm/types.h"
 
 namespace cellm::cli {
 
@@ -63,6 +65,15 @@ struct EngineLimits {
   bool prefill_attention = true;       // CUDA: (CudaExecutorOptions)
   bool persistent_decode = false;      // CUDA: (CudaExecutorOptions)
 };
+
+// The sampling flags of the commands that generate (--temperature, --top-k, --top-p,
+// --min-p; by default greedy, nothing cut), and their values read back and validated
+// (cellm::validate_sampling): a flag that is not a number, or a value out of range, is an
+// InvalidArgument that names it.
+const std::vector<FlagSpec>& sampling_flags();
+Result<SamplingParams> parse_sampling_flags(const Args& args);
+// "greedy", or the policy in the flags' terms, e.g. "temperature 0.7, top-p 0.9".
+std::string describe_sampling(const SamplingParams& params);
 
 // "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);
 // InvalidArgument naming the option and the value otherwise.

@@ -17,29 +17,36 @@
 namespace cellm::cli {
 namespace {
 
-const std::vector<FlagSpec> kFlags = {
-    {"model", "DIR", "Hugging Face model folder (default: the bundled models/kjv-small)"},
-    {"prompt", "TEXT", "a prompt (encoded with the model's BOS rules)", true},
-    {"prompts-file", "FILE", "one prompt per line; \\n in a line is a newline"},
-    {"prompt-tokens", "IDS", "a prompt as comma-separated token ids, fed as given", true},
-    {"max-new-tokens", "N", "tokens to generate per prompt (default 64)"},
-    {"temperature", "T", "0 = greedy (default 0)"},
-    {"top-k", "K", "keep the K most probable tokens; 0 = off (default 0)"},
-    {"top-p", "P", "nucleus sampling mass; 1 = off (default 1)"},
-    {"min-p", "P", "drop tokens below P x the top probability; 0 = off (default 0)"},
-    {"seed", "S", "sampling seed; randomness is keyed by (seed, position) (default 42)"},
-    {"logprobs", "N",
-     "report each token's log-probability and the N most likely tokens' (raw logits, before "
-     "temperature) in --report-json; 0 = off, at most 20 (default 0)"},
-    {"ignore-eos", "", "keep generating past end-of-sequence tokens"},
-    {"max-sessions", "M", "sessions resident at once (default: number of prompts, at most 64)"},
-    {"max-session-tokens", "N", "positions per session (default 1024, at most the context)"},
-    {"step-width", "W", "tokens per forward (default 256)"},
-    {"threads", "N", "CPU threads; 0 = all (default 0)"},
-    {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
-    {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
-    {"report-json", "FILE", "write a JSON report of generations, timing and metrics"},
-};
+// The flags: the model and prompts, the sampling flags every generating command shares
+// (engine_setup.h), then the rest.
+const std::vector<FlagSpec> kFlags = [] {
+  std::vector<FlagSpec> flags = {
+      {"model", "DIR", "Hugging Face model folder (default: the bundled models/kjv-small)"},
+      {"prompt", "TEXT", "a prompt (encoded with the model's BOS rules)", true},
+      {"prompts-file", "FILE", "one prompt per line; \\n in a line is a newline"},
+      {"prompt-tokens", "IDS", "a prompt as comma-separated token ids, fed as given", true},
+      {"max-new-tokens", "N", "tokens to generate per prompt (default 64)"},
+  };
+  flags.insert(flags.end(), sampling_flags().begin(), sampling_flags().end());
+  flags.insert(
+      flags.end(),
+      {
+          {"seed", "S", "sampling seed; randomness is keyed by (seed, position) (default 42)"},
+          {"logprobs", "N",
+           "report each token's log-probability and the N most likely tokens' (raw logits, before "
+           "temperature) in --report-json; 0 = off, at most 20 (default 0)"},
+          {"ignore-eos", "", "keep generating past end-of-sequence tokens"},
+          {"max-sessions", "M",
+           "sessions resident at once (default: number of prompts, at most 64)"},
+          {"max-session-tokens", "N", "positions per session (default 1024, at most the context)"},
+          {"step-width", "W", "tokens per forward (default 256)"},
+          {"threads", "N", "CPU threads; 0 = all (default 0)"},
+          {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+          {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
+          {"report-json", "FILE", "write a JSON report of generations, timing and metrics"},
+      });
+  return flags;
+}();
 
 std::string unescape_newlines(const std::string& line) {
   std::string out;
@@ -184,32 +191,20 @@ int run_generate(int argc, const char* const* argv) {
 
   // Sampling and limits first: bad flags fail before any loading.
   GenConfig gen;
+  Result<SamplingParams> sampling = parse_sampling_flags(args);
+  if (!sampling.ok()) return fail(cmd, sampling.status());
   SamplingParams& sp = gen.sampling;
-  auto fget = [&](const char* name, double fallback, double& out) -> Status {
-    CELLM_ASSIGN_OR_RETURN(out, args.get_float(name, fallback));
-    return Status::Ok();
-  };
-  double temperature = 0, top_p = 1, min_p = 0;
-  for (Status s : {fget("temperature", 0.0, temperature), fget("top-p", 1.0, top_p),
-                   fget("min-p", 0.0, min_p)}) {
-    if (!s.ok()) return fail(cmd, s);
-  }
-  sp.temperature = static_cast<float>(temperature);
-  sp.top_p = static_cast<float>(top_p);
-  sp.min_p = static_cast<float>(min_p);
-  Result<int64_t> top_k = args.get_int("top-k", 0, 0, INT32_MAX);
+  sp = *sampling;
   Result<int64_t> max_new = args.get_int("max-new-tokens", 64, 1, 1 << 24);
   Result<int64_t> seed = args.get_int("seed", 42, 0, INT64_MAX);
   Result<int64_t> max_session_tokens = args.get_int("max-session-tokens", 1024, 1, 1 << 24);
   Result<int64_t> step_width = args.get_int("step-width", 256, 1, 1 << 16);
   Result<int64_t> threads = args.get_int("threads", 0, 0, 1024);
   Result<int64_t> logprobs = args.get_int("logprobs", 0, 0, kMaxLogprobs);
-  for (const Status* s :
-       {&top_k.status(), &max_new.status(), &seed.status(), &max_session_tokens.status(),
-        &step_width.status(), &threads.status(), &logprobs.status()}) {
+  for (const Status* s : {&max_new.status(), &seed.status(), &max_session_tokens.status(),
+                          &step_width.status(), &threads.status(), &logprobs.status()}) {
     if (!s->ok()) return fail(cmd, *s);
   }
-  sp.top_k = static_cast<int32_t>(*top_k);
   sp.num_logprobs = static_cast<int32_t>(*logprobs);
   if (Status s = validate_sampling(sp); !s.ok()) return fail(cmd, s);
   gen.max_new_tokens = static_cast<int32_t>(*max_new);
