@@ -65,13 +65,11 @@ const std::vector<FlagSpec> kFlags = [] {
            "attention: timed (capture both ways, keep the faster; default), on or off"},
           {"early-after-cublas", "WHEN",
            "CUDA: in decode graphs, launch a cellm kernel behind a cuBLASLt kernel once all of "
-           "that "
-           "kernel's blocks have started (it still waits for the results): timed (default), on or "
-           "off"},
+           "that kernel's blocks have started (it still waits for the results): timed (default), "
+           "on or off"},
           {"l2-prefetch", "WHEN",
            "CUDA: in decode graphs of up to 8 rows, prefetch the head of each layer's gate_up rows "
-           "into "
-           "the L2 beside the attention: timed (default), on or off"},
+           "into the L2 beside the attention: timed (default), on or off"},
           {"no-overlap", "",
            "CUDA: wait for each decode step before queueing the next (to measure what queueing the "
            "next step during the host's work buys)"},
@@ -80,8 +78,7 @@ const std::vector<FlagSpec> kFlags = [] {
            "of inside thread-block clusters (to measure what the cluster fold buys)"},
           {"no-prefill-attention", "",
            "CUDA: run a prompt chunk's attention one row at a time (the decode kernel) instead of "
-           "in "
-           "blocks of consecutive rows that share each key's gather (to measure what it buys)"},
+           "in blocks of consecutive rows that share each key's gather (to measure what it buys)"},
           {"persistent-decode", "",
            "CUDA: run a one-row step's layers in one persistent kernel that streams the weights "
            "through every SM's shared memory (an experiment; slower than the default kernels)"},
@@ -100,13 +97,11 @@ const std::vector<FlagSpec> kFlags = [] {
            "memory bandwidth; adds TG_BW%: the TG phase's fraction of the bandwidth floor"},
           {"step-times", "",
            "CUDA: add the mean wall and device time of a decode step (host share = the "
-           "difference), "
-           "and list the kernel each tuned GEMM shape chose"},
+           "difference), and list the kernel each tuned GEMM shape chose"},
           {"clocks", "",
            "CUDA: read the GPU's SM clock, power and power-cap state every 20 ms (NVML) through "
-           "each "
-           "row's TG phase; adds TG MHz and TG W (their medians) and capped (the share of readings "
-           "with the clock held down by the power limit)"},
+           "each row's TG phase; adds TG MHz and TG W (their medians) and capped (the share of "
+           "readings with the clock held down by the power limit)"},
           {"json", "", "print one JSON object per row instead of the table"},
       });
   return flags;
