@@ -1,7 +1,9 @@
 #include "cellm/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -142,18 +144,27 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
     return static_cast<Token>(last);
   }
 
-  // The kept count m: top-k's k, or top-p's count up to and including the token
-  // where the mass first exceeds p. Found on a copy of the weights by value (ties
-  // add equal mass, so the cumulative sums do not depend on how ties are ordered),
-  // selecting and sorting only as much of the head as needed.
-  std::span<float> values(scratch.data() + vocab, vocab);
-  std::copy(weight.begin(), weight.end(), values.begin());
-  const std::greater<float> larger;
+  // The kept ids in descending weight order, ties by ascending id: top-k's first k,
+  // or top-p's up to and including the token where the mass (summed in that order)
+  // first exceeds p. Each id is a 64-bit key, its weight's bits complemented above the
+  // id (weights are >= 0, so their bits order like their values): ascending keys are
+  // the walk's order, and the head is selected and sorted only as far as needed, with
+  // no comparison reading memory beside the keys. Ties add equal mass, so the sums do
+  // not depend on how ties are ordered.
+  thread_local std::vector<uint64_t> keys;
+  keys.resize(vocab);
+  for (size_t i = 0; i < vocab; ++i) {
+    keys[i] = (uint64_t{~std::bit_cast<uint32_t>(weight[i])} << 32) | static_cast<uint64_t>(i);
+  }
+  const auto weight_of_key = [](uint64_t key) {
+    return std::bit_cast<float>(~static_cast<uint32_t>(key >> 32));
+  };
   size_t kept_count = vocab;
   if (use_top_k) {
     kept_count = static_cast<size_t>(params.top_k);
-    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(kept_count - 1),
-                     values.end(), larger);
+    const auto kth = keys.begin() + static_cast<std::ptrdiff_t>(kept_count - 1);
+    std::nth_element(keys.begin(), kth, keys.end());
+    std::sort(keys.begin(), kth + 1);
   } else {
     const double target = static_cast<double>(params.top_p) * total;
     double cumulative = 0.0;
@@ -161,13 +172,15 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
     size_t chunk = 64;
     bool crossed = false;
     while (!crossed && sorted_end < vocab) {
-      const size_t count = std::min(chunk, vocab - sorted_end);
-      const auto first = values.begin() + static_cast<std::ptrdiff_t>(sorted_end);
+      const size_t rest = vocab - sorted_end;
+      // A chunk of at least half the rest: sort the rest outright.
+      const size_t count = 2 * chunk >= rest ? rest : chunk;
+      const auto first = keys.begin() + static_cast<std::ptrdiff_t>(sorted_end);
       const auto last = first + static_cast<std::ptrdiff_t>(count);
-      std::nth_element(first, last - 1, values.end(), larger);
-      std::sort(first, last, larger);
+      if (count < rest) std::nth_element(first, last - 1, keys.end());
+      std::sort(first, last);
       for (size_t i = sorted_end; i < sorted_end + count; ++i) {
-        cumulative += values[i];
+        cumulative += weight_of_key(keys[i]);
         if (cumulative > target) {
           kept_count = i + 1;
           crossed = true;
@@ -178,22 +191,9 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
       chunk *= 4;
     }
   }
-  const float threshold = values[kept_count - 1];  // the kept_count-th largest weight
-
-  // The kept ids in descending order, ties by ascending id: every id above the
-  // threshold, then the lowest ids at it.
   thread_local std::vector<int32_t> order;
-  order.clear();
-  for (size_t i = 0; i < vocab; ++i) {
-    if (weight[i] > threshold) order.push_back(static_cast<int32_t>(i));
-  }
-  for (size_t i = 0; i < vocab && order.size() < kept_count; ++i) {
-    if (weight[i] == threshold) order.push_back(static_cast<int32_t>(i));
-  }
-  CELLM_CHECK(order.size() == kept_count);
-  std::sort(order.begin(), order.end(), [&weight](int32_t a, int32_t b) {
-    return weight[a] > weight[b] || (weight[a] == weight[b] && a < b);
-  });
+  order.resize(kept_count);
+  for (size_t i = 0; i < kept_count; ++i) order[i] = static_cast<int32_t>(keys[i] & 0xFFFFFFFFu);
 
   // Min-p drops a suffix of the descending prefix; the most probable token stays.
   double kept = 0.0;

@@ -268,6 +268,28 @@ TEST(SamplerLargeVocabTest, PartialSelectionMatchesAFullSortOnAHugeVocabulary) {
   }
 }
 
+// A flat row (a nucleus of most of the vocabulary, as an untrained model's): the
+// selection sorts nearly everything, its last chunks the whole rest at once.
+TEST(SamplerLargeVocabTest, PartialSelectionMatchesAFullSortOnAFlatVocabulary) {
+  constexpr size_t kVocab = 60000;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.25f);
+  std::vector<float> logits(kVocab);
+  for (float& x : logits) x = normal(rng);
+  for (size_t i = 5; i < kVocab; i += 13) logits[i] = 0.1f;  // ties inside the nucleus
+  std::vector<float> scratch;
+  for (const SamplingParams& params :
+       {Params(1.0f, 0, 0.9f), Params(1.0f, 0, 0.99f), Params(0.5f, 0, 0.5f), Params(1.0f, 59000),
+        Params(2.0f, 30000)}) {
+    const std::vector<float> us = {0.0f, 0.031f, 0.4f, 0.66f, 0.9f, 0.9999f};
+    const std::vector<Token> want = ReferenceSamples(logits, params, us);
+    for (size_t i = 0; i < us.size(); ++i) {
+      EXPECT_EQ(sample_token(logits, params, us[i], scratch), want[i])
+          << "top_k " << params.top_k << " top_p " << params.top_p << " u " << us[i];
+    }
+  }
+}
+
 TEST(SamplerValidationTest, AcceptsTheDefaultsAndTheEdgesOfEachRange) {
   EXPECT_TRUE(validate_sampling(SamplingParams{}).ok());
   EXPECT_TRUE(validate_sampling(Params(0.0f, 0, 1.0f, 0.0f)).ok());
