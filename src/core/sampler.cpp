@@ -1,6 +1,7 @@
 #include "cellm/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace cellm {
 namespace {
@@ -49,6 +51,34 @@ struct LogSoftmax {
     return (key - max_key) - log_sum;
   }
 };
+
+// Sorts `keys` ascending. Long runs take an LSD radix sort, a byte a pass, skipping
+// the bytes every key shares (a row's keys differ in about six of their eight);
+// `buffer` is its scratch.
+void sort_keys(std::span<uint64_t> keys, std::vector<uint64_t>& buffer) {
+  if (keys.size() < 4096) {
+    std::sort(keys.begin(), keys.end());
+    return;
+  }
+  uint64_t any = 0, all = ~uint64_t{0};
+  for (const uint64_t k : keys) {
+    any |= k;
+    all &= k;
+  }
+  const uint64_t varying = any ^ all;
+  buffer.resize(keys.size());
+  std::span<uint64_t> from = keys, to(buffer.data(), keys.size());
+  for (int shift = 0; shift < 64; shift += 8) {
+    if (((varying >> shift) & 0xFFu) == 0) continue;
+    std::array<size_t, 256> start{};
+    for (const uint64_t k : from) ++start[(k >> shift) & 0xFFu];
+    size_t sum = 0;
+    for (size_t& s : start) sum += std::exchange(s, sum);
+    for (const uint64_t k : from) to[start[(k >> shift) & 0xFFu]++] = k;
+    std::swap(from, to);
+  }
+  if (from.data() != keys.data()) std::copy(from.begin(), from.end(), keys.begin());
+}
 
 }  // namespace
 
@@ -152,6 +182,7 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
   // no comparison reading memory beside the keys. Ties add equal mass, so the sums do
   // not depend on how ties are ordered.
   thread_local std::vector<uint64_t> keys;
+  thread_local std::vector<uint64_t> buffer;
   keys.resize(vocab);
   for (size_t i = 0; i < vocab; ++i) {
     keys[i] = (uint64_t{~std::bit_cast<uint32_t>(weight[i])} << 32) | static_cast<uint64_t>(i);
@@ -164,7 +195,7 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
     kept_count = static_cast<size_t>(params.top_k);
     const auto kth = keys.begin() + static_cast<std::ptrdiff_t>(kept_count - 1);
     std::nth_element(keys.begin(), kth, keys.end());
-    std::sort(keys.begin(), kth + 1);
+    sort_keys(std::span(keys.data(), kept_count), buffer);
   } else {
     const double target = static_cast<double>(params.top_p) * total;
     double cumulative = 0.0;
@@ -178,7 +209,7 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
       const auto first = keys.begin() + static_cast<std::ptrdiff_t>(sorted_end);
       const auto last = first + static_cast<std::ptrdiff_t>(count);
       if (count < rest) std::nth_element(first, last - 1, keys.end());
-      std::sort(first, last);
+      sort_keys(std::span(keys.data() + sorted_end, count), buffer);
       for (size_t i = sorted_end; i < sorted_end + count; ++i) {
         cumulative += weight_of_key(keys[i]);
         if (cumulative > target) {
