@@ -40,8 +40,8 @@ Status validate_sampling(const SamplingParams& params);
 float sampling_uniform(uint64_t seed, Position position);
 
 // Samples one token from `logits` (one row, V entries) with the uniform `u`.
-// Reuses `scratch` between calls to avoid allocation (plus one thread-local
-// index buffer when top-k or top-p is on).
+// Reuses `scratch` between calls to avoid allocation (plus thread-local key and
+// index buffers when top-k or top-p is on).
 // NaN logits count as probability 0; when no logit is a number the result is
 // token 0. With +inf logits the mass splits evenly among them.
 // REQUIRES: !logits.empty(), params valid, 0 <= u < 1.

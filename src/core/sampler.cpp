@@ -134,7 +134,7 @@ Token sample_token(std::span<const float> logits, const SamplingParams& params, 
 
   // Unnormalized probabilities: w = exp((x - max) / T), so the largest is exactly 1
   // and min-p compares against min_p itself.
-  scratch.resize(2 * vocab);  // [0, V): weights; [V, 2V): selection workspace
+  scratch.resize(vocab);  // the weights
   std::span<float> weight(scratch.data(), vocab);
   const bool infinite_max = std::isinf(max_logit);
   double total = 0.0;
