@@ -247,19 +247,12 @@ std::vector<Token> ReferenceSamples(const std::vector<float>& logits, const Samp
   return tokens;
 }
 
-TEST(SamplerLargeVocabTest, PartialSelectionMatchesAFullSortOnAHugeVocabulary) {
-  constexpr size_t kVocab = 150000;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> logits(kVocab);
-  for (float& x : logits) x = normal(rng);
-  // Many exact ties, to exercise the id tie-break.
-  for (size_t i = 0; i < kVocab; i += 97) logits[i] = 4.0f;
+// sample_token against ReferenceSamples, token for token, for each policy and u.
+void ExpectTheReferencesTokens(const std::vector<float>& logits,
+                               const std::vector<SamplingParams>& policies,
+                               const std::vector<float>& us) {
   std::vector<float> scratch;
-  for (const SamplingParams& params :
-       {Params(1.0f, 0, 0.9f), Params(0.7f, 0, 0.3f), Params(1.3f, 0, 0.999f), Params(1.0f, 1000),
-        Params(1.0f, 40), Params(1.0f, 149999)}) {
-    const std::vector<float> us = {0.0f, 0.013f, 0.25f, 0.5f, 0.77f, 0.999f};
+  for (const SamplingParams& params : policies) {
     const std::vector<Token> want = ReferenceSamples(logits, params, us);
     for (size_t i = 0; i < us.size(); ++i) {
       EXPECT_EQ(sample_token(logits, params, us[i], scratch), want[i])
@@ -268,26 +261,36 @@ TEST(SamplerLargeVocabTest, PartialSelectionMatchesAFullSortOnAHugeVocabulary) {
   }
 }
 
+// `n` logits drawn from a normal distribution of mean 0 and deviation `sd`.
+std::vector<float> NormalLogits(size_t n, float sd, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sd);
+  std::vector<float> logits(n);
+  for (float& x : logits) x = normal(rng);
+  return logits;
+}
+
+TEST(SamplerLargeVocabTest, PartialSelectionMatchesAFullSortOnAHugeVocabulary) {
+  constexpr size_t kVocab = 150000;
+  std::vector<float> logits = NormalLogits(kVocab, 3.0f, 7);
+  // Many exact ties, to exercise the id tie-break.
+  for (size_t i = 0; i < kVocab; i += 97) logits[i] = 4.0f;
+  ExpectTheReferencesTokens(logits,
+                            {Params(1.0f, 0, 0.9f), Params(0.7f, 0, 0.3f), Params(1.3f, 0, 0.999f),
+                             Params(1.0f, 1000), Params(1.0f, 40), Params(1.0f, 149999)},
+                            {0.0f, 0.013f, 0.25f, 0.5f, 0.77f, 0.999f});
+}
+
 // A flat row (a nucleus of most of the vocabulary, as an untrained model's): the
 // selection sorts nearly everything, its last chunks the whole rest at once.
 TEST(SamplerLargeVocabTest, PartialSelectionMatchesAFullSortOnAFlatVocabulary) {
   constexpr size_t kVocab = 60000;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 0.25f);
-  std::vector<float> logits(kVocab);
-  for (float& x : logits) x = normal(rng);
+  std::vector<float> logits = NormalLogits(kVocab, 0.25f, 11);
   for (size_t i = 5; i < kVocab; i += 13) logits[i] = 0.1f;  // ties inside the nucleus
-  std::vector<float> scratch;
-  for (const SamplingParams& params :
-       {Params(1.0f, 0, 0.9f), Params(1.0f, 0, 0.99f), Params(0.5f, 0, 0.5f), Params(1.0f, 59000),
-        Params(2.0f, 30000)}) {
-    const std::vector<float> us = {0.0f, 0.031f, 0.4f, 0.66f, 0.9f, 0.9999f};
-    const std::vector<Token> want = ReferenceSamples(logits, params, us);
-    for (size_t i = 0; i < us.size(); ++i) {
-      EXPECT_EQ(sample_token(logits, params, us[i], scratch), want[i])
-          << "top_k " << params.top_k << " top_p " << params.top_p << " u " << us[i];
-    }
-  }
+  ExpectTheReferencesTokens(logits,
+                            {Params(1.0f, 0, 0.9f), Params(1.0f, 0, 0.99f), Params(0.5f, 0, 0.5f),
+                             Params(1.0f, 59000), Params(2.0f, 30000)},
+                            {0.0f, 0.031f, 0.4f, 0.66f, 0.9f, 0.9999f});
 }
 
 TEST(SamplerValidationTest, AcceptsTheDefaultsAndTheEdgesOfEachRange) {
