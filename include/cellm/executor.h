@@ -27,6 +27,17 @@
 
 namespace cellm {
 
+// The session geometry every executor is created with (its create() takes it beside
+// its own options). The capacity rule max_sessions * max_session_tokens < max_cells
+// keeps one cell free as the scratch row of padded slots, so a batch never runs out
+// of cells midway.
+struct ExecutorLimits {
+  int32_t max_sessions = 8;           // resident sessions: active, snapshots and clones
+  int32_t max_session_tokens = 1024;  // positions one session may hold
+  int32_t max_cells = 0;              // KV cells; 0 = max_sessions * max_session_tokens + 1
+  int32_t step_width = 256;           // W: the most tokens one forward takes
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
