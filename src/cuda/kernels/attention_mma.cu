@@ -20,45 +20,6 @@
 
 namespace cellm::cuda::detail {
 
-#ifdef CELLM_ATTENTION_PHASES
-__device__ AttentionPhases g_attention_phases[kAttentionPhaseBlocks];
-
-cudaError_t read_attention_phases(AttentionPhases* host, int blocks) {
-  const size_t bytes = sizeof(AttentionPhases) * static_cast<size_t>(blocks);
-  if (const cudaError_t err = cudaMemcpyFromSymbol(host, g_attention_phases, bytes);
-      err != cudaSuccess) {
-    return err;
-  }
-  void* table = nullptr;
-  if (const cudaError_t err = cudaGetSymbolAddress(&table, g_attention_phases);
-      err != cudaSuccess) {
-    return err;
-  }
-  return cudaMemset(table, 0, bytes);
-}
-
-namespace {
-__device__ __forceinline__ long long global_ns() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-}  // namespace
-
-// Thread 0 of the block stamps `field` (CELLM_ATTENTION_PHASES only).
-#define CELLM_PHASE(field, value)                                                                \
-  do {                                                                                           \
-    const unsigned phase_block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); \
-    if (threadIdx.x == 0 && phase_block < kAttentionPhaseBlocks) {                               \
-      g_attention_phases[phase_block].field = (value);                                           \
-    }                                                                                            \
-  } while (0)
-#else
-#define CELLM_PHASE(field, value) \
-  do {                            \
-  } while (0)
-#endif
-
 namespace {
 
 // FlashDecoding with grouped-query heads on tensor cores. One block of W warps
@@ -98,17 +59,10 @@ constexpr int kStages = 2;
 constexpr int kMaxGroup = 16;
 // Tiles of its own a warp loads before the wait when they are settled, by head_dim: the
 // second tile's latency then leaves the chain after the wait, but the loads a kernel
-// queues before its wait delay the one it launched during (RoPE + K/V write). On the
-// H200 (session 13, one row of 129-256 keys, 8-warp blocks) 2 tiles gave the 8B (head_dim
-// 128, 8 KB a tile) 259.6-260.5 tok/s against 258.5-258.9 with 1, and the 1B (head_dim
-// 64) 1,250-1,256 against 1,262-1,265. -DCELLM_ATTENTION_PREWAIT_TILES=N sets both.
-#ifdef CELLM_ATTENTION_PREWAIT_TILES
-template <int HD>
-constexpr int kPrewaitTiles = CELLM_ATTENTION_PREWAIT_TILES;
-#else
+// queues before its wait delay the one it launched during (RoPE + K/V write). Two pay
+// for head_dim 128 (8 KB a tile); for head_dim 64 the delay outweighs them.
 template <int HD>
 constexpr int kPrewaitTiles = HD >= 128 ? 2 : 1;
-#endif
 
 template <int HD>
 constexpr int row_elems() {
@@ -171,15 +125,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // steps wrote: positions, row_seq and the table's older entries, older K/V.
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
-#ifdef CELLM_ATTENTION_PHASES
-  CELLM_PHASE(entry, clock64());
-  CELLM_PHASE(start_ns, global_ns());
-  CELLM_PHASE(row, static_cast<int32_t>(r));
-  CELLM_PHASE(split, split);
-  CELLM_PHASE(kv_head, static_cast<int32_t>(blockIdx.z));
-#endif
   const RowSpan span = row_span(p.positions[r], p.window, n_splits, min_chunks, W * kTileKeys);
-  CELLM_PHASE(active, span.active);
   // A split past the row (shorter than its chunk) has nothing to do, except in the
   // barriers of a cluster fold: it then runs through with no tile.
   const bool in_cluster = cluster_fold && span.active > 1;
@@ -262,7 +208,6 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // ahead of this one.
   if (early) allow_dependent_grids();
   wait_for_prior_grids();
-  CELLM_PHASE(waited, clock64());
   if (!first_early && t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
   cp_async_commit();  // tile t's group (or, second_loaded, tile t + W's)
   if (!next_early && t + W < n_tiles) next_cells = cell_of(begin + (t + W) * kTileKeys);
@@ -308,7 +253,6 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   if (!early) allow_dependent_grids();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
-  CELLM_PHASE(tiles, clock64());
 
   // Shared memory: acc [W][16][AS], then max and sum [W][16]. A warp that
   // got no tile holds max -inf, sum 0, acc 0.
@@ -364,12 +308,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
       ws.store(r, h0 + h, split, d, a, mx, sum);
     }
   }
-  CELLM_PHASE(stored, clock64());
-  if (span.active == 1) {
-    CELLM_PHASE(folded, clock64());
-    CELLM_PHASE(end_ns, global_ns());
-    return;
-  }
+  if (span.active == 1) return;
   // The merge region is free once every thread passed the fold's barrier.
   if (in_cluster) {
     fold_in_cluster<bf16, W * 32>(c_part, kMaxGroup, HD, group, span.active,
@@ -379,8 +318,6 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     fold_if_last<bf16, W * 32>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
                                group, reinterpret_cast<float*>(smem), p.out);
   }
-  CELLM_PHASE(folded, clock64());
-  CELLM_PHASE(end_ns, global_ns());
 }
 
 template <int HD, int W>

@@ -63,7 +63,7 @@ cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, con
                                cudaStream_t stream);
 
 // Weight rows a block of launch_skinny_gemm covers for m x rows (64, or 128 for more than
-// 32 rows when built with CELLM_SKINNY_WIDE_CONSUMERS=8).
+// 32 rows).
 int64_t skinny_gemm_block_rows(int64_t m);
 
 // clusters[s - 1]: how many clusters of s blocks of the kernel a device runs at once
