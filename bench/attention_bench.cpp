@@ -16,7 +16,7 @@
 // split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks),
 // --min-blocks the blocks a launch keeps at least for rows above 256 positions
 // (AttentionParams::min_blocks; default kAttentionMinBlocks; at or above the target, every
-// such row takes the full split count, the cut before session 5),
+// such row takes the full split count),
 // --block-warps the tensor-core kernel's warps per block (2, 4, 8; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
@@ -70,7 +70,6 @@ T* device_alloc(size_t count) {
   check(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc");
   return static_cast<T*>(p);
 }
-
 
 }  // namespace
 

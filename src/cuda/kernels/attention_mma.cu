@@ -51,7 +51,7 @@ namespace {
 // padding: attention_tile.cuh). head_dim 128: 17 KB per warp, so 68 KB for a block of 4 warps
 // (opt-in above 48 KB) and 3 blocks per SM, or 34 KB for 2 warps and 6 blocks per SM:
 // 12 warps per SM either way (168 registers), but a launch of 512 (row, kv head) blocks
-// fits the H200's 132 SMs in one wave of 2-warp blocks and needs 1.3 waves of 4-warp
+// fits 132 SMs in one wave of 2-warp blocks and needs 1.3 waves of 4-warp
 // ones. A launch of no more blocks than SMs (a few rows) takes 8-warp blocks, 136 KB,
 // one an SM (up to 255 registers: 205 used). The merge, then the fold, reuse the stages.
 constexpr int kWarpsPerSm = 12;  // 168 registers a thread; head_dim 128's smem allows 12 too
@@ -75,8 +75,7 @@ constexpr size_t stage_bytes() {  // K and V of one tile
 // The merge's acc rows are HD + 8 floats apart: a warp's float2 stores of C fragments
 // (rows g = 0..7, columns 2q, 2q + 1) then fill each half-warp's 32 banks once (row g at
 // bank 8 g) instead of all 8 rows at the same banks: 8-way conflicts, which took an 8-warp
-// block ~1.7 us from its tiles to its stores (bench/attention_phases.sh). H200: one row of
-// 192 keys 4.45 -> 3.81 us, 64 x 192 18.2 -> 17.2, 128 x 1,152 160.0 -> 158.3.
+// block ~1.7 us from its tiles to its stores (one row of 192 keys: 4.45 us, 3.81 padded).
 template <int HD>
 constexpr int acc_stride() {
   return HD + 8;
@@ -402,7 +401,7 @@ int32_t attention_mma_cluster_splits(int64_t n_rows, int32_t n_splits, int64_t n
 int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads, int sm_count) {
   // 2-warp blocks when a launch that does not split overflows one wave of 4-warp blocks
   // but fits one wave of 2-warp ones (the same warps per SM, in units half as large):
-  // 64 rows x 8 kv heads on the H200's 132 SMs, 512 blocks, take 18 us at 192 keys
+  // 64 rows x 8 kv heads on 132 SMs, 512 blocks, take 18 us at 192 keys
   // instead of 21 (bench/attention_bench). A launch that splits cut its rows to reach
   // its target blocks, and its chunks are often fewer than its splits; there, and
   // beyond one wave, 4-warp blocks measured faster.

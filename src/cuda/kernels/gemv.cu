@@ -478,7 +478,8 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
     return cudaErrorInvalidValue;
   }
   if (kernel == GemvKernel::kRows) {
-    const GemvParams<TOut> p{x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, rows_split};
+    const int rows = static_cast<int>(m), cols = static_cast<int>(k);
+    const GemvParams<TOut> p{x, w, bias, y, rows, cols, n, rows_split};
     if (input == GemvInput::kSwiGLU) return launch_rows_for_m<GemvInput::kSwiGLU>(p, stream);
     return launch_rows_for_m<GemvInput::kPlain>(p, stream);
   }

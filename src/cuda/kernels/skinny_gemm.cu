@@ -54,7 +54,9 @@ using detail::smem_addr;
 // of x from L2 as of weights; 128-row blocks read half as many (measured 4-25% faster at
 // 64 rows). At 128 x rows a stage is 64 KB (one block an SM, either ring); 256-row blocks
 // there, reading x once for twice the weights, measured slower.
-constexpr int consumers_for(int mt) { return mt == 8 || mt == 16 ? 8 : 4; }
+constexpr int consumers_for(int mt) {
+  return mt == 8 || mt == 16 ? 8 : 4;
+}
 constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
 constexpr int kRowBytes = kBoxCols * 2;
 constexpr int kStageCols = static_cast<int>(kSkinnyKStep);
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     }
   };
   // Without splits each consumer writes its sums from its registers (staging them through
-  // shared memory for whole-sector stores measured slower at 16 x rows, session 8).
+  // shared memory for whole-sector stores measured slower at 16 x rows).
   if (p.splits == 1) {
     for_each_sum([&](int i, int64_t row, float v) {
       if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   // split order.
   constexpr int kThreads = (kConsumers + 1) * 32;
   constexpr int kQuads = kBlockRows / 4;  // of a sums row
-  constexpr int kSumUnroll = 2;  // 1 measured the same; 2 keeps more loads in flight
+  constexpr int kSumUnroll = 2;           // 1 measured the same; 2 keeps more loads in flight
   static_assert(kSumsPitch % 4 == 0, "sums rows stay 16-byte aligned");
   const bool whole_stores =
       p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.y) % (4 * sizeof(TOut)) == 0;

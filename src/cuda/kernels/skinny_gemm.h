@@ -51,8 +51,8 @@ bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const 
 
 // The ring of shared-memory stages each block streams its weights through: kShared, about
 // 96 KB (two blocks share an SM), or kWholeSm, about 200 KB (one block an SM: more bytes in
-// flight an SM, half the blocks). Neither is faster for every shape (docs/PERFORMANCE.md,
-// session 8); the GEMM tuner times both. The ring changes the split count, so the bits.
+// flight an SM, half the blocks). Neither is faster for every shape; the GEMM tuner times
+// both. The ring changes the split count, so the bits.
 enum class SkinnyRing { kShared, kWholeSm };
 
 // y = TOut(x · wᵀ (+ bias)). REQUIRES: skinny_gemm_supports(m, n, k, x, w); device
