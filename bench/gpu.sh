@@ -12,6 +12,7 @@ PEAK_GBS=${PEAK_GBS:-4250}
 usage() {
   cat <<EOF
 usage: bench/gpu.sh COMMAND [ARGS]
+(test, bench and profile build first when \$BUILD holds no build)
 
   build                 configure and build a Release tree for sm_$ARCH in \$BUILD (installs
                         the Debian build dependencies with tools/install_deps.sh when missing;
@@ -50,10 +51,10 @@ out_dir() {
   echo "$dir"
 }
 
+# Builds first when $BUILD holds no build yet.
 need_build() {
   if [ ! -x "$BUILD/cellm" ] || [ ! -f "$BUILD/CTestTestfile.cmake" ]; then
-    echo "gpu.sh: no build in $BUILD: run bench/gpu.sh build first" >&2
-    exit 1
+    cmd_build
   fi
 }
 
@@ -134,10 +135,12 @@ cmd_bench() {
   local preset="" batches=""
   if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then preset=$1 && shift; fi
   if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then batches=$1 && shift; fi
+  local npl=(-npl "${batches:-1,16,64,256}")
+  case " $* " in *" -npl "*) [ -z "$batches" ] && npl=() ;; esac
   if [ -z "$preset" ]; then
-    for p in 1b 8b; do bench_row "$p" --preset "$p" -npl 1,16,64,256 "$@"; done
+    for p in 1b 8b; do bench_row "$p" --preset "$p" "${npl[@]}" "$@"; done
   else
-    bench_row "$preset" --preset "$preset" -npl "${batches:-1,16,64,256}" "$@"
+    bench_row "$preset" --preset "$preset" "${npl[@]}" "$@"
   fi
 }
 
