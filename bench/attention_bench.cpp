@@ -16,7 +16,7 @@
 // split count aims for (AttentionParams::target_blocks; default kAttentionTargetBlocks),
 // --min-blocks the blocks a launch keeps at least for rows above 256 positions
 // (AttentionParams::min_blocks; default kAttentionMinBlocks; at or above the target, every
-// such row takes the full split count, the cut before session 5),
+// such row takes the full split count),
 // --block-warps the tensor-core kernel's warps per block (2, 4, 8; default 0, the
 // launcher's choice), --fresh-positions AttentionParams::fresh_positions (default 1,
 // as a decode step: older K/V loads before the wait; 0 loads nothing before it).
@@ -42,9 +42,6 @@
 
 #include "cuda/kernels/attention.h"
 #include "cuda/launch_control.h"
-#ifdef CELLM_ATTENTION_PHASES
-#include "cuda/kernels/attention_mma.h"
-#endif
 
 namespace {
 
@@ -73,60 +70,6 @@ T* device_alloc(size_t count) {
   check(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc");
   return static_cast<T*>(p);
 }
-
-#ifdef CELLM_ATTENTION_PHASES
-// Where the blocks of one launch of the tensor-core kernel spent their time (the
-// instrument of attention_mma.h), one line: means over the blocks that ran, in ns at the
-// SM clock `ghz`; "fold" is the row's last block's, "count in" the others' arrival.
-void print_phases(int blocks, double ghz) {
-  using cellm::cuda::detail::AttentionPhases;
-  blocks = std::min(blocks, cellm::cuda::detail::kAttentionPhaseBlocks);
-  std::vector<AttentionPhases> ph(static_cast<size_t>(blocks));
-  check(cellm::cuda::detail::read_attention_phases(ph.data(), blocks), "read phases");
-  // The last block of each (row, kv head) group: the one that ended last.
-  const auto group_of = [&](const AttentionPhases& b) {
-    return static_cast<size_t>(b.row) * 65536u + static_cast<size_t>(b.kv_head);
-  };
-  std::vector<std::pair<size_t, long long>> ends;
-  for (const AttentionPhases& b : ph) {
-    if (b.folded != 0) ends.emplace_back(group_of(b), b.end_ns);
-  }
-  const auto is_last = [&](const AttentionPhases& b) {
-    for (const auto& [g, e] : ends) {
-      if (g == group_of(b) && e > b.end_ns) return false;
-    }
-    return true;
-  };
-  double wait = 0, tiles = 0, store = 0, fold = 0, count_in = 0;
-  int ran = 0, last = 0, others = 0;
-  long long first_start = 0, last_start = 0, last_end = 0;
-  for (const AttentionPhases& b : ph) {
-    if (b.start_ns == 0) continue;
-    first_start = first_start == 0 ? b.start_ns : std::min(first_start, b.start_ns);
-    last_start = std::max(last_start, b.start_ns);
-    last_end = std::max(last_end, b.end_ns);
-    if (b.folded == 0) continue;  // a split past its row
-    ++ran;
-    wait += static_cast<double>(b.waited - b.entry);
-    tiles += static_cast<double>(b.tiles - b.waited);
-    store += static_cast<double>(b.stored - b.tiles);
-    if (b.active == 1) continue;  // wrote its output itself
-    if (is_last(b)) {
-      ++last;
-      fold += static_cast<double>(b.folded - b.stored);
-    } else {
-      ++others;
-      count_in += static_cast<double>(b.folded - b.stored);
-    }
-  }
-  const auto ns = [&](double cycles, int n) { return n > 0 ? cycles / n / ghz : 0.0; };
-  std::printf(
-      "      phases: %d blocks ran; entry->wait %.0f ns, tiles %.0f, merge+store %.0f, count in "
-      "%.0f, last block's fold %.0f (%d); starts spread %lld ns, span %lld ns\n",
-      ran, ns(wait, ran), ns(tiles, ran), ns(store, ran), ns(count_in, others), ns(fold, last),
-      last, last_start - first_start, last_end - first_start);
-}
-#endif
 
 }  // namespace
 
@@ -310,24 +253,6 @@ int main(int argc, char** argv) {
       us[path] = 1e3 * ms / (iters * kLaunchesPerGraph);
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-#ifdef CELLM_ATTENTION_PHASES
-      if (path == 0) {  // one launch alone, its blocks' phases read after it
-        check(cudaStreamSynchronize(stream), "sync");
-        std::vector<cellm::cuda::detail::AttentionPhases> reset(
-            cellm::cuda::detail::kAttentionPhaseBlocks);
-        check(cellm::cuda::detail::read_attention_phases(
-                  reset.data(), cellm::cuda::detail::kAttentionPhaseBlocks),
-              "reset phases");
-        check(launch_attention(p, stream), "phases launch");
-        check(cudaStreamSynchronize(stream), "sync");
-        int clock_khz = 0;
-        check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0), "clock rate");
-        const int64_t blocks = rows * kKvHeads *
-                               cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, budget,
-                                                                 target_blocks, min_blocks);
-        print_phases(static_cast<int>(blocks), clock_khz / 1e6);
-      }
-#endif
     }
     const double kv_bytes = static_cast<double>(rows) * context * 2 * kv_dim * sizeof(Bf16);
     std::printf("%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows),

@@ -1,9 +1,9 @@
 // What a CUDA device's clock and power did while a phase of work ran, for benchmark logs
 // (`cellm bench --clocks`). Under a sustained load a GPU holds its power limit by lowering
-// its SM clock, and chips of one kind hold different clocks there: on the lent H200s the
-// 8b long B = 128 row ran at 1,485 MHz on one and 1,770-1,800 on another, 12,016 against
-// 12,772 tok/s (docs/PERFORMANCE.md, session 29). A benchmark row that reports the clock
-// it ran at can be compared across machines.
+// its SM clock, and chips of one kind hold different clocks there (one long decode row
+// has run at 1,485 MHz on one chip and 1,770-1,800 on another of the same kind, 6% apart in
+// tokens a second). A benchmark row that reports the clock it ran at can be compared
+// across machines.
 //
 // The sampler reads the device through NVML, loaded at run time from the driver's
 // libnvidia-ml.so.1 (no build dependency; a machine without the driver gets an error from

@@ -64,12 +64,6 @@ struct Gemm::Plan {
 // smaller tiles (cublaslt_candidates).
 constexpr int64_t kTileVariantsFromRows = 64;
 
-// 0 offers the tuner the kRows GEMV with launch_gemv's own split only, as before every
-// split was a candidate (an A/B build: bench/variant_visit.sh "one=-DCELLM_TUNE_ROWS_SPLITS=0").
-#ifndef CELLM_TUNE_ROWS_SPLITS
-#define CELLM_TUNE_ROWS_SPLITS 1
-#endif
-
 namespace {
 
 // The GEMV kernel a GEMV choice names.
@@ -399,10 +393,8 @@ Result<std::vector<GemmChoice>> Gemm::cublaslt_candidates(const Plan& plan) {
                       CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_INPLACE));
   query(no_reduce_kernel.get(), "r");
   // At many rows, the heuristic's first kernel with smaller tiles and no split: a skinny
-  // product's 64x64 tiles fill about one wave by themselves (bench/cublaslt_search.cpp,
-  // session 28: the 8B's o and down at 128 rows 5-8% faster so than the heuristic's best;
-  // the tuner took them for o and swiglu + down at 64-128 rows, and the long B = 128 row
-  // went 11,911 -> 12,145 tok/s, docs/PERFORMANCE.md).
+  // product's 64x64 tiles fill about one wave by themselves, which beats the heuristic's
+  // best for the 8B's o and down at 64-128 rows.
   if (plan.key.m >= kTileVariantsFromRows && !candidates.empty()) {
     const cublasLtMatmulAlgo_t base = candidates.front().algo;
     const uint32_t tiles[] = {CUBLASLT_MATMUL_TILE_64x64, CUBLASLT_MATMUL_TILE_64x128,
@@ -453,21 +445,16 @@ Status Gemm::tune(Plan& plan, bool gemv_candidate, bool skinny_candidate, const 
     candidates.push_back(std::move(c));
   };
   if (gemv_candidate) {
-    // At one row the kRows kernel takes the product: timed alone the two GEMVs tie on the
-    // 1B's q/k/v (4.2-4.4 us each on the H200), but the step's graph took 15 us more with
-    // the tensor-core one (session 26, docs/PERFORMANCE.md; likely its 8 weight loads a
-    // lane before its wait, against the kRows kernel's 4, queued ahead of the norm it is
-    // launched beside). From 2 rows the tensor cores' arithmetic pays.
+    // At one row the kRows kernel takes the product: timed alone the two GEMVs tie, but in
+    // the step's graph the tensor-core one is slower (likely its 8 weight loads a lane before
+    // its wait, against the kRows kernel's 4, queued ahead of the norm it is launched
+    // beside). From 2 rows the tensor cores' arithmetic pays.
     if (plan.key.m > 1) add(GemmKernel::kGemv, "gemv");
-    // Every split of the kRows kernel: the best one varies by shape (at one row on the
-    // H200, 8 for the 8B's gate_up, down and LM head; 1 for the 1B's gate_up).
-    if (CELLM_TUNE_ROWS_SPLITS != 0) {
-      for (int split = 1; split <= kGemvRowsMaxSplit; split *= 2) {
-        add(GemmKernel::kGemvRows, "gemv rows split " + std::to_string(split), SkinnyRing::kShared,
-            split);
-      }
-    } else {
-      add(GemmKernel::kGemvRows, "gemv rows");
+    // Every split of the kRows kernel: the best one varies by shape (at one row, 8 for the
+    // 8B's gate_up, down and LM head; 1 for the 1B's gate_up).
+    for (int split = 1; split <= kGemvRowsMaxSplit; split *= 2) {
+      add(GemmKernel::kGemvRows, "gemv rows split " + std::to_string(split), SkinnyRing::kShared,
+          split);
     }
   }
   if (skinny_candidate) {

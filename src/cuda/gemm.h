@@ -130,7 +130,7 @@ class Gemm {
                          T* act, T* y, cudaStream_t stream);
 
   // Warming (before serving). cuBLASLt loads a kernel's code the first time the process
-  // launches it: ~3.5 ms a kernel on the H200, which would land on whichever request's
+  // launches it: milliseconds a kernel, which would land on whichever request's
   // prefill first meets a shape whose heuristic choice names that kernel. warm() builds
   // the plan run() would use for the same call (host work, as run's first call does)
   // and, when the plan's kernel is a cuBLASLt algorithm this Gemm has not warmed yet,

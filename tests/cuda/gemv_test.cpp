@@ -196,7 +196,7 @@ TEST(GemvTest, EveryRowsSplitMatchesADoubleReference) {
 }
 
 // Llama-3-8B's qkv (4096 -> 6144), gate_up (4096 -> 28672) and down (14336 -> 4096)
-// projections, and a shape whose k is split over 4 warps on a 132-SM H200.
+// projections, and a shape whose k is split over 4 warps on a 132-SM GPU.
 TEST(GemvTest, LlamaEightBShapesMatchADoubleReference) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(32);

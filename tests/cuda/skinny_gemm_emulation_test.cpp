@@ -66,7 +66,7 @@ struct Case {
   std::vector<uint16_t> x, w;
 };
 
-// The consumers' two ways to multiply a stage (CELLM_SKINNY_WGMMA in the kernel).
+// The consumers' two ways to multiply a stage (wgmma on sm_90a, else mma.sync).
 enum class Consumer { kMmaSync, kWgmma };
 
 // Element (r, c) of a K-major wgmma operand whose descriptor starts at byte `start` of

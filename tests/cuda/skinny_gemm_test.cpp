@@ -140,7 +140,7 @@ TEST(SkinnyGemmTest, LlamaEightBShapesMatchADoubleReference) {
 
 TEST(SkinnyGemmTest, SplitsFitOneWaveOfClusters) {
   // Host-only: the split count of a shape on a device that runs clusters[s - 1] clusters of
-  // s blocks at once (an H200-like table: 62 clusters of 4 measured for 64-row blocks, not
+  // s blocks at once (a 132-SM table: 62 clusters of 4 measured for 64-row blocks, not
   // the 66 that 132 SMs x 2 blocks / 4 would give): the most splits, up to 8, whose
   // clusters all run at once, each split >= 512 columns of k (4 stages).
   const SkinnyClusters clusters = {264, 128, 84, 62, 48, 40, 32, 30};

@@ -78,10 +78,10 @@ inline constexpr int64_t kMaxAttentionHeadDimCuda = 256;
 inline constexpr int64_t kAttentionTargetBlocks = 512;
 // Blocks a launch keeps at least while its rows are longer than 256 positions, by
 // default (AttentionParams::min_blocks); a row adds a chunk per 1,024 positions beyond
-// that, up to the split count. On the H200 (docs/PERFORMANCE.md, session 5) a fold costs
-// more than the parallelism it adds past ~128 blocks until chunks reach ~1,000 keys: 16
-// rows of 8 kv heads at 1,024 keys take 27.5 us unsplit and 30.3 in 4 splits, at 8,192
-// keys 185 unsplit and 162 in 4; one row at 1,024 keys 7.0 us in 16 chunks, 8.7 in 64.
+// that, up to the split count. A fold costs more than the parallelism it adds past ~128
+// blocks until chunks reach ~1,000 keys: 16 rows of 8 kv heads at 1,024 keys take 27.5 us
+// unsplit and 30.3 in 4 splits, at 8,192 keys 185 unsplit and 162 in 4; one row at 1,024
+// keys 7.0 us in 16 chunks, 8.7 in 64.
 inline constexpr int64_t kAttentionMinBlocks = 128;
 
 // int32 arrival counters at the start of the workspace: one per (row, kv head, head

@@ -20,45 +20,6 @@
 
 namespace cellm::cuda::detail {
 
-#ifdef CELLM_ATTENTION_PHASES
-__device__ AttentionPhases g_attention_phases[kAttentionPhaseBlocks];
-
-cudaError_t read_attention_phases(AttentionPhases* host, int blocks) {
-  const size_t bytes = sizeof(AttentionPhases) * static_cast<size_t>(blocks);
-  if (const cudaError_t err = cudaMemcpyFromSymbol(host, g_attention_phases, bytes);
-      err != cudaSuccess) {
-    return err;
-  }
-  void* table = nullptr;
-  if (const cudaError_t err = cudaGetSymbolAddress(&table, g_attention_phases);
-      err != cudaSuccess) {
-    return err;
-  }
-  return cudaMemset(table, 0, bytes);
-}
-
-namespace {
-__device__ __forceinline__ long long global_ns() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-}  // namespace
-
-// Thread 0 of the block stamps `field` (CELLM_ATTENTION_PHASES only).
-#define CELLM_PHASE(field, value)                                                                \
-  do {                                                                                           \
-    const unsigned phase_block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); \
-    if (threadIdx.x == 0 && phase_block < kAttentionPhaseBlocks) {                               \
-      g_attention_phases[phase_block].field = (value);                                           \
-    }                                                                                            \
-  } while (0)
-#else
-#define CELLM_PHASE(field, value) \
-  do {                            \
-  } while (0)
-#endif
-
 namespace {
 
 // FlashDecoding with grouped-query heads on tensor cores. One block of W warps
@@ -90,7 +51,7 @@ namespace {
 // padding: attention_tile.cuh). head_dim 128: 17 KB per warp, so 68 KB for a block of 4 warps
 // (opt-in above 48 KB) and 3 blocks per SM, or 34 KB for 2 warps and 6 blocks per SM:
 // 12 warps per SM either way (168 registers), but a launch of 512 (row, kv head) blocks
-// fits the H200's 132 SMs in one wave of 2-warp blocks and needs 1.3 waves of 4-warp
+// fits 132 SMs in one wave of 2-warp blocks and needs 1.3 waves of 4-warp
 // ones. A launch of no more blocks than SMs (a few rows) takes 8-warp blocks, 136 KB,
 // one an SM (up to 255 registers: 205 used). The merge, then the fold, reuse the stages.
 constexpr int kWarpsPerSm = 12;  // 168 registers a thread; head_dim 128's smem allows 12 too
@@ -98,17 +59,10 @@ constexpr int kStages = 2;
 constexpr int kMaxGroup = 16;
 // Tiles of its own a warp loads before the wait when they are settled, by head_dim: the
 // second tile's latency then leaves the chain after the wait, but the loads a kernel
-// queues before its wait delay the one it launched during (RoPE + K/V write). On the
-// H200 (session 13, one row of 129-256 keys, 8-warp blocks) 2 tiles gave the 8B (head_dim
-// 128, 8 KB a tile) 259.6-260.5 tok/s against 258.5-258.9 with 1, and the 1B (head_dim
-// 64) 1,250-1,256 against 1,262-1,265. -DCELLM_ATTENTION_PREWAIT_TILES=N sets both.
-#ifdef CELLM_ATTENTION_PREWAIT_TILES
-template <int HD>
-constexpr int kPrewaitTiles = CELLM_ATTENTION_PREWAIT_TILES;
-#else
+// queues before its wait delay the one it launched during (RoPE + K/V write). Two pay
+// for head_dim 128 (8 KB a tile); for head_dim 64 the delay outweighs them.
 template <int HD>
 constexpr int kPrewaitTiles = HD >= 128 ? 2 : 1;
-#endif
 
 template <int HD>
 constexpr int row_elems() {
@@ -121,8 +75,7 @@ constexpr size_t stage_bytes() {  // K and V of one tile
 // The merge's acc rows are HD + 8 floats apart: a warp's float2 stores of C fragments
 // (rows g = 0..7, columns 2q, 2q + 1) then fill each half-warp's 32 banks once (row g at
 // bank 8 g) instead of all 8 rows at the same banks: 8-way conflicts, which took an 8-warp
-// block ~1.7 us from its tiles to its stores (bench/attention_phases.sh). H200: one row of
-// 192 keys 4.45 -> 3.81 us, 64 x 192 18.2 -> 17.2, 128 x 1,152 160.0 -> 158.3.
+// block ~1.7 us from its tiles to its stores (one row of 192 keys: 4.45 us, 3.81 padded).
 template <int HD>
 constexpr int acc_stride() {
   return HD + 8;
@@ -171,15 +124,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // steps wrote: positions, row_seq and the table's older entries, older K/V.
   const int64_t r = blockIdx.x;
   const int32_t split = static_cast<int32_t>(blockIdx.y);
-#ifdef CELLM_ATTENTION_PHASES
-  CELLM_PHASE(entry, clock64());
-  CELLM_PHASE(start_ns, global_ns());
-  CELLM_PHASE(row, static_cast<int32_t>(r));
-  CELLM_PHASE(split, split);
-  CELLM_PHASE(kv_head, static_cast<int32_t>(blockIdx.z));
-#endif
   const RowSpan span = row_span(p.positions[r], p.window, n_splits, min_chunks, W * kTileKeys);
-  CELLM_PHASE(active, span.active);
   // A split past the row (shorter than its chunk) has nothing to do, except in the
   // barriers of a cluster fold: it then runs through with no tile.
   const bool in_cluster = cluster_fold && span.active > 1;
@@ -262,7 +207,6 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // ahead of this one.
   if (early) allow_dependent_grids();
   wait_for_prior_grids();
-  CELLM_PHASE(waited, clock64());
   if (!first_early && t < n_tiles) load_tile(cell_of(begin + t * kTileKeys), 0);
   cp_async_commit();  // tile t's group (or, second_loaded, tile t + W's)
   if (!next_early && t + W < n_tiles) next_cells = cell_of(begin + (t + W) * kTileKeys);
@@ -308,7 +252,6 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   if (!early) allow_dependent_grids();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: reuse them for the merge
-  CELLM_PHASE(tiles, clock64());
 
   // Shared memory: acc [W][16][AS], then max and sum [W][16]. A warp that
   // got no tile holds max -inf, sum 0, acc 0.
@@ -364,12 +307,7 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
       ws.store(r, h0 + h, split, d, a, mx, sum);
     }
   }
-  CELLM_PHASE(stored, clock64());
-  if (span.active == 1) {
-    CELLM_PHASE(folded, clock64());
-    CELLM_PHASE(end_ns, global_ns());
-    return;
-  }
+  if (span.active == 1) return;
   // The merge region is free once every thread passed the fold's barrier.
   if (in_cluster) {
     fold_in_cluster<bf16, W * 32>(c_part, kMaxGroup, HD, group, span.active,
@@ -379,8 +317,6 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     fold_if_last<bf16, W * 32>(ws, ws.counters + r * p.n_kv_heads + kv_head, span.active, r, h0,
                                group, reinterpret_cast<float*>(smem), p.out);
   }
-  CELLM_PHASE(folded, clock64());
-  CELLM_PHASE(end_ns, global_ns());
 }
 
 template <int HD, int W>
@@ -465,7 +401,7 @@ int32_t attention_mma_cluster_splits(int64_t n_rows, int32_t n_splits, int64_t n
 int attention_mma_block_warps(int64_t n_rows, int32_t n_splits, int64_t n_kv_heads, int sm_count) {
   // 2-warp blocks when a launch that does not split overflows one wave of 4-warp blocks
   // but fits one wave of 2-warp ones (the same warps per SM, in units half as large):
-  // 64 rows x 8 kv heads on the H200's 132 SMs, 512 blocks, take 18 us at 192 keys
+  // 64 rows x 8 kv heads on 132 SMs, 512 blocks, take 18 us at 192 keys
   // instead of 21 (bench/attention_bench). A launch that splits cut its rows to reach
   // its target blocks, and its chunks are often fewer than its splits; there, and
   // beyond one wave, 4-warp blocks measured faster.

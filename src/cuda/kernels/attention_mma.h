@@ -40,25 +40,4 @@ bool attention_prefill_takes_group(int64_t group);
 cudaError_t launch_attention_prefill_mma(const AttentionParams<__nv_bfloat16>& p,
                                          cudaStream_t stream);
 
-#ifdef CELLM_ATTENTION_PHASES
-// An experiment's instrument (built with -DCELLM_ATTENTION_PHASES=1; bench/attention_bench
-// prints it): thread 0 of every block of the tensor-core kernel records where its time
-// went, into a device table of kAttentionPhaseBlocks rows indexed by the block's linear
-// id (blocks past it record nothing). Launches overwrite each other's rows: read them
-// after a launch that ran alone.
-inline constexpr int kAttentionPhaseBlocks = 4096;
-struct AttentionPhases {
-  // clock64() of the block's SM: at entry, after the wait for the kernels ahead, after
-  // the tile loop (every warp's tiles folded), after thread 0's share of the output or
-  // partials is stored, and after the fold (for the row's last block: the merge; for the others:
-  // the arrival count). 0 where the block did not get there (a split past the row).
-  long long entry, waited, tiles, stored, folded;
-  long long start_ns, end_ns;  // %globaltimer at entry and at the end
-  int32_t row, split, kv_head, active;
-};
-// Copies the first `blocks` rows of the table (every field 0 for a block that never ran
-// since the last reset) and then zeroes them.
-cudaError_t read_attention_phases(AttentionPhases* host, int blocks);
-#endif
-
 }  // namespace cellm::cuda::detail

@@ -17,13 +17,9 @@ namespace cellm::cuda::detail {
 inline constexpr int32_t kAttentionChunkAlign = 64;
 // A row of at most this many positions is one chunk whatever the split count: its
 // blocks then write the output directly, and the fold's extra round trip through the
-// workspace costs more than splitting saves (H200, one row of 192 keys over 8 kv heads:
-// 4.8 us unsplit, 5.5-6.2 us in 3 chunks).
-// -DCELLM_ATTENTION_UNSPLIT_POSITIONS=N moves the cut for an A/B.
-#ifndef CELLM_ATTENTION_UNSPLIT_POSITIONS
-#define CELLM_ATTENTION_UNSPLIT_POSITIONS 256
-#endif
-inline constexpr int64_t kAttentionUnsplitPositions = CELLM_ATTENTION_UNSPLIT_POSITIONS;
+// workspace costs more than splitting saves (one row of 192 keys over 8 kv heads: 4.8 us
+// unsplit, 5.5-6.2 us in 3 chunks).
+inline constexpr int64_t kAttentionUnsplitPositions = 256;
 // A longer row takes at least the launch's min_chunks chunks, and one more per this many
 // positions, up to the split count: chunks of ~1,000 keys pay for their fold.
 inline constexpr int64_t kAttentionPositionsPerChunk = 1024;

@@ -66,27 +66,7 @@ struct GemvParams {
   int k;                      // columns of x' and w, a multiple of 8, < 2^24 (so 8 k fits an int)
   int64_t n;                  // rows of w, columns of y
   int split_k;                // warps per tile (kTensorCores) or per row group (kRows)
-  int prefetch;               // kRows: chunks of each row prefetched into L2 before the wait
 };
-
-// Before it waits for the previous kernel, a kRows warp may also ask the L2 for the next
-// chunks of its rows (prefetch.global.L2: no registers held, nothing returned), up to
-// kPrefetchBytes a grid, so the weight stream keeps going while a small kernel before it
-// (an rmsnorm, the attention) runs. Off by default: on the H200 the one-row steps are
-// faster without (session 12: 8b 253.5-256.0 tok/s against 249.8-250.7 with 12 MB, 1b
-// 1,217-1,241 against 1,179-1,200; 4 MB in between): the prefetched lines queue ahead
-// of the small kernel's own loads, which are on the step's critical path, and the loads
-// the warps hold in registers already start the stream. -DCELLM_ROWS_PREFETCH_MB=N turns
-// it on for an A/B.
-#ifndef CELLM_ROWS_PREFETCH_MB
-#define CELLM_ROWS_PREFETCH_MB 0
-#endif
-constexpr int64_t kPrefetchBytes = int64_t{CELLM_ROWS_PREFETCH_MB} << 20;
-constexpr int kMaxPrefetchChunks = 8;
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
 
 // 8 bf16 of weights, streamed: each is read once, so it skips L1 (which keeps x, read by
 // every warp). A weak (not .nc) volatile load: ptxas sinks .nc loads below a following
@@ -289,14 +269,10 @@ constexpr int kRowsUnroll = 2;
 // How many of a warp's first U x R weight loads (chunk-major: chunk 0's R rows, then
 // chunk 1's) it issues before its wait for the previous kernel, the rest right after:
 // the loads a launched grid queues at the memory ahead of the small kernel (a norm, the
-// attention) it launched during, which is on the step's critical path. Session 12: an
-// L2 prefetch of 12 MB a grid before the wait cost the one-row steps 1.5-5%; session 13:
-// 4 loads (one chunk) beat 0, 2, 6 and 8 on the 8B and the 1B at one row (H200,
-// docs/PERFORMANCE.md). -DCELLM_ROWS_PREWAIT_LOADS=N for an A/B.
-#ifndef CELLM_ROWS_PREWAIT_LOADS
-#define CELLM_ROWS_PREWAIT_LOADS 4
-#endif
-constexpr int kRowsPrewaitLoads = CELLM_ROWS_PREWAIT_LOADS;
+// attention) it launched during, which is on the step's critical path. 4 loads (one chunk)
+// beat 0, 2, 6 and 8 on the 8B and the 1B at one row; for the same reason the warps ask
+// the L2 for no further chunks before the wait (an L2 prefetch there cost 1.5-5%).
+constexpr int kRowsPrewaitLoads = 4;
 static_assert(kRowsPrewaitLoads >= 0 && kRowsPrewaitLoads <= kRowsUnroll * kGemvRowsPerWarp);
 
 __device__ __forceinline__ void bf16x8_to_floats(const uint4& v, float (&out)[8]) {
@@ -351,19 +327,6 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_rows_kernel(GemvParams<T
   // Weights only: in flight while the previous kernel finishes (the first
   // kRowsPrewaitLoads loads of the run; the rest right after the wait).
   load_run(part * U, 0, kRowsPrewaitLoads);
-  // The warp's next chunks, p.prefetch per row among the group's S warps. One prefetch
-  // per 128-byte line: lanes 0, 8, 16 and 24 start the chunk's 4 lines.
-  if ((lane & 7) == 0) {
-    int budget = (p.prefetch + S - 1) / S;
-    for (int c0 = part * U + stride; c0 < chunks && budget > 0; c0 += stride) {
-      for (int u = 0; u < U && budget > 0; ++u, --budget) {
-        const int c = c0 + u;
-        if (c >= chunks || c * kChunkCols + 8 * lane >= k) break;
-#pragma unroll
-        for (int r = 0; r < R; ++r) prefetch_l2(w_row[r] + c * kChunkCols);
-      }
-    }
-  }
   detail::wait_for_prior_grids();
   if constexpr (kRowsPrewaitLoads < U * R) load_run(part * U, kRowsPrewaitLoads, U * R);
 
@@ -500,13 +463,6 @@ cudaError_t launch_rows_for_m(const GemvParams<TOut>& p, cudaStream_t stream) {
   return launch_rows<kInput, kGemvMaxRows>(p, stream);
 }
 
-// Chunks of each row a kRows grid of n rows prefetches: n x 512 bytes per chunk within
-// kPrefetchBytes.
-int rows_prefetch(int64_t n) {
-  return static_cast<int>(
-      std::min<int64_t>(kMaxPrefetchChunks, kPrefetchBytes / (n * kChunkCols * 2)));
-}
-
 }  // namespace
 
 template <typename TOut>
@@ -522,8 +478,8 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
     return cudaErrorInvalidValue;
   }
   if (kernel == GemvKernel::kRows) {
-    const GemvParams<TOut> p{
-        x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, rows_split, rows_prefetch(n)};
+    const int rows = static_cast<int>(m), cols = static_cast<int>(k);
+    const GemvParams<TOut> p{x, w, bias, y, rows, cols, n, rows_split};
     if (input == GemvInput::kSwiGLU) return launch_rows_for_m<GemvInput::kSwiGLU>(p, stream);
     return launch_rows_for_m<GemvInput::kPlain>(p, stream);
   }
@@ -531,7 +487,7 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
   int sms = 0;
   if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
   const GemvParams<TOut> p{
-      x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms), 0};
+      x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms)};
   if (input == GemvInput::kSwiGLU) return launch<GemvInput::kSwiGLU, kSwigluWarps>(p, stream);
   return launch<GemvInput::kPlain, kPlainWarps>(p, stream);
 }

@@ -1,7 +1,7 @@
 // Shared-memory transaction barriers and the Hopper bulk copy (sm_90; PTX ISA: "mbarrier",
 // "cp.async.bulk"), for the kernels whose copies land asynchronously (skinny_gemm.cu's TMA
-// ring, bench/kv_read_bench.cu's bulk reads): a barrier's phase completes when its expected
-// arrivals have arrived and every byte announced with barrier_arrive_expect has landed.
+// ring): a barrier's phase completes when its expected arrivals have arrived and every byte
+// announced with barrier_arrive_expect has landed.
 #pragma once
 
 #include <cstdint>

@@ -38,12 +38,6 @@ __device__ __forceinline__ void load_residual_l2(const float* p, float (&out)[N]
   }
 }
 
-// 0 reads every residual after the wait, whatever launch_add_rmsnorm was told (to
-// measure what the early read buys: bench/variant_visit.sh "late=-DCELLM_NORM_EARLY_RESIDUAL=0").
-#ifndef CELLM_NORM_EARLY_RESIDUAL
-#define CELLM_NORM_EARLY_RESIDUAL 1
-#endif
-
 // Packs of the weight row each thread holds in registers, loaded before the wait for
 // the previous kernel (weights are written before any step); a wider row reads the
 // rest in pass 2. 4 covers d = 8192 in packs of 4 at 512 threads.
@@ -186,8 +180,7 @@ cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight,
   }
   if (m == 0) return cudaSuccess;
   if (residual == nullptr || weight == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  const bool early_residual =
-      CELLM_NORM_EARLY_RESIDUAL != 0 && writer == ResidualWriter::kEarlierKernel;
+  const bool early_residual = writer == ResidualWriter::kEarlierKernel;
   const AddRmsNormParams<T> p{residual, delta, weight, d, eps, out, early_residual};
   const bool packed = d % kPack == 0 && detail::aligned_to(residual, sizeof(float) * kPack) &&
                       detail::aligned_to(delta, sizeof(T) * kPack) &&

@@ -30,7 +30,7 @@ constexpr int kThreads = 1024;  // the per-row kernels' blocks
 constexpr int kWarps = kThreads / 32;
 // The split (sample_split): blocks of kChunkThreads, each on a chunk of at least
 // kMinChunkLogits logits (a block streams it at full speed), about
-// kTargetChunkBlocks blocks in all (4 per SM on a 132-SM H100/H200).
+// kTargetChunkBlocks blocks in all (4 per SM on a 132-SM GPU).
 constexpr int kChunkThreads = 256;
 constexpr int kChunkUnroll = 8;  // loads in flight per thread
 constexpr int64_t kMinChunkLogits = 2048;

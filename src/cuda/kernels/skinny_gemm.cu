@@ -19,23 +19,9 @@
 #error "skinny_gemm.cu needs sm_90 (TMA tensor copies, mbarrier transaction counts)"
 #endif
 
-// The consumers multiply with wgmma (1: warpgroups read both operands from the stage;
-// when compiled for sm_90a, as CMake's default CELLM_CUDA_ARCHITECTURES "90a" does) or
-// with ldmatrix + mma.sync (0, or a plain sm_90 build: per warp), for bench/variant_visit.sh.
-#ifndef CELLM_SKINNY_WGMMA
-#define CELLM_SKINNY_WGMMA 1
-#endif
-#if CELLM_SKINNY_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define CELLM_SKINNY_CONSUMER_WGMMA 1
-#else
-#define CELLM_SKINNY_CONSUMER_WGMMA 0
-#endif
-
-// Quads of outputs each thread of a split launch's sum takes a round (kSumUnroll), for
-// bench/variant_visit.sh.
-#ifndef CELLM_SKINNY_SUM_UNROLL
-#define CELLM_SKINNY_SUM_UNROLL 2
-#endif
+// The consumers multiply with wgmma when compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL, as
+// CMake's default architecture "90a" is): warpgroups read both operands from the stage. A
+// plain sm_90 build has no wgmma and multiplies with ldmatrix + mma.sync, per warp.
 
 namespace cellm::cuda {
 namespace {
@@ -63,18 +49,13 @@ using detail::smem_addr;
 // copies complete it) and an `empty` one (each consumer warp arrives when it has read the
 // stage; the producer waits on it before it refills the slot).
 //
-// kConsumers (kBlockRows = 16 kConsumers) is 4 up to 32 x rows, CELLM_SKINNY_WIDE_CONSUMERS
-// (8, or 4 for bench/variant_visit.sh) for 33-64 and 8 for 65-128: every block reads all
-// of x each stage, so at 64 x rows 64-row blocks would read as many bytes of x from L2 as
-// of weights; 128-row blocks read half as many (measured 4-25% faster at 64 rows). At 128 x
-// rows a stage is 64 KB (one block an SM, either ring); 256-row blocks there, reading x
-// once for twice the weights, measured slower (docs/PERFORMANCE.md, session 8).
-#ifndef CELLM_SKINNY_WIDE_CONSUMERS
-#define CELLM_SKINNY_WIDE_CONSUMERS 8
-#endif
-static_assert(CELLM_SKINNY_WIDE_CONSUMERS == 4 || CELLM_SKINNY_WIDE_CONSUMERS == 8);
+// kConsumers (kBlockRows = 16 kConsumers) is 4 up to 32 x rows and 8 for 33-128: every
+// block reads all of x each stage, so at 64 x rows 64-row blocks would read as many bytes
+// of x from L2 as of weights; 128-row blocks read half as many (measured 4-25% faster at
+// 64 rows). At 128 x rows a stage is 64 KB (one block an SM, either ring); 256-row blocks
+// there, reading x once for twice the weights, measured slower.
 constexpr int consumers_for(int mt) {
-  return mt == 16 ? 8 : mt == 8 ? CELLM_SKINNY_WIDE_CONSUMERS : 4;
+  return mt == 8 || mt == 16 ? 8 : 4;
 }
 constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
 constexpr int kRowBytes = kBoxCols * 2;
@@ -245,7 +226,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   }
   if (consumer) {
     detail::wait_for_prior_grids();
-#if CELLM_SKINNY_CONSUMER_WGMMA
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // Warpgroup warp / 4 multiplies its 64 weight rows of each box by the box's 8 MT x
     // rows (wgmma.cuh): the same rows a warp and the same registers as mma.sync's below.
     const int group_rows = (warp / 4) * 64;
@@ -319,7 +300,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     }
   };
   // Without splits each consumer writes its sums from its registers (staging them through
-  // shared memory for whole-sector stores measured slower at 16 x rows, session 8).
+  // shared memory for whole-sector stores measured slower at 16 x rows).
   if (p.splits == 1) {
     for_each_sum([&](int i, int64_t row, float v) {
       if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
@@ -354,7 +335,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   // split order.
   constexpr int kThreads = (kConsumers + 1) * 32;
   constexpr int kQuads = kBlockRows / 4;  // of a sums row
-  constexpr int kSumUnroll = CELLM_SKINNY_SUM_UNROLL;
+  constexpr int kSumUnroll = 2;           // 1 measured the same; 2 keeps more loads in flight
   static_assert(kSumsPitch % 4 == 0, "sums rows stay 16-byte aligned");
   const bool whole_stores =
       p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.y) % (4 * sizeof(TOut)) == 0;
@@ -445,14 +426,9 @@ cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// How L2 fetches the weight rows (128 bytes a box row): CELLM_SKINNY_PROMOTION=0 for
-// none, an experiment for bench/variant_visit.sh.
-#ifndef CELLM_SKINNY_PROMOTION
-#define CELLM_SKINNY_PROMOTION 0
-#endif
-constexpr CUtensorMapL2promotion kWeightPromotion = CELLM_SKINNY_PROMOTION == 0
-                                                        ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-                                                        : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+// How L2 fetches the weight rows (128 bytes a box row): no promotion measured 2-5% faster
+// than 256-byte promotion at every 16-row shape.
+constexpr CUtensorMapL2promotion kWeightPromotion = CU_TENSOR_MAP_L2_PROMOTION_NONE;
 
 template <int MT, SkinnyRing kRing, typename TOut>
 cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,

@@ -51,8 +51,8 @@ bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const 
 
 // The ring of shared-memory stages each block streams its weights through: kShared, about
 // 96 KB (two blocks share an SM), or kWholeSm, about 200 KB (one block an SM: more bytes in
-// flight an SM, half the blocks). Neither is faster for every shape (docs/PERFORMANCE.md,
-// session 8); the GEMM tuner times both. The ring changes the split count, so the bits.
+// flight an SM, half the blocks). Neither is faster for every shape; the GEMM tuner times
+// both. The ring changes the split count, so the bits.
 enum class SkinnyRing { kShared, kWholeSm };
 
 // y = TOut(x · wᵀ (+ bias)). REQUIRES: skinny_gemm_supports(m, n, k, x, w); device
@@ -63,7 +63,7 @@ cudaError_t launch_skinny_gemm(const __nv_bfloat16* x, int64_t m, int64_t k, con
                                cudaStream_t stream);
 
 // Weight rows a block of launch_skinny_gemm covers for m x rows (64, or 128 for more than
-// 32 rows when built with CELLM_SKINNY_WIDE_CONSUMERS=8).
+// 32 rows).
 int64_t skinny_gemm_block_rows(int64_t m);
 
 // clusters[s - 1]: how many clusters of s blocks of the kernel a device runs at once
