@@ -112,16 +112,6 @@ struct CudaExecutorOptions {
   // each key once for all of them, instead of once per row. Off: every row of every step
   // takes the split (decode) kernel (for measuring what it buys).
   bool prefill_attention = true;
-  // A bf16 step of one row (a single session's decode) runs every layer in one
-  // persistent kernel (cuda/kernels/decode_layers.h): each SM streams its share of the
-  // weights through a shared-memory ring while the norms, RoPE and attention run, instead
-  // of one launch per product and small kernel. Its sums run in another order than the
-  // separate kernels', so its tokens agree with theirs within bf16 rounding, not bit for
-  // bit; every one-row step takes it (eager or graph), so a process's one-row results do
-  // not depend on which path ran. Shapes it cannot take (decode_layers_supported) keep the
-  // separate kernels. Off by default: on the H200 it is still slower than the separate
-  // kernels (docs/PERFORMANCE.md, session 23), an experiment being developed.
-  bool persistent_decode = false;
   // With graphs: once a decode batch has run from its captured graph, queue the next
   // decode step of the same sessions before returning, each fed on the device with the
   // token just sampled for it, so the device runs it while the runner handles this step's

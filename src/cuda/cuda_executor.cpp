@@ -600,8 +600,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
       cuda::ForwardEngine::create(
           *weights, dims,
           cuda::ForwardOptions{o.precision, o.tune_gemm, o.early_triggers, o.early_after_cublas,
-                               o.l2_prefetch, o.attention_cluster_fold, o.prefill_attention,
-                               o.persistent_decode}));
+                               o.l2_prefetch, o.attention_cluster_fold, o.prefill_attention}));
   if (o.time_steps) CELLM_RETURN_IF_ERROR(engine->set_timing(true));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(
       std::make_unique<cuda::ExecutorImpl>(std::move(weights), o, std::move(engine))));

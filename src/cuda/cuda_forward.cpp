@@ -12,7 +12,6 @@
 #include <set>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_forward.h"
@@ -22,7 +21,6 @@
 #include "cuda/gemm.h"
 #include "cuda/graph_edges.h"
 #include "cuda/kernels/attention.h"
-#include "cuda/kernels/decode_layers.h"
 #include "cuda/kernels/embedding.h"
 #include "cuda/kernels/l2_prefetch.h"
 #include "cuda/kernels/rmsnorm.h"
@@ -58,7 +56,6 @@ struct MetaLayout {
 struct BufferLayout {
   size_t residual, h, qkv, attn, delta, gate_up, act, sel, sel_norm, logits, out_tokens;
   size_t attn_ws, attn_ws_bytes, sample_ws;
-  size_t residual_alt, decode_sync;  // the persistent one-row kernel's (decode_layers.h)
   size_t bytes;
   template <typename T>
   static BufferLayout of(const ModelConfig& c, const ForwardDims& dims) {
@@ -88,8 +85,6 @@ struct BufferLayout {
                                                 c.head_dim(), dims.max_session_tokens);
     b.attn_ws = carve(b.attn_ws_bytes);
     b.sample_ws = carve(sample_workspace_bytes(dims.max_rows, c.vocab_size()));
-    b.residual_alt = carve(d * sizeof(float));
-    b.decode_sync = carve(2 * sizeof(uint32_t));
     b.bytes = at;
     return b;
   }
@@ -118,7 +113,6 @@ class CudaForward final : public ForwardEngine {
         l2_prefetch_(options.l2_prefetch),
         cluster_fold_(options.attention_cluster_fold),
         prefill_attention_(options.prefill_attention),
-        persistent_decode_(options.persistent_decode),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -149,10 +143,6 @@ class CudaForward final : public ForwardEngine {
     CELLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffers_.as<unsigned char>() + buf_.attn_ws, 0,
                                                buf_.attn_ws_bytes, stream_.get()),
                                "clearing the attention workspace");
-    // So do the persistent one-row kernel's stage counters.
-    CELLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buffers_.as<unsigned char>() + buf_.decode_sync, 0,
-                                               2 * sizeof(uint32_t), stream_.get()),
-                               "clearing the one-row kernel's counters");
     CELLM_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(kv_pool_bytes<T>(config_, dims_)));
     CELLM_ASSIGN_OR_RETURN(table_, DeviceBuffer::allocate(table_bytes(dims_)));
     const std::vector<float> inv_freq = cpu::rope_inv_freq_for(config_);
@@ -165,7 +155,6 @@ class CudaForward final : public ForwardEngine {
     CELLM_CUDA_RETURN_IF_ERROR(cudaMemset(kv_.get(), 0, kv_.bytes()), "clearing the KV pool");
     CELLM_CUDA_RETURN_IF_ERROR(cudaMemset(meta_host_.get(), 0, meta_host_.bytes()),
                                "clearing the step staging");
-    CELLM_RETURN_IF_ERROR(upload_decode_layers());
 
     for (int slot = 0; slot < kSlots; ++slot) {
       unsigned char* h = staging(slot);
@@ -358,8 +347,6 @@ class CudaForward final : public ForwardEngine {
   }
   double last_device_ms() const override { return last_device_ms_; }
 
-  bool persistent_one_row() const override { return decode_layers_.get() != nullptr; }
-
   int64_t kv_bytes_per_cell() const override {
     return 2 * config_.num_layers() * config_.kv_dim() * static_cast<int64_t>(sizeof(T));
   }
@@ -479,7 +466,6 @@ class CudaForward final : public ForwardEngine {
       cudaGraphDestroy(graph);
     }
     std::string note = "B=" + std::to_string(bucket) + ": ";
-    if (bucket == 1 && persistent_one_row()) note += "layers in the persistent one-row kernel; ";
     const std::string edges_note = std::to_string(edges) + " edges early after cuBLASLt";
     size_t kept = 0;
     if (graphs.size() == 1) {
@@ -711,14 +697,7 @@ class CudaForward final : public ForwardEngine {
     // Every norm after the first finds the residual written by the norm before it, with
     // qkv or gate_up between them (ResidualWriter::kEarlierKernel: read before the wait).
     const ResidualWriter settled = ResidualWriter::kEarlierKernel;
-    // A one-row step's layers in one persistent kernel, which leaves the residual before
-    // the last delta in residual_alt.
-    const bool persistent = n == 1 && persistent_one_row();
-    if (persistent) {
-      CELLM_CUDA_RETURN_IF_ERROR(launch_one_row_layers(residual), "the one-row layers");
-      residual = buf<float>(buf_.residual_alt);
-    }
-    for (int64_t l = 0; l < (persistent ? 0 : c.num_layers()); ++l) {
+    for (int64_t l = 0; l < c.num_layers(); ++l) {
       const DeviceLayer<T>& w = model_->layers()[static_cast<size_t>(l)];
       CELLM_CUDA_RETURN_IF_ERROR(
           launch_add_rmsnorm<T>(residual, l == 0 ? nullptr : delta, w.input_norm, n, d, eps, h, s,
@@ -815,70 +794,6 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  // With persistent_decode, a bf16 model of shapes the persistent one-row kernel takes:
-  // its per-layer array of weights, pools and windows on the device. Else nothing, and
-  // one-row steps run the separate kernels.
-  Status upload_decode_layers() {
-    const ModelConfig& c = config_;
-    if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
-      return Status::Ok();
-    } else {
-      if (!persistent_decode_ ||
-          !decode_layers_supported(c.hidden_size(), c.intermediate_size(), c.num_heads(),
-                                   c.num_kv_heads(), c.head_dim())) {
-        return Status::Ok();
-      }
-      std::vector<DecodeLayer<T>> layers;
-      for (int64_t l = 0; l < c.num_layers(); ++l) {
-        const DeviceLayer<T>& w = model_->layers()[static_cast<size_t>(l)];
-        layers.push_back(DecodeLayer<T>{w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm,
-                                        w.o_proj, w.o_bias, w.post_norm, w.gate_up, w.down_proj,
-                                        k_pool(l), v_pool(l), static_cast<int32_t>(c.window(l))});
-      }
-      CELLM_ASSIGN_OR_RETURN(decode_layers_,
-                             DeviceBuffer::allocate(layers.size() * sizeof(DecodeLayer<T>)));
-      CELLM_CUDA_RETURN_IF_ERROR(cudaMemcpy(decode_layers_.get(), layers.data(),
-                                            decode_layers_.bytes(), cudaMemcpyHostToDevice),
-                                 "copying the one-row kernel's layer table");
-      return Status::Ok();
-    }
-  }
-
-  // Every layer of a one-row step (row 0 of the step buffers) in the persistent kernel:
-  // `residual` holds the embedding; on return the residual before the last delta is in
-  // residual_alt, and delta holds the last layer's MLP output.
-  cudaError_t launch_one_row_layers(float* residual) {
-    if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
-      return cudaErrorNotSupported;
-    } else {
-      const ModelConfig& c = config_;
-      DecodeLayersParams<T> p;
-      p.layers = decode_layers_.as<const DecodeLayer<T>>();
-      p.n_layers = static_cast<int32_t>(c.num_layers());
-      p.d = static_cast<int32_t>(c.hidden_size());
-      p.ff = static_cast<int32_t>(c.intermediate_size());
-      p.n_heads = static_cast<int32_t>(c.num_heads());
-      p.n_kv_heads = static_cast<int32_t>(c.num_kv_heads());
-      p.head_dim = static_cast<int32_t>(c.head_dim());
-      p.eps = static_cast<float>(c.rms_norm_eps());
-      p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim()));
-      p.positions = meta<int32_t>(meta_.positions);
-      p.cells = meta<int32_t>(meta_.cells);
-      p.row_seq = meta<int32_t>(meta_.row_seq);
-      p.table = table_.as<int32_t>();
-      p.table_stride = dims_.max_session_tokens;
-      p.inv_freq = inv_freq_.as<float>();
-      p.residual = residual;
-      p.residual_out = buf<float>(buf_.residual_alt);
-      p.qkv = buf<T>(buf_.qkv);
-      p.attn = buf<T>(buf_.attn);
-      p.act = buf<T>(buf_.act);
-      p.delta = buf<T>(buf_.delta);
-      p.sync = buf<uint32_t>(buf_.decode_sync);
-      return launch_decode_layers<T>(p, stream_.get());
-    }
-  }
-
   // The L2 prefetch of a layer's gate_up rows (each row's first sixteenth) on a side
   // branch of the graph being captured, forked after the q/k/v product: it runs beside
   // RoPE and the attention, whose few blocks leave the HBM idle, and the gate_up product
@@ -928,7 +843,6 @@ class CudaForward final : public ForwardEngine {
   TimedChoice l2_prefetch_ = TimedChoice::kTimed;         // beside the attention
   bool cluster_fold_ = true;                              // AttentionParams::cluster_fold
   bool prefill_attention_ = true;                         // ForwardOptions::prefill_attention
-  bool persistent_decode_ = false;                        // ForwardOptions::persistent_decode
   // Buckets that may take the prefetch (the products are GEMVs up to 8 rows; at 16 the
   // 8B loses 3%), and the prefetch kernel's blocks.
   static constexpr int32_t kPrefetchMaxRows = 8;
@@ -949,13 +863,12 @@ class CudaForward final : public ForwardEngine {
     return static_cast<unsigned char*>(meta_host_.get()) + static_cast<size_t>(slot) * slot_bytes_;
   }
   size_t slot_bytes_ = 0;
-  PinnedBuffer meta_host_;      // kSlots x ([meta_.bytes] staging + [max_rows] sampled tokens)
-  DeviceBuffer meta_dev_;       // [meta_.bytes]
-  DeviceBuffer buffers_;        // activations and workspaces, carved by buf_
-  DeviceBuffer kv_;             // [layers][K, V][max_cells, kv_dim] of T
-  DeviceBuffer table_;          // [max_seqs + 1, max_session_tokens] int32
-  DeviceBuffer inv_freq_;       // [head_dim / 2] f32
-  DeviceBuffer decode_layers_;  // [layers] DecodeLayer<T>, when one-row steps run persistent
+  PinnedBuffer meta_host_;  // kSlots x ([meta_.bytes] staging + [max_rows] sampled tokens)
+  DeviceBuffer meta_dev_;   // [meta_.bytes]
+  DeviceBuffer buffers_;    // activations and workspaces, carved by buf_
+  DeviceBuffer kv_;         // [layers][K, V][max_cells, kv_dim] of T
+  DeviceBuffer table_;      // [max_seqs + 1, max_session_tokens] int32
+  DeviceBuffer inv_freq_;   // [head_dim / 2] f32
   StepHost hosts_[kSlots];
   int slot_ = 0;              // the slot host() fills
   std::deque<int> queued_;    // slots of the steps queue_decode_graph queued, oldest first

@@ -66,7 +66,6 @@ struct ForwardOptions {
   TimedChoice l2_prefetch = TimedChoice::kTimed;         // (CudaExecutorOptions)
   bool attention_cluster_fold = true;                    // (CudaExecutorOptions)
   bool prefill_attention = true;                         // (CudaExecutorOptions)
-  bool persistent_decode = false;                        // (CudaExecutorOptions)
 };
 
 class ForwardEngine {
@@ -135,10 +134,6 @@ class ForwardEngine {
   // them for the last run (0 while off). Costs two event records per run.
   virtual Status set_timing(bool on) = 0;
   virtual double last_device_ms() const = 0;
-
-  // Whether one-row steps run every layer in the persistent kernel
-  // (ForwardOptions::persistent_decode, for shapes kernels/decode_layers.h takes).
-  virtual bool persistent_one_row() const = 0;
 
   virtual int64_t kv_bytes_per_cell() const = 0;
   virtual int64_t kv_allocated_bytes() const = 0;

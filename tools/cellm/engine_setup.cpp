@@ -143,7 +143,6 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     o.warm_prefill_gemms = limits.warm_prefill_gemms;
     o.attention_cluster_fold = limits.attention_cluster_fold;
     o.prefill_attention = limits.prefill_attention;
-    o.persistent_decode = limits.persistent_decode;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), o));
     return std::unique_ptr<Executor>(std::move(e));

@@ -63,7 +63,6 @@ struct EngineLimits {
   bool warm_prefill_gemms = true;      // CUDA: load the prefill GEMMs' kernels at startup
   bool attention_cluster_fold = true;  // CUDA: (CudaExecutorOptions)
   bool prefill_attention = true;       // CUDA: (CudaExecutorOptions)
-  bool persistent_decode = false;      // CUDA: (CudaExecutorOptions)
 };
 
 // The sampling flags of the commands that generate (--temperature, --top-k, --top-p,
