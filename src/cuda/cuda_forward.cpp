@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_forward.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_memory.h"
 #include "cuda/device_model.h"
@@ -26,6 +25,7 @@
 #include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/rope_kv_write.h"
 #include "cuda/launch_control.h"
+#include "model/rope.h"
 
 namespace cellm::cuda {
 namespace {
@@ -145,7 +145,7 @@ class CudaForward final : public ForwardEngine {
                                "clearing the attention workspace");
     CELLM_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(kv_pool_bytes<T>(config_, dims_)));
     CELLM_ASSIGN_OR_RETURN(table_, DeviceBuffer::allocate(table_bytes(dims_)));
-    const std::vector<float> inv_freq = cpu::rope_inv_freq_for(config_);
+    const std::vector<float> inv_freq = rope_inv_freq_for(config_);
     CELLM_ASSIGN_OR_RETURN(inv_freq_, DeviceBuffer::allocate(inv_freq.size() * sizeof(float)));
     CELLM_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_freq_.get(), inv_freq.data(),
                                           inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
