@@ -104,15 +104,11 @@ size_t table_bytes(const ForwardDims& dims) {
 template <typename T>
 class CudaForward final : public ForwardEngine {
  public:
-  CudaForward(const ModelConfig& config, const ForwardDims& dims, const ForwardOptions& options)
+  CudaForward(const ModelConfig& config, const ForwardDims& dims,
+              const CudaExecutorOptions& options)
       : config_(config),
         dims_(dims),
-        tune_gemm_(options.tune_gemm),
-        early_triggers_(options.early_triggers),
-        early_after_cublas_(options.early_after_cublas),
-        l2_prefetch_(options.l2_prefetch),
-        cluster_fold_(options.attention_cluster_fold),
-        prefill_attention_(options.prefill_attention),
+        options_(options),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(config, dims)) {}
 
@@ -121,11 +117,10 @@ class CudaForward final : public ForwardEngine {
     // With tune_gemm, each decode bucket's products take the fastest of cuBLASLt's
     // candidates and the two GEMVs, timed while the bucket warms (run_decode_graph);
     // other shapes take the tuned choice of the same key if there is one, else
-    // cuBLASLt's heuristic (on the H200 at m = 1 the kRows GEMV wins gate_up and the LM
-    // head, the tensor-core GEMV o, cuBLASLt the rest: docs/PERFORMANCE.md).
+    // cuBLASLt's heuristic.
     CELLM_ASSIGN_OR_RETURN(
-        gemm_,
-        Gemm::create(size_t{32} << 20, tune_gemm_ ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
+        gemm_, Gemm::create(size_t{32} << 20,
+                            options_.tune_gemm ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
     CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
     CELLM_ASSIGN_OR_RETURN(side_, Stream::create());
     CELLM_ASSIGN_OR_RETURN(fork_, Event::create());
@@ -185,7 +180,7 @@ class CudaForward final : public ForwardEngine {
     // A sequence's rows of an eager step are its newest consecutive positions. Its
     // prefill chunks' rows go to the prefill attention, the others to the split one.
     std::vector<AttentionRowRange> ranges;
-    if (prefill_attention_) {
+    if (tuning().prefill_attention) {
       ranges =
           attention_row_ranges(std::span<const int32_t>(host().row_seq, static_cast<size_t>(n)));
     }
@@ -432,16 +427,17 @@ class CudaForward final : public ForwardEngine {
     return Status::Ok();
   }
 
-  // The bucket's decode graph: its triggers placed as early_triggers_ says, its edges
-  // after cuBLASLt kernels as early_after_cublas_ says; where either is kTimed, each
+  // The bucket's decode graph: its triggers placed as tuning().early_triggers says, its
+  // edges after cuBLASLt kernels as tuning().early_after_cublas says; where either is kTimed, each
   // candidate graph is instantiated and the fastest of them kept.
   Status capture(int32_t bucket) {
     // Without programmatic launch the triggers and edges are no-ops: nothing to choose.
     const bool pdl = programmatic_launch_enabled();
-    std::vector<bool> placements = {early_triggers_ == TimedChoice::kOn};
-    if (pdl && early_triggers_ == TimedChoice::kTimed) placements = {false, true};
-    std::vector<bool> edge_choices = {pdl && early_after_cublas_ == TimedChoice::kOn};
-    if (pdl && early_after_cublas_ == TimedChoice::kTimed) edge_choices = {false, true};
+    const CudaTuning& t = tuning();
+    std::vector<bool> placements = {t.early_triggers == TimedChoice::kOn};
+    if (pdl && t.early_triggers == TimedChoice::kTimed) placements = {false, true};
+    std::vector<bool> edge_choices = {pdl && t.early_after_cublas == TimedChoice::kOn};
+    if (pdl && t.early_after_cublas == TimedChoice::kTimed) edge_choices = {false, true};
     std::vector<GraphExec> graphs;
     std::vector<std::pair<bool, bool>> ways;  // (early triggers, early edges) of each
     std::vector<std::string> labels;
@@ -486,7 +482,7 @@ class CudaForward final : public ForwardEngine {
     }
     // Then the L2 prefetch beside the attention, for the kept way.
     bool prefetch = false;
-    if (l2_prefetch_ != TimedChoice::kOff && bucket <= kPrefetchMaxRows) {
+    if (t.l2_prefetch != TimedChoice::kOff && bucket <= kPrefetchMaxRows) {
       CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph,
                              capture_graph(bucket, ways[kept].first, current, true));
       Result<GraphExec> exec = instantiate(graph, ways[kept].second);
@@ -495,7 +491,7 @@ class CudaForward final : public ForwardEngine {
       std::vector<GraphExec> pair;
       pair.push_back(std::move(graphs[kept]));
       pair.push_back(std::move(*exec));
-      if (l2_prefetch_ == TimedChoice::kOn) {
+      if (t.l2_prefetch == TimedChoice::kOn) {
         prefetch = true;
         note += "; L2 prefetch";
       } else {
@@ -752,7 +748,7 @@ class CudaForward final : public ForwardEngine {
       ap.workspace = buf<float>(buf_.attn_ws);
       ap.out = attn;
       ap.fresh_positions = fresh_positions;
-      ap.cluster_fold = cluster_fold_;
+      ap.cluster_fold = tuning().attention_cluster_fold;
       if (ranges.empty()) {
         CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
       }
@@ -797,8 +793,7 @@ class CudaForward final : public ForwardEngine {
   // The L2 prefetch of a layer's gate_up rows (each row's first sixteenth) on a side
   // branch of the graph being captured, forked after the q/k/v product: it runs beside
   // RoPE and the attention, whose few blocks leave the HBM idle, and the gate_up product
-  // then reads those bytes from the L2. Measured on the H200: the 8B at one row gains
-  // ~1.2%, the 1B loses; more than a sixteenth gains less (docs/PERFORMANCE.md).
+  // then reads those bytes from the L2. A sixteenth of each row: a larger share gains less.
   Status prefetch_gate_up(const DeviceLayer<T>& w) {
     cudaStream_t s = stream_.get();
     const size_t row_bytes = static_cast<size_t>(config_.hidden_size()) * sizeof(T);
@@ -837,12 +832,8 @@ class CudaForward final : public ForwardEngine {
 
   ModelConfig config_;
   ForwardDims dims_;
-  bool tune_gemm_ = true;                                 // GemmPath::kTuned, else kCublasLtOnly
-  TimedChoice early_triggers_ = TimedChoice::kTimed;      // of the decode graphs
-  TimedChoice early_after_cublas_ = TimedChoice::kTimed;  // edges after cuBLASLt kernels
-  TimedChoice l2_prefetch_ = TimedChoice::kTimed;         // beside the attention
-  bool cluster_fold_ = true;                              // AttentionParams::cluster_fold
-  bool prefill_attention_ = true;                         // ForwardOptions::prefill_attention
+  CudaExecutorOptions options_;  // precision, tune_gemm and tuning choose the kernels
+  const CudaTuning& tuning() const { return options_.tuning; }
   // Buckets that may take the prefetch (the products are GEMVs up to 8 rows; at 16 the
   // 8B loses 3%), and the prefetch kernel's blocks.
   static constexpr int32_t kPrefetchMaxRows = 8;
@@ -887,7 +878,7 @@ class CudaForward final : public ForwardEngine {
 
 template <typename T>
 Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const ForwardDims& dims,
-                                            const ForwardOptions& options) {
+                                            const CudaExecutorOptions& options) {
   auto engine = std::make_unique<CudaForward<T>>(weights.config(), dims, options);
   CELLM_RETURN_IF_ERROR(engine->init(weights));
   return std::unique_ptr<ForwardEngine>(std::move(engine));
@@ -897,7 +888,7 @@ Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const F
 
 Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create(const ModelWeights& weights,
                                                              const ForwardDims& dims,
-                                                             const ForwardOptions& options) {
+                                                             const CudaExecutorOptions& options) {
   if (options.precision == CudaPrecision::kF32) return make<float>(weights, dims, options);
   return make<__nv_bfloat16>(weights, dims, options);
 }
