@@ -38,21 +38,70 @@ enum class CudaPrecision {
 };
 
 // A way of building the decode graphs that wins on some models and batches and loses on
-// others (CudaExecutorOptions::early_triggers, early_after_cublas).
+// others (CudaTuning::early_triggers, early_after_cublas, l2_prefetch).
 enum class TimedChoice {
   kTimed,  // capture each bucket's graph both ways, time a few replays, keep the faster
   kOff,
   kOn,
 };
 
+// Developer knobs: each turns off (or forces) one mechanism of the forward so a benchmark
+// can measure what it buys (`cellm bench` flags). The defaults are the product's
+// behaviour; nothing but benchmarks and tests sets them.
+struct CudaTuning {
+  // Launch cellm's kernels with programmatic dependent launch on sm_90+: each kernel's
+  // launch overlaps the previous kernel's tail. Process-wide: create() applies it to every
+  // executor of the process (the last created wins), including graphs captured after that.
+  bool programmatic_launch = true;
+  // Where the small kernels (norms, RoPE/K/V write) and the attention of a decode graph
+  // let the next kernel launch: before their own wait, so the GEMV behind them is resident
+  // and streaming weights while the kernel before them finishes, or after it. Which is
+  // faster depends on the model and the batch, so kTimed captures each decode bucket's
+  // graph both ways, times a few replays of each, and keeps the faster
+  // (decode_graph_notes() says which). Eager steps always trigger after the wait (kOff).
+  // Needs programmatic_launch.
+  TimedChoice early_triggers = TimedChoice::kTimed;
+  // In decode graphs, a cellm kernel behind a cuBLASLt kernel launches once every block
+  // of the cuBLASLt kernel has started (a launch-completion edge; cuda/graph_edges.h)
+  // instead of once it has finished: it waits for the GEMM's results all the same, but
+  // its launch and its weight loads overlap the GEMM's tail. kTimed times each bucket's
+  // graph with and without (with both trigger placements under early_triggers kTimed:
+  // four graphs). Needs programmatic_launch.
+  TimedChoice early_after_cublas = TimedChoice::kTimed;
+  // In decode graphs of at most 8 rows, a side branch beside each layer's attention asks
+  // the L2 for the first sixteenth of every gate_up weight row, so the gate_up product
+  // reads those bytes from the L2 while the attention's few blocks would leave the memory
+  // bus idle. A hint: the same bits either way. It helps large models at few rows and
+  // costs small ones, so kTimed captures each such bucket's kept graph again with it,
+  // times both, and keeps the faster (its note says which).
+  TimedChoice l2_prefetch = TimedChoice::kTimed;
+  // A decode step of a few rows whose attention splits its rows' context folds the
+  // chunks' partials inside thread-block clusters (sm_90; AttentionParams::cluster_fold):
+  // at most 8 chunks a row, merged through distributed shared memory. Off: through the
+  // workspace in global memory, up to 16 chunks a row.
+  bool attention_cluster_fold = true;
+  // The rows of a prompt's chunk in a prefill or mixed step run the prefill attention
+  // (AttentionParams::row_runs): one block per few consecutive rows and kv head gathers
+  // each key once for all of them, instead of once per row. Off: every row of every step
+  // takes the split (decode) kernel.
+  bool prefill_attention = true;
+  // With overlap_decode: queue a step ahead only once the same sessions have decoded a
+  // threshold of batches in a row; each dropped step doubles the threshold (from 2, up to
+  // 64), each 8 steps used in a row halve it (cuda/step_ahead_policy.h). Batches that keep
+  // changing then rarely cost a dropped step. Off: from the second batch of every run.
+  bool overlap_adaptive = true;
+};
+
+// What the CUDA executor does beyond the session geometry (ExecutorLimits, given to
+// create() beside these).
 struct CudaExecutorOptions {
-  int32_t max_sessions = 8;           // resident sessions: active, snapshots and clones
-  int32_t max_session_tokens = 1024;  // per-session budget of positions
-  int32_t max_cells = 0;              // 0 = max_sessions * max_session_tokens + 1
-  int32_t step_width = 512;           // W: the widest prefill forward
-  int32_t min_prefill = 2;            // narrower slices run as decodes
-  int32_t max_decode_batch = 0;       // decode cap; 0 = min(max_sessions, 512)
-  bool cuda_graph_for_decode = true;  // capture one graph per decode bucket
+  int32_t min_prefill = 2;       // prompt slices narrower than this run as decodes
+  int32_t max_decode_batch = 0;  // rows of a batched decode; 0 = min(max_sessions, 512)
+  CudaPrecision precision = CudaPrecision::kBF16;
+  int device = 0;  // CUDA device ordinal
+  // Replay each batched decode step from a CUDA graph captured once per batch-size bucket
+  // (one launch instead of a few hundred). Off: every step runs eagerly.
+  bool cuda_graph_for_decode = true;
   // With graphs: warm and capture every bucket's graph in initialize(), before the
   // first request, so no decode step pays for a capture (as serving engines do at
   // startup); else each bucket is warmed and captured by its first two steps.
@@ -60,8 +109,8 @@ struct CudaExecutorOptions {
   // In initialize(), before the first request: build the GEMM plan of every product a
   // prefill or mixed step of 1..max(step_width, decode cap) rows can run and run each
   // cuBLASLt kernel they name once. cuBLASLt loads a kernel's code at its first launch in
-  // the process (~3.5 ms a kernel on the H200: an 8B's first 128-token prefill met four
-  // and took 22 ms instead of 6), which would otherwise land on early requests' prefills.
+  // the process (milliseconds a kernel), which would otherwise land on early requests'
+  // prefills.
   bool warm_prefill_gemms = true;
   // With graphs: time the GEMM kernels that could serve each decode bucket's products
   // (cuBLASLt's candidate algorithms and the GEMV) while the bucket warms, and run the
@@ -71,57 +120,6 @@ struct CudaExecutorOptions {
   // may choose differently, within the same accuracy (f32 accumulation). Off: the
   // heuristic's choice everywhere.
   bool tune_gemm = true;
-  CudaPrecision precision = CudaPrecision::kBF16;
-  int device = 0;           // CUDA device ordinal
-  bool time_steps = false;  // measure each batch's host and device time (step_times())
-  // Launch cellm's kernels with programmatic dependent launch on sm_90+ (each kernel's
-  // launch overlaps the previous kernel's tail); off only to measure what it buys.
-  // Process-wide: create() applies it to every executor of the process (the last
-  // created wins), including graphs captured after that.
-  bool programmatic_launch = true;
-  // Where the small kernels (norms, RoPE/K/V write) and the attention of a decode graph
-  // let the next kernel launch: before their own wait, so the GEMV behind them is resident
-  // and streaming weights while the kernel before them finishes, or after it. Which wins
-  // depends on the model and the batch (on the H200 early helps the 1B at one row and
-  // costs the 8B), so kTimed captures each decode bucket's graph both ways, times a few
-  // replays of each, and keeps the faster (decode_graph_notes() says which). Eager steps
-  // always trigger after the wait (kOff). Needs programmatic_launch.
-  TimedChoice early_triggers = TimedChoice::kTimed;
-  // In decode graphs, a cellm kernel behind a cuBLASLt kernel launches once every block
-  // of the cuBLASLt kernel has started (a launch-completion edge; cuda/graph_edges.h)
-  // instead of once it has finished: it waits for the GEMM's results all the same, but
-  // its launch and its weight loads overlap the GEMM's tail. On the H200 this wins ~2%
-  // for the 8B at 64-256 rows and ties at 16; kTimed times each bucket's graph with and
-  // without (with both trigger placements under early_triggers kTimed: four graphs).
-  // Needs programmatic_launch.
-  TimedChoice early_after_cublas = TimedChoice::kTimed;
-  // In decode graphs of at most 8 rows, a side branch beside each layer's attention asks
-  // the L2 for the first sixteenth of every gate_up weight row, so the gate_up product
-  // reads those bytes from the L2 while the attention's few blocks would leave the HBM
-  // idle. A hint: the same bits either way. On the H200 it wins ~1.2% for the 8B at one
-  // row and loses for the 1B, so kTimed captures each such bucket's kept graph again with
-  // it, times both, and keeps the faster (its note says which).
-  TimedChoice l2_prefetch = TimedChoice::kTimed;
-  // A decode step of a few rows whose attention splits its rows' context folds the
-  // chunks' partials inside thread-block clusters (sm_90; AttentionParams::cluster_fold):
-  // at most 8 chunks a row, merged through distributed shared memory. Off: through the
-  // workspace in global memory, up to 16 chunks a row (for measuring what it buys).
-  bool attention_cluster_fold = true;
-  // The rows of a prompt's chunk in a prefill or mixed step run the prefill attention
-  // (AttentionParams::row_runs): one block per few consecutive rows and kv head gathers
-  // each key once for all of them, instead of once per row. Off: every row of every step
-  // takes the split (decode) kernel (for measuring what it buys).
-  bool prefill_attention = true;
-  // A bf16 step of one row (a single session's decode) runs every layer in one
-  // persistent kernel (cuda/kernels/decode_layers.h): each SM streams its share of the
-  // weights through a shared-memory ring while the norms, RoPE and attention run, instead
-  // of one launch per product and small kernel. Its sums run in another order than the
-  // separate kernels', so its tokens agree with theirs within bf16 rounding, not bit for
-  // bit; every one-row step takes it (eager or graph), so a process's one-row results do
-  // not depend on which path ran. Shapes it cannot take (decode_layers_supported) keep the
-  // separate kernels. Off by default: on the H200 it is still slower than the separate
-  // kernels (docs/PERFORMANCE.md, session 23), an experiment being developed.
-  bool persistent_decode = false;
   // With graphs: once a decode batch has run from its captured graph, queue the next
   // decode step of the same sessions before returning, each fed on the device with the
   // token just sampled for it, so the device runs it while the runner handles this step's
@@ -136,11 +134,8 @@ struct CudaExecutorOptions {
   // depend on the seed and the position only). Not for sessions that ask for logprobs.
   // Off: every step waits for its batch.
   bool overlap_decode = true;
-  // With overlap_decode: queue a step ahead only once the same sessions have decoded a
-  // threshold of batches in a row; each dropped step doubles the threshold (from 2, up to
-  // 64), each 8 steps used in a row halve it (cuda/step_ahead_policy.h). Batches that keep
-  // changing then rarely cost a dropped step. Off: from the second batch of every run.
-  bool overlap_adaptive = true;
+  bool time_steps = false;  // measure each batch's host and device time (step_times())
+  CudaTuning tuning;        // developer knobs, for benchmarks
 };
 
 namespace cuda {
@@ -150,7 +145,7 @@ class ExecutorImpl;
 // True when this process can use a CUDA device.
 bool cuda_device_available();
 
-// Which GPU device `device` is, for benchmark logs: "NVIDIA H200, 132 SMs, 139.8 GiB,
+// Which GPU device `device` is, for benchmark logs: "<device name>, 132 SMs, 139.8 GiB,
 // GPU-1a2b3c4d" (its name, SM count, memory, and the first 8 hex digits of its UUID,
 // which tell apart machines of one kind); empty when there is no such device.
 std::string describe_cuda_device(int device = 0);
@@ -164,12 +159,14 @@ class CudaExecutor final : public Executor {
   // Validates, in order (messages start with "CudaExecutor: " and name the
   // numbers): a model is given (InvalidArgument); session limits positive with
   // their product below 2^31 (InvalidArgument); max_session_tokens <= the
-  // model's context (InvalidArgument); 2 <= min_prefill <= W <= max_cells
+  // model's context (InvalidArgument); 2 <= min_prefill <= W (step_width) <= max_cells
   // (InvalidArgument); the capacity rule max_sessions * max_session_tokens <
-  // max_cells (InvalidArgument: one cell is the scratch row of padded slots); a
-  // usable CUDA device (NotSupported); the weights and the KV pool fit in device
-  // memory (OutOfResources). Then uploads the weights and allocates everything.
+  // max_cells (InvalidArgument: one cell is the scratch row of padded slots);
+  // max_decode_batch >= 0 (InvalidArgument); a usable CUDA device (NotSupported); the
+  // weights and the KV pool fit in device memory (OutOfResources). Then uploads the
+  // weights and allocates everything.
   static Result<std::unique_ptr<CudaExecutor>> create(std::shared_ptr<const ModelWeights> weights,
+                                                      const ExecutorLimits& limits,
                                                       const CudaExecutorOptions& options);
   ~CudaExecutor() override;
 
@@ -186,6 +183,8 @@ class CudaExecutor final : public Executor {
   KvMetrics kv_metrics() const override;
 
   const CudaExecutorOptions& options() const;
+  // The limits it was created with, max_cells resolved (never 0).
+  const ExecutorLimits& limits() const;
   // The message of the last failed execute(), for logs; empty if none failed.
   const std::string& last_error() const;
   // Forwards run so far, by method: decode graph replays, eager decodes, prefills.

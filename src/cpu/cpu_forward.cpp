@@ -10,6 +10,7 @@
 #include "cpu/kernels/matmul.h"
 #include "cpu/kernels/rmsnorm.h"
 #include "cpu/kernels/rope.h"
+#include "model/rope.h"
 
 namespace cellm::cpu {
 namespace {
@@ -23,16 +24,6 @@ TypedPtr typed(const std::optional<TensorView>& t) {
 }
 
 }  // namespace
-
-std::vector<float> rope_inv_freq_for(const ModelConfig& c) {
-  std::optional<Llama3RopeScaling> llama3;
-  if (c.rope_scaling().type == RopeScalingType::kLlama3) {
-    const RopeScaling& s = c.rope_scaling();
-    llama3 = Llama3RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor,
-                               static_cast<double>(s.original_max_position_embeddings)};
-  }
-  return rope_inv_freq(c.rope_theta(), c.head_dim(), llama3);
-}
 
 CpuForward::CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool,
                        int64_t max_rows)

@@ -27,10 +27,6 @@
 
 namespace cellm::cpu {
 
-// The model's RoPE inverse frequencies, [head_dim / 2], exactly as transformers
-// computes them (plain or Llama 3.1 scaled). Every executor uses this one.
-std::vector<float> rope_inv_freq_for(const ModelConfig& config);
-
 // One forward's tokens, planned once by the executor.
 struct ForwardSlice {
   std::span<const Token> tokens;        // [n]

@@ -27,8 +27,8 @@ std::string prefixed(const std::string& m) {
   return "CudaExecutor: " + m;
 }
 
-int32_t decode_cap(const CudaExecutorOptions& o) {
-  return o.max_decode_batch > 0 ? o.max_decode_batch : std::min(o.max_sessions, 512);
+int32_t decode_cap(const ExecutorLimits& l, const CudaExecutorOptions& o) {
+  return o.max_decode_batch > 0 ? o.max_decode_batch : std::min(l.max_sessions, 512);
 }
 
 // The decode buckets: 1, 2, 4, 8, 16, 24, 32, then steps of 16, up to the cap.
@@ -46,20 +46,20 @@ int32_t bucket_for(int32_t b, int32_t cap) {
   return std::min(bucket, cap);
 }
 
-Status validate(const ModelWeights* w, const CudaExecutorOptions& o) {
+Status validate(const ModelWeights* w, const ExecutorLimits& l, const CudaExecutorOptions& o) {
   if (w == nullptr) return InvalidArgument(prefixed("no model was given"));
   CELLM_RETURN_IF_ERROR(validate_session_limits(
-      "CudaExecutor", o.max_sessions, o.max_session_tokens, w->config().max_position_embeddings()));
-  const int64_t sessions_cells = int64_t{o.max_sessions} * o.max_session_tokens;
-  const int64_t max_cells = o.max_cells == 0 ? sessions_cells + 1 : o.max_cells;
-  if (o.min_prefill < 2 || o.min_prefill > o.step_width || o.step_width > max_cells) {
+      "CudaExecutor", l.max_sessions, l.max_session_tokens, w->config().max_position_embeddings()));
+  const int64_t sessions_cells = int64_t{l.max_sessions} * l.max_session_tokens;
+  const int64_t max_cells = l.max_cells == 0 ? sessions_cells + 1 : l.max_cells;
+  if (o.min_prefill < 2 || o.min_prefill > l.step_width || l.step_width > max_cells) {
     return InvalidArgument(prefixed("need 2 <= min_prefill <= W <= max_cells, got min_prefill " +
                                     std::to_string(o.min_prefill) + ", W " +
-                                    std::to_string(o.step_width) + ", max_cells " +
+                                    std::to_string(l.step_width) + ", max_cells " +
                                     std::to_string(max_cells)));
   }
   CELLM_RETURN_IF_ERROR(
-      validate_capacity("CudaExecutor", o.max_sessions, o.max_session_tokens, max_cells));
+      validate_capacity("CudaExecutor", l.max_sessions, l.max_session_tokens, max_cells));
   if (o.max_decode_batch < 0) {
     return InvalidArgument(prefixed("max_decode_batch must be >= 0"));
   }
@@ -70,16 +70,19 @@ Status validate(const ModelWeights* w, const CudaExecutorOptions& o) {
 
 class ExecutorImpl {
  public:
-  ExecutorImpl(std::shared_ptr<const ModelWeights> weights, const CudaExecutorOptions& o,
-               std::unique_ptr<ForwardEngine> engine)
+  // REQUIRES: limits.max_cells resolved (not 0).
+  ExecutorImpl(std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
+               const CudaExecutorOptions& options, std::unique_ptr<ForwardEngine> engine)
       : weights_(std::move(weights)),
-        options_(o),
-        pool_(o.max_cells - 1),
-        sessions_(pool_, o.max_sessions, o.max_session_tokens,
+        limits_(limits),
+        options_(options),
+        pool_(limits.max_cells - 1),
+        sessions_(pool_, limits.max_sessions, limits.max_session_tokens,
                   static_cast<int32_t>(weights_->config().vocab_size())),
         engine_(std::move(engine)) {}
 
   std::shared_ptr<const ModelWeights> weights_;
+  ExecutorLimits limits_;
   CudaExecutorOptions options_;
   CellPool pool_;
   SessionTable sessions_;
@@ -154,7 +157,7 @@ class ExecutorImpl {
   bool is_batched_decode(const BatchInput& batch) const {
     if (batch.inputs.empty() ||
         batch.inputs.size() > static_cast<size_t>(engine_->dims().max_rows) ||
-        batch.inputs.size() > static_cast<size_t>(decode_cap(options_))) {
+        batch.inputs.size() > static_cast<size_t>(decode_cap(limits_, options_))) {
       return false;
     }
     std::set<SessionId> seen;
@@ -202,7 +205,7 @@ class ExecutorImpl {
     }
     if (is_batched_decode(batch)) return run_decode(batch, packed, out);
     const auto total = static_cast<int>(packed.tokens.size());
-    for (const StepSlice& slice : plan_slices(total, options_.step_width, options_.min_prefill)) {
+    for (const StepSlice& slice : plan_slices(total, limits_.step_width, options_.min_prefill)) {
       if (!run_slice(batch, packed, slice, out)) return false;
     }
     return true;
@@ -213,7 +216,7 @@ class ExecutorImpl {
   // captures. The padded rows of a warm-up step all write the scratch cell, so
   // no session's state is touched.
   bool capture_decode_graphs() {
-    const int32_t cap = decode_cap(options_);
+    const int32_t cap = decode_cap(limits_, options_);
     StepHost& h = engine_->host();
     for (int32_t b = 1; b <= cap;) {
       const int32_t bucket = bucket_for(b, cap);
@@ -247,7 +250,8 @@ class ExecutorImpl {
     const auto b = static_cast<int32_t>(packed.tokens.size());
     std::optional<StepPlacement> placement = pool_.declare_step(packed.seq_ids);
     if (!placement) return fail("the cell pool refused a decode of " + std::to_string(b));
-    const int32_t bucket = options_.cuda_graph_for_decode ? bucket_for(b, decode_cap(options_)) : b;
+    const int32_t bucket =
+        options_.cuda_graph_for_decode ? bucket_for(b, decode_cap(limits_, options_)) : b;
     StepHost& h = engine_->host();
     for (int32_t r = 0; r < bucket; ++r) {
       const bool real = r < b;
@@ -320,7 +324,7 @@ class ExecutorImpl {
   std::optional<Ahead> ahead_;
   std::vector<SessionId> last_decode_sids_;  // the sessions of the last decode batch, in order
   int64_t stable_run_ = 0;  // decode batches in a row with those sessions, the last included
-  StepAheadPolicy ahead_policy_{options_.overlap_adaptive};
+  StepAheadPolicy ahead_policy_{options_.tuning.overlap_adaptive};
 
   // Cells the step ahead holds (kv_metrics leaves them out: no session has them yet).
   int32_t ahead_cells() const {
@@ -441,13 +445,13 @@ class ExecutorImpl {
   std::optional<Ahead> queue_next(const Ahead& step) {
     const auto b = static_cast<int32_t>(step.sids.size());
     const auto live = static_cast<int32_t>(std::count(step.live.begin(), step.live.end(), true));
-    if (bucket_for(live, decode_cap(options_)) != step.bucket) return std::nullopt;
+    if (bucket_for(live, decode_cap(limits_, options_)) != step.bucket) return std::nullopt;
     Ahead next{step.bucket, step.sids, step.seqs, step.positions, {}, step.live};
     std::vector<SeqId> live_seqs;
     for (int32_t r = 0; r < b; ++r) {
       const auto i = static_cast<size_t>(r);
       if (!next.live[i]) continue;
-      if (++next.positions[i] + 1 > options_.max_session_tokens ||
+      if (++next.positions[i] + 1 > limits_.max_session_tokens ||
           sessions_.wants_logprobs(step.sids[i])) {
         return std::nullopt;
       }
@@ -571,20 +575,22 @@ std::vector<std::string> describe_tuned_gemms() {
 }
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
-    std::shared_ptr<const ModelWeights> weights, const CudaExecutorOptions& options) {
-  CELLM_RETURN_IF_ERROR(cuda::validate(weights.get(), options));
-  CudaExecutorOptions o = options;
-  if (o.max_cells == 0) o.max_cells = o.max_sessions * o.max_session_tokens + 1;
+    std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
+    const CudaExecutorOptions& options) {
+  CELLM_RETURN_IF_ERROR(cuda::validate(weights.get(), limits, options));
+  ExecutorLimits l = limits;
+  if (l.max_cells == 0) l.max_cells = l.max_sessions * l.max_session_tokens + 1;
+  const CudaExecutorOptions& o = options;
   if (!cuda::gpu_available()) {
     return NotSupported(cuda::prefixed("no usable CUDA device (cudaGetDeviceCount found none)"));
   }
   CELLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device), "CudaExecutor: selecting the device");
-  cuda::set_programmatic_launch(o.programmatic_launch);
+  cuda::set_programmatic_launch(o.tuning.programmatic_launch);
   cuda::ForwardDims dims;
-  dims.max_rows = std::max(o.step_width, cuda::decode_cap(o));
-  dims.max_cells = o.max_cells;
-  dims.max_seqs = o.max_sessions;
-  dims.max_session_tokens = o.max_session_tokens;
+  dims.max_rows = std::max(l.step_width, cuda::decode_cap(l, o));
+  dims.max_cells = l.max_cells;
+  dims.max_seqs = l.max_sessions;
+  dims.max_session_tokens = l.max_session_tokens;
   size_t free_bytes = 0, total_bytes = 0;
   CELLM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
                              "CudaExecutor: reading free device memory");
@@ -592,19 +598,14 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
   if (need > free_bytes) {
     return OutOfResources(cuda::prefixed(
         "needs " + std::to_string(need >> 20) + " MiB of device memory (weights, KV pool of " +
-        std::to_string(o.max_cells) + " cells, buffers) but only " +
+        std::to_string(l.max_cells) + " cells, buffers) but only " +
         std::to_string(free_bytes >> 20) + " MiB are free"));
   }
-  CELLM_ASSIGN_OR_RETURN(
-      std::unique_ptr<cuda::ForwardEngine> engine,
-      cuda::ForwardEngine::create(
-          *weights, dims,
-          cuda::ForwardOptions{o.precision, o.tune_gemm, o.early_triggers, o.early_after_cublas,
-                               o.l2_prefetch, o.attention_cluster_fold, o.prefill_attention,
-                               o.persistent_decode}));
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ForwardEngine> engine,
+                         cuda::ForwardEngine::create(*weights, dims, o));
   if (o.time_steps) CELLM_RETURN_IF_ERROR(engine->set_timing(true));
   return std::unique_ptr<CudaExecutor>(new CudaExecutor(
-      std::make_unique<cuda::ExecutorImpl>(std::move(weights), o, std::move(engine))));
+      std::make_unique<cuda::ExecutorImpl>(std::move(weights), l, o, std::move(engine))));
 }
 
 CudaExecutor::CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl) : impl_(std::move(impl)) {}
@@ -624,7 +625,7 @@ bool CudaExecutor::initialize() {
 }
 
 size_t CudaExecutor::preferred_batch_tokens() const {
-  return static_cast<size_t>(impl_->options_.step_width);
+  return static_cast<size_t>(impl_->limits_.step_width);
 }
 
 std::optional<SessionId> CudaExecutor::open_session() {
@@ -666,7 +667,7 @@ KvMetrics CudaExecutor::kv_metrics() const {
   m.cells_capacity = impl_->pool_.capacity();
   m.cells_in_use = impl_->pool_.used_cells() - impl_->ahead_cells();
   m.used_end = impl_->pool_.used_end();
-  m.rows_allocated = impl_->options_.max_cells;
+  m.rows_allocated = impl_->limits_.max_cells;
   m.allocated_bytes = impl_->engine_->kv_allocated_bytes();
   m.bytes_per_cell = impl_->engine_->kv_bytes_per_cell();
   m.growth_count = 0;
@@ -675,6 +676,9 @@ KvMetrics CudaExecutor::kv_metrics() const {
 
 const CudaExecutorOptions& CudaExecutor::options() const {
   return impl_->options_;
+}
+const ExecutorLimits& CudaExecutor::limits() const {
+  return impl_->limits_;
 }
 const std::string& CudaExecutor::last_error() const {
   return impl_->last_error_;

@@ -56,27 +56,16 @@ struct StepHost {
   int32_t* out_tokens = nullptr;    // [n_sel] sampled tokens, after run()
 };
 
-// How the engine chooses kernels (CudaExecutorOptions says what each does).
-struct ForwardOptions {
-  CudaPrecision precision = CudaPrecision::kBF16;
-  // GemmPath::kTuned, each decode bucket's products timed as it warms; else kCublasLtOnly.
-  bool tune_gemm = true;
-  TimedChoice early_triggers = TimedChoice::kTimed;      // of the decode graphs
-  TimedChoice early_after_cublas = TimedChoice::kTimed;  // (CudaExecutorOptions)
-  TimedChoice l2_prefetch = TimedChoice::kTimed;         // (CudaExecutorOptions)
-  bool attention_cluster_fold = true;                    // (CudaExecutorOptions)
-  bool prefill_attention = true;                         // (CudaExecutorOptions)
-  bool persistent_decode = false;                        // (CudaExecutorOptions)
-};
-
 class ForwardEngine {
  public:
   virtual ~ForwardEngine() = default;
 
-  // Uploads the weights in options.precision and allocates every buffer.
+  // Uploads the weights in options.precision and allocates every buffer. The engine keeps
+  // a copy of `options` and chooses its kernels by it (precision, tune_gemm, tuning); the
+  // executor's other options (graphs, overlap, warm-ups) are the executor's to act on.
   static Result<std::unique_ptr<ForwardEngine>> create(const ModelWeights& weights,
                                                        const ForwardDims& dims,
-                                                       const ForwardOptions& options);
+                                                       const CudaExecutorOptions& options);
   // Device bytes create() would allocate (weights, KV pool, buffers).
   static size_t device_bytes(const ModelConfig& config, const ForwardDims& dims,
                              CudaPrecision precision);
@@ -135,10 +124,6 @@ class ForwardEngine {
   // them for the last run (0 while off). Costs two event records per run.
   virtual Status set_timing(bool on) = 0;
   virtual double last_device_ms() const = 0;
-
-  // Whether one-row steps run every layer in the persistent kernel
-  // (ForwardOptions::persistent_decode, for shapes kernels/decode_layers.h takes).
-  virtual bool persistent_one_row() const = 0;
 
   virtual int64_t kv_bytes_per_cell() const = 0;
   virtual int64_t kv_allocated_bytes() const = 0;

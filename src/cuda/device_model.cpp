@@ -5,8 +5,8 @@
 #include <cstring>
 #include <functional>
 
+#include "cellm/dtype.h"
 #include "cellm/half.h"
-#include "cpu/kernels/convert.h"
 
 namespace cellm::cuda {
 namespace {
@@ -17,8 +17,17 @@ size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
 
+// Element i of `t`, widened to f32 (exact for every stored type).
 float element(const TensorView& t, int64_t i) {
-  return cpu::load_as_f32(t.data, t.dtype, i);
+  switch (t.dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(t.data)[i];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+  }
+  return 0.0f;
 }
 
 // Appends `t` converted to T at the end of `host` (raw bytes of T).

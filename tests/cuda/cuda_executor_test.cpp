@@ -39,13 +39,14 @@ std::shared_ptr<const ModelWeights> load_weights(const Fixture& f) {
 std::unique_ptr<CudaExecutor> make(std::shared_ptr<const ModelWeights> w, int32_t sessions,
                                    int32_t tokens, int32_t width, CudaPrecision precision,
                                    bool graphs = true) {
+  ExecutorLimits l;
+  l.max_sessions = sessions;
+  l.max_session_tokens = tokens;
+  l.step_width = width;
   CudaExecutorOptions o;
-  o.max_sessions = sessions;
-  o.max_session_tokens = tokens;
-  o.step_width = width;
   o.precision = precision;
   o.cuda_graph_for_decode = graphs;
-  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(std::move(w), o);
+  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(std::move(w), l, o);
   CELLM_CHECK_MSG(e.ok(), e.status().to_string());
   return std::move(*e);
 }
@@ -243,15 +244,20 @@ std::vector<SamplingParams> mixed_sampling(size_t n) {
 }
 
 // 8 sessions of 128 tokens, 16-token steps.
+ExecutorLimits small_limits() {
+  ExecutorLimits l;
+  l.max_sessions = 8;
+  l.max_session_tokens = 128;
+  l.step_width = 16;
+  return l;
+}
+
 CudaExecutorOptions small_options(CudaPrecision precision, bool graphs) {
   CudaExecutorOptions o;
-  o.max_sessions = 8;
-  o.max_session_tokens = 128;
-  o.step_width = 16;
   o.precision = precision;
   o.cuda_graph_for_decode = graphs;
   // The L2 prefetch adds its part to the graphs' notes: its own test below.
-  o.l2_prefetch = TimedChoice::kOff;
+  o.tuning.l2_prefetch = TimedChoice::kOff;
   return o;
 }
 
@@ -271,8 +277,8 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
       std::vector<std::vector<Output>> by_switch[2];
       for (bool pdl : {true, false}) {
         CudaExecutorOptions o = small_options(precision, graphs);
-        o.programmatic_launch = pdl;
-        Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+        o.tuning.programmatic_launch = pdl;
+        Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
         ASSERT_TRUE(e.ok()) << e.status().to_string();
         EXPECT_EQ(cuda::programmatic_launch_enabled(), pdl);
         ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
@@ -303,7 +309,7 @@ TEST_P(CudaExecutorFixtureTest, PrefillGemmWarmUpChangesNoTokenAndNoLogprob) {
     for (bool warm : {true, false}) {
       CudaExecutorOptions o = small_options(precision, true);
       o.warm_prefill_gemms = warm;
-      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
       ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
       // Steps of 9-16 rows go to cuBLASLt in either precision: at least one kernel.
@@ -348,10 +354,10 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
                                     TimedChoice::kTimed};
     for (int c = 0; c < 4; ++c) {
       CudaExecutorOptions o = small_options(precision, true);
-      o.early_triggers = choices[c];
-      o.early_after_cublas = TimedChoice::kOff;  // the triggers alone
+      o.tuning.early_triggers = choices[c];
+      o.tuning.early_after_cublas = TimedChoice::kOff;  // the triggers alone
       o.capture_graphs_at_start = c != 3;
-      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
       ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
@@ -397,8 +403,8 @@ TEST_P(CudaExecutorFixtureTest, L2PrefetchChangesNoTokenAndNoLogprob) {
     std::vector<std::vector<Output>> outputs[3];
     for (int c = 0; c < 3; ++c) {
       CudaExecutorOptions o = small_options(precision, true);
-      o.l2_prefetch = choices[c];
-      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      o.tuning.l2_prefetch = choices[c];
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
       ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
@@ -452,9 +458,9 @@ TEST_P(CudaExecutorFixtureTest, EarlyAfterCublasChangesNoTokenAndNoLogprob) {
     for (int c = 0; c < 4; ++c) {
       CudaExecutorOptions o = small_options(precision, true);
       o.tune_gemm = false;
-      o.early_after_cublas = edges[c];
-      o.early_triggers = c == 3 ? TimedChoice::kTimed : TimedChoice::kOff;
-      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
+      o.tuning.early_after_cublas = edges[c];
+      o.tuning.early_triggers = c == 3 ? TimedChoice::kTimed : TimedChoice::kOff;
+      Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
       ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
@@ -523,23 +529,27 @@ TEST_F(CudaExecutorTest, SessionsReuseCellsAcrossRounds) {
 }
 
 TEST_F(CudaExecutorTest, RefusesLimitsThePoolCannotHold) {
-  CudaExecutorOptions o;
-  o.max_sessions = 8;
-  o.max_session_tokens = 64;
-  o.max_cells = 256;
-  o.step_width = 16;
-  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w_, o);
+  ExecutorLimits l;
+  l.max_sessions = 8;
+  l.max_session_tokens = 64;
+  l.max_cells = 256;
+  l.step_width = 16;
+  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w_, l, {});
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("must be below max_cells 256"), std::string::npos);
-  o = CudaExecutorOptions{};
-  o.max_session_tokens = 513;  // the fixture's context is 512
-  e = CudaExecutor::create(w_, o);
+  l = ExecutorLimits{};
+  l.max_session_tokens = 513;  // the fixture's context is 512
+  e = CudaExecutor::create(w_, l, {});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("context of 512"), std::string::npos);
-  o = CudaExecutorOptions{};
+  l.max_session_tokens = 64;
+  l.step_width = 16;
+  CudaExecutorOptions o;
   o.min_prefill = 1;
-  EXPECT_EQ(CudaExecutor::create(w_, o).status().code(), StatusCode::kInvalidArgument);
+  e = CudaExecutor::create(w_, l, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("need 2 <= min_prefill"), std::string::npos);
 }
 
 // `cellm bench` names the GPU it ran on: its name, SMs, memory and the start of its UUID
@@ -566,7 +576,7 @@ TEST_F(CudaExecutorTest, ADecodeGraphStepMustSelectEveryRowInOrder) {
   dims.max_cells = 64;
   dims.max_seqs = 2;
   dims.max_session_tokens = 16;
-  cuda::ForwardOptions options;
+  CudaExecutorOptions options;
   options.tune_gemm = false;
   Result<std::unique_ptr<cuda::ForwardEngine>> engine =
       cuda::ForwardEngine::create(*w_, dims, options);

@@ -11,12 +11,14 @@ namespace {
 
 Result<std::unique_ptr<Executor>> make_cuda(std::shared_ptr<const ModelWeights> weights,
                                             int32_t sessions, int32_t tokens, int32_t width) {
+  ExecutorLimits limits;
+  limits.max_sessions = sessions;
+  limits.max_session_tokens = tokens;
+  limits.step_width = width;
   CudaExecutorOptions options;
-  options.max_sessions = sessions;
-  options.max_session_tokens = tokens;
-  options.step_width = width;
   options.precision = CudaPrecision::kF32;
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e, CudaExecutor::create(weights, options));
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
+                         CudaExecutor::create(weights, limits, options));
   return std::unique_ptr<Executor>(std::move(e));
 }
 

@@ -31,15 +31,16 @@ std::unique_ptr<CudaExecutor> make(const Fixture& f, bool overlap, CudaPrecision
                                    bool at_start, bool adaptive = false) {
   Result<ModelWeights> w = ModelWeights::load(f.dir);
   CELLM_CHECK_MSG(w.ok(), w.status().to_string());
+  ExecutorLimits l;
+  l.max_sessions = 8;
+  l.max_session_tokens = 96;
+  l.step_width = 16;
   CudaExecutorOptions o;
-  o.max_sessions = 8;
-  o.max_session_tokens = 96;
-  o.step_width = 16;
   o.precision = precision;
   o.overlap_decode = overlap;
-  o.overlap_adaptive = adaptive;
+  o.tuning.overlap_adaptive = adaptive;
   Result<std::unique_ptr<CudaExecutor>> e =
-      CudaExecutor::create(std::make_shared<const ModelWeights>(std::move(*w)), o);
+      CudaExecutor::create(std::make_shared<const ModelWeights>(std::move(*w)), l, o);
   CELLM_CHECK_MSG(e.ok(), e.status().to_string());
   if (at_start) CELLM_CHECK((*e)->initialize());
   return std::move(*e);

@@ -79,9 +79,6 @@ const std::vector<FlagSpec> kFlags = [] {
           {"no-prefill-attention", "",
            "CUDA: run a prompt chunk's attention one row at a time (the decode kernel) instead of "
            "in blocks of consecutive rows that share each key's gather (to measure what it buys)"},
-          {"persistent-decode", "",
-           "CUDA: run a one-row step's layers in one persistent kernel that streams the weights "
-           "through every SM's shared memory (an experiment; slower than the default kernels)"},
           {"no-prefill-warm", "",
            "CUDA: skip loading the prefill GEMMs' kernels at startup (each then loads at its first "
            "prefill: to measure what the warm-up buys)"},
@@ -548,7 +545,6 @@ int run_bench(int argc, const char* const* argv) {
   limits.warm_prefill_gemms = !args->has("no-prefill-warm");
   limits.attention_cluster_fold = !args->has("no-cluster-fold");
   limits.prefill_attention = !args->has("no-prefill-attention");
-  limits.persistent_decode = args->has("persistent-decode");
   for (const auto& [option, choice] : {std::pair{"early-triggers", &limits.early_triggers},
                                        std::pair{"early-after-cublas", &limits.early_after_cublas},
                                        std::pair{"l2-prefetch", &limits.l2_prefetch}}) {

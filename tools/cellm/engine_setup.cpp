@@ -128,24 +128,24 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
                                                 const EngineLimits& limits) {
   if (kind == ExecutorKind::kCuda) {
 #ifdef CELLM_HAVE_CUDA
+    ExecutorLimits l;
+    l.max_sessions = limits.max_sessions;
+    l.max_session_tokens = limits.max_session_tokens;
+    l.step_width = std::max(2, limits.step_width);
     CudaExecutorOptions o;
-    o.max_sessions = limits.max_sessions;
-    o.max_session_tokens = limits.max_session_tokens;
-    o.step_width = std::max(2, limits.step_width);
     o.cuda_graph_for_decode = limits.cuda_graphs;
     o.time_steps = limits.time_steps;
-    o.programmatic_launch = limits.programmatic_launch;
     o.tune_gemm = limits.tune_gemm;
-    o.early_triggers = limits.early_triggers;
-    o.early_after_cublas = limits.early_after_cublas;
-    o.l2_prefetch = limits.l2_prefetch;
     o.overlap_decode = limits.overlap_decode;
     o.warm_prefill_gemms = limits.warm_prefill_gemms;
-    o.attention_cluster_fold = limits.attention_cluster_fold;
-    o.prefill_attention = limits.prefill_attention;
-    o.persistent_decode = limits.persistent_decode;
+    o.tuning.programmatic_launch = limits.programmatic_launch;
+    o.tuning.early_triggers = limits.early_triggers;
+    o.tuning.early_after_cublas = limits.early_after_cublas;
+    o.tuning.l2_prefetch = limits.l2_prefetch;
+    o.tuning.attention_cluster_fold = limits.attention_cluster_fold;
+    o.tuning.prefill_attention = limits.prefill_attention;
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
-                           CudaExecutor::create(std::move(weights), o));
+                           CudaExecutor::create(std::move(weights), l, o));
     return std::unique_ptr<Executor>(std::move(e));
 #else
     return NotSupported(

@@ -52,18 +52,17 @@ struct EngineLimits {
   bool cuda_graphs = true;   // CUDA: replay decode steps from captured graphs
   bool time_steps = false;   // CUDA: measure host and device time per batch
   // CUDA: programmatic dependent launch of cellm's kernels (process-wide; see
-  // CudaExecutorOptions::programmatic_launch).
+  // CudaTuning::programmatic_launch).
   bool programmatic_launch = true;
   bool tune_gemm = true;  // CUDA: time the decode GEMMs' kernels at startup (tune_gemm)
-  // CUDA: how the decode graphs are built (CudaExecutorOptions::early_triggers, ...).
+  // CUDA: how the decode graphs are built (CudaTuning::early_triggers, ...).
   TimedChoice early_triggers = TimedChoice::kTimed;
-  TimedChoice early_after_cublas = TimedChoice::kTimed;  // CUDA: (CudaExecutorOptions)
-  TimedChoice l2_prefetch = TimedChoice::kTimed;         // CUDA: (CudaExecutorOptions)
+  TimedChoice early_after_cublas = TimedChoice::kTimed;  // CUDA: (CudaTuning)
+  TimedChoice l2_prefetch = TimedChoice::kTimed;         // CUDA: (CudaTuning)
   bool overlap_decode = true;          // CUDA: queue the next decode step early (overlap_decode)
   bool warm_prefill_gemms = true;      // CUDA: load the prefill GEMMs' kernels at startup
-  bool attention_cluster_fold = true;  // CUDA: (CudaExecutorOptions)
-  bool prefill_attention = true;       // CUDA: (CudaExecutorOptions)
-  bool persistent_decode = false;      // CUDA: (CudaExecutorOptions)
+  bool attention_cluster_fold = true;  // CUDA: (CudaTuning)
+  bool prefill_attention = true;       // CUDA: (CudaTuning)
 };
 
 // The sampling flags of the commands that generate (--temperature, --top-k, --top-p,

@@ -1,0 +1,204 @@
+// One step of CudaForward<T> on the stream (cuda/cuda_forward_impl.h): the metadata
+// copy, the layers' kernels and products, the final norm and LM head, sampling and the
+// token copy; and the L2 prefetch branch a decode graph may carry beside the attention.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_forward_impl.h"
+#include "cuda/kernels/embedding.h"
+#include "cuda/kernels/l2_prefetch.h"
+#include "cuda/kernels/rmsnorm.h"
+#include "cuda/kernels/rope_kv_write.h"
+
+namespace cellm::cuda {
+
+template <typename T>
+Status CudaForward<T>::enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions, int slot,
+                                    std::span<const AttentionRowRange> ranges) {
+  cudaStream_t s = stream_.get();
+  CELLM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(meta_dev_.get(), staging(slot), meta_.bytes, cudaMemcpyHostToDevice, s),
+      "copying the step metadata");
+  CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel, fresh_positions, ranges));
+  if (n_sel > 0) {
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_sample(buf<float>(buf_.logits), n_sel, config_.vocab_size(),
+                      meta<SamplingRow>(meta_.sampling), buf<int32_t>(buf_.out_tokens),
+                      buf<void>(buf_.sample_ws),
+                      sample_workspace_bytes(dims_.max_rows, config_.vocab_size()), s),
+        "sampling");
+    // The prefetch branch ends before the token copy, the graph's last node.
+    CELLM_RETURN_IF_ERROR(join_prefetch());
+    CELLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(hosts_[slot].out_tokens, buf<int32_t>(buf_.out_tokens),
+                        static_cast<size_t>(n_sel) * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+        "copying the sampled tokens");
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_positions,
+                                       std::span<const AttentionRowRange> ranges) {
+  cudaStream_t s = stream_.get();
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size(), hd = c.head_dim(), ff = c.intermediate_size();
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
+  const auto eps = static_cast<float>(c.rms_norm_eps());
+  const int32_t* tokens = meta<int32_t>(meta_.tokens);
+  const int32_t* positions = meta<int32_t>(meta_.positions);
+  const int32_t* row_seq = meta<int32_t>(meta_.row_seq);
+  const int32_t* cells = meta<int32_t>(meta_.cells);
+  float* residual = buf<float>(buf_.residual);
+  T* h = buf<T>(buf_.h);
+  T* qkv = buf<T>(buf_.qkv);
+  T* attn = buf<T>(buf_.attn);
+  T* delta = buf<T>(buf_.delta);
+  T* gate_up = buf<T>(buf_.gate_up);
+  T* act = buf<T>(buf_.act);
+
+  CELLM_CUDA_RETURN_IF_ERROR(
+      launch_embedding<T>(model_->embed(), c.vocab_size(), d, tokens, n, residual, s,
+                          buf<int32_t>(buf_.out_tokens)),  // kFedToken: the last step's token
+      "embedding");
+  // Every norm after the first finds the residual written by the norm before it, with
+  // qkv or gate_up between them (ResidualWriter::kEarlierKernel: read before the wait).
+  const ResidualWriter settled = ResidualWriter::kEarlierKernel;
+  for (int64_t l = 0; l < c.num_layers(); ++l) {
+    const DeviceLayer<T>& w = model_->layers()[static_cast<size_t>(l)];
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_add_rmsnorm<T>(residual, l == 0 ? nullptr : delta, w.input_norm, n, d, eps, h, s,
+                              l == 0 ? ResidualWriter::kPreviousKernel : settled),
+        "input rmsnorm");
+    CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.qkv, qkv_dim, w.qkv_bias, qkv, s)));
+    if (prefetching_) CELLM_RETURN_IF_ERROR(prefetch_gate_up(w));
+    if (w.q_norm != nullptr) {
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_head_rmsnorm<T>(qkv, n, qkv_dim, 0, c.num_heads(), hd, w.q_norm, eps, s),
+          "q norm");
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_head_rmsnorm<T>(qkv, n, qkv_dim, q_dim, c.num_kv_heads(), hd, w.k_norm, eps, s),
+          "k norm");
+    }
+    RopeKvWriteParams<T> rk;
+    rk.qkv = qkv;
+    rk.n_rows = n;
+    rk.row_stride = qkv_dim;
+    rk.q_offset = 0;
+    rk.n_heads = c.num_heads();
+    rk.k_offset = q_dim;
+    rk.v_offset = q_dim + kv_dim;
+    rk.n_kv_heads = c.num_kv_heads();
+    rk.head_dim = hd;
+    rk.positions = positions;
+    rk.inv_freq = inv_freq_.as<float>();
+    rk.cells = cells;
+    rk.k_pool = k_pool(l);
+    rk.v_pool = v_pool(l);
+    rk.table = l == 0 ? table_.as<int32_t>() : nullptr;  // one table store per step
+    rk.table_stride = dims_.max_session_tokens;
+    rk.row_seq = row_seq;
+    CELLM_CUDA_RETURN_IF_ERROR(launch_rope_kv_write<T>(rk, s), "rope and the K/V write");
+    AttentionParams<T> ap;
+    ap.qkv = qkv;
+    ap.row_stride = qkv_dim;
+    ap.q_offset = 0;
+    ap.n_rows = n;
+    ap.n_heads = c.num_heads();
+    ap.n_kv_heads = c.num_kv_heads();
+    ap.head_dim = hd;
+    ap.k_pool = k_pool(l);
+    ap.v_pool = v_pool(l);
+    ap.table = table_.as<int32_t>();
+    ap.table_stride = dims_.max_session_tokens;
+    ap.row_seq = row_seq;
+    ap.positions = positions;
+    ap.window = static_cast<int32_t>(c.window(l));
+    ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    ap.max_context = dims_.max_session_tokens;
+    ap.workspace = buf<float>(buf_.attn_ws);
+    ap.out = attn;
+    ap.fresh_positions = fresh_positions;
+    ap.cluster_fold = tuning().attention_cluster_fold;
+    if (ranges.empty()) {
+      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
+    }
+    for (const AttentionRowRange& range : ranges) {
+      AttentionParams<T> rows = attention_rows(ap, range.begin, range.end);
+      rows.row_runs = range.runs;
+      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
+    }
+    CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(attn, n, q_dim, w.o_proj, d, w.o_bias, delta, s)));
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s, settled),
+        "post rmsnorm");
+    CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
+    CELLM_RETURN_IF_ERROR(gemm_->run_swiglu_down<T>(gate_up, n, ff, w.down_proj, d, act, delta, s));
+  }
+  if (n_sel == 0) return Status::Ok();
+  // residual += the last MLP output, then the final norm into h. When the step selects
+  // every row in order (a decode step) h is the LM head's input; otherwise the selected
+  // rows of the residual are gathered and normalised again (the same arithmetic on the
+  // same f32 sums: the same bits as h's rows) and the LM head reads only them.
+  CELLM_CUDA_RETURN_IF_ERROR(
+      launch_add_rmsnorm<T>(residual, delta, model_->final_norm(), n, d, eps, h, s, settled),
+      "final residual");
+  T* head_in = h;
+  if (!selects_every_row(n, n_sel)) {
+    float* sel = buf<float>(buf_.sel);
+    head_in = buf<T>(buf_.sel_norm);
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_gather_rows(residual, d, meta<int32_t>(meta_.selected), n_sel, sel, s),
+        "gathering the selected rows");
+    CELLM_CUDA_RETURN_IF_ERROR(
+        launch_add_rmsnorm<T>(sel, nullptr, model_->final_norm(), n_sel, d, eps, head_in, s),
+        "final rmsnorm");
+  }
+  CELLM_RETURN_IF_ERROR((gemm_->run<T, float>(head_in, n_sel, d, model_->lm_head(), c.vocab_size(),
+                                              nullptr, buf<float>(buf_.logits), s)));
+  return Status::Ok();
+}
+
+template <typename T>
+Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>& w) {
+  cudaStream_t s = stream_.get();
+  const size_t row_bytes = static_cast<size_t>(config_.hidden_size()) * sizeof(T);
+  if (row_bytes % 16 != 0) return Status::Ok();
+  const size_t lead = std::max<size_t>(16, row_bytes / 16 / 16 * 16);
+  CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_.get(), s), "forking the L2 prefetch");
+  CELLM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_.get(), fork_.get()),
+                             "forking the L2 prefetch");
+  CELLM_CUDA_RETURN_IF_ERROR(launch_l2_prefetch_rows(w.gate_up, 2 * config_.intermediate_size(),
+                                                     row_bytes, lead, kPrefetchBlocks, side_.get()),
+                             "the L2 prefetch");
+  forked_ = true;
+  return Status::Ok();
+}
+
+template <typename T>
+Status CudaForward<T>::join_prefetch() {
+  if (!forked_) return Status::Ok();
+  forked_ = false;
+  CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_.get(), side_.get()), "joining the L2 prefetch");
+  CELLM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_.get(), join_.get()),
+                             "joining the L2 prefetch");
+  return Status::Ok();
+}
+
+// The members defined here, in both element types.
+#define CELLM_FORWARD_MEMBERS(T)                                                       \
+  template Status CudaForward<T>::enqueue_step(int32_t, int32_t, int32_t, int,         \
+                                               std::span<const AttentionRowRange>);    \
+  template Status CudaForward<T>::enqueue_forward(int32_t, int32_t, int32_t,           \
+                                                  std::span<const AttentionRowRange>); \
+  template Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>&);             \
+  template Status CudaForward<T>::join_prefetch();
+CELLM_FORWARD_MEMBERS(float)
+CELLM_FORWARD_MEMBERS(__nv_bfloat16)
+#undef CELLM_FORWARD_MEMBERS
+
+}  // namespace cellm::cuda
