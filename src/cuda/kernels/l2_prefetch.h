@@ -3,7 +3,7 @@
 // prefetch (cp.async.bulk.prefetch.L2, sm_90) a row and moves on; the fetches complete
 // without the kernel. A hint only: it writes nothing, and no result depends on it.
 // A decode graph runs it beside the attention, whose few blocks leave the HBM idle
-// (CudaExecutorOptions::l2_prefetch).
+// (CudaTuning::l2_prefetch).
 #pragma once
 
 #include <cuda_runtime.h>
