@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/model/unicode_nfc_data.cpp: the canonical tables NFC/NFD need.
+"""Writes src/text/unicode_nfc_data.cpp: the canonical tables NFC/NFD need.
 
 Tables (all from Python's unicodedata, whose version is recorded in the output):
   kCombiningClasses   sorted (code point, canonical combining class) for ccc != 0
@@ -8,8 +8,8 @@ Tables (all from Python's unicodedata, whose version is recorded in the output):
   kCompositions       sorted (first, second, composite) for primary composites
                       (composition exclusions and singletons left out), Hangul excluded
 
-Usage: python3 tools/gen_nfc_table.py > src/model/unicode_nfc_data.cpp &&
-       clang-format -i src/model/unicode_nfc_data.cpp
+Usage: python3 tools/gen_nfc_table.py > src/text/unicode_nfc_data.cpp &&
+       clang-format -i src/text/unicode_nfc_data.cpp
 """
 import sys
 import unicodedata
