@@ -1,125 +1,43 @@
 #include "unicode.h"
 
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <array>
-#include <vector>
-
-#include "unicode_nfc_data.h"
+#include <cstdlib>
+#include <new>
 
 namespace cellm::unicode {
 namespace {
 
-constexpr char32_t kHangulSBase = 0xAC00;
-constexpr char32_t kHangulLBase = 0x1100;
-constexpr char32_t kHangulVBase = 0x1161;
-constexpr char32_t kHangulTBase = 0x11A7;
-constexpr char32_t kHangulLCount = 19;
-constexpr char32_t kHangulVCount = 21;
-constexpr char32_t kHangulTCount = 28;
-constexpr char32_t kHangulNCount = kHangulVCount * kHangulTCount;
-constexpr char32_t kHangulSCount = kHangulLCount * kHangulNCount;
-
-// A unit of a string being normalized: a code point or raw invalid bytes.
-struct NormUnit {
-  char32_t code_point;
-  uint8_t combining_class;
-  bool valid;
-  std::string_view raw;  // the source bytes when !valid
-};
-
-uint8_t combining_class(char32_t c) {
-  if (c < 0x300) return 0;
-  const CombiningClassEntry* end = kCombiningClasses + kNumCombiningClasses;
-  const CombiningClassEntry* it =
-      std::lower_bound(kCombiningClasses, end, c,
-                       [](const CombiningClassEntry& e, char32_t v) { return e.code_point < v; });
-  return (it != end && it->code_point == c) ? it->combining_class : 0;
-}
-
-void decompose_into(char32_t c, std::vector<NormUnit>& out) {
-  if (c >= kHangulSBase && c < kHangulSBase + kHangulSCount) {
-    const char32_t s_index = c - kHangulSBase;
-    out.push_back({kHangulLBase + s_index / kHangulNCount, 0, true, {}});
-    out.push_back({kHangulVBase + (s_index % kHangulNCount) / kHangulTCount, 0, true, {}});
-    const char32_t t = s_index % kHangulTCount;
-    if (t != 0) out.push_back({kHangulTBase + t, 0, true, {}});
-    return;
-  }
-  if (c >= 0xC0) {
-    const DecompositionEntry* end = kDecompositions + kNumDecompositions;
-    const DecompositionEntry* it =
-        std::lower_bound(kDecompositions, end, c,
-                         [](const DecompositionEntry& e, char32_t v) { return e.code_point < v; });
-    if (it != end && it->code_point == c) {
-      for (uint32_t i = 0; i < it->length; ++i) {
-        const char32_t d = kDecompositionData[it->offset + i];
-        out.push_back({d, combining_class(d), true, {}});
-      }
-      return;
-    }
-  }
-  out.push_back({c, combining_class(c), true, {}});
-}
-
-std::optional<char32_t> compose_pair(char32_t first, char32_t second) {
-  if (first >= kHangulLBase && first < kHangulLBase + kHangulLCount && second >= kHangulVBase &&
-      second < kHangulVBase + kHangulVCount) {
-    return kHangulSBase +
-           ((first - kHangulLBase) * kHangulVCount + (second - kHangulVBase)) * kHangulTCount;
-  }
-  if (first >= kHangulSBase && first < kHangulSBase + kHangulSCount &&
-      (first - kHangulSBase) % kHangulTCount == 0 && second > kHangulTBase &&
-      second < kHangulTBase + kHangulTCount) {
-    return first + (second - kHangulTBase);
-  }
-  const CompositionEntry* end = kCompositions + kNumCompositions;
-  const CompositionEntry* it = std::lower_bound(
-      kCompositions, end, std::pair{first, second}, [](const CompositionEntry& e, auto v) {
-        return e.first < v.first || (e.first == v.first && e.second < v.second);
-      });
-  if (it != end && it->first == first && it->second == second) return it->composite;
-  return std::nullopt;
-}
-
-// Full canonical decomposition in canonical order.
-std::vector<NormUnit> decompose(std::string_view s) {
-  std::vector<NormUnit> units;
-  units.reserve(s.size());
+// Normalizes s with utf8proc, one maximal valid run at a time: utf8proc takes only
+// valid UTF-8, and an invalid unit passes through unchanged and, like a starter
+// that composes with nothing, neither reorders nor composes with its neighbours.
+std::string normalize(std::string_view s, utf8proc_option_t options) {
+  std::string out;
+  out.reserve(s.size());
+  size_t run_start = 0;
+  const auto flush_run = [&](size_t run_end) {
+    if (run_end == run_start) return;
+    utf8proc_uint8_t* mapped = nullptr;
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + run_start),
+                     static_cast<utf8proc_ssize_t>(run_end - run_start), &mapped, options);
+    // A valid run can fail only for want of memory.
+    if (n < 0) throw std::bad_alloc();
+    out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(n));
+    std::free(mapped);
+  };
   for (size_t i = 0; i < s.size();) {
     const Utf8Unit u = decode_utf8(s, i);
-    if (u.valid) {
-      decompose_into(u.code_point, units);
-    } else {
-      units.push_back({0, 0, false, s.substr(i, u.size_bytes)});
+    if (!u.valid) {
+      flush_run(i);
+      out.append(s.substr(i, u.size_bytes));
+      run_start = i + u.size_bytes;
     }
     i += u.size_bytes;
   }
-  // Canonical ordering: stable sort each run of non-starters by class.
-  for (size_t i = 0; i < units.size();) {
-    if (units[i].combining_class == 0) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < units.size() && units[j].combining_class != 0) ++j;
-    std::stable_sort(
-        units.begin() + static_cast<std::ptrdiff_t>(i),
-        units.begin() + static_cast<std::ptrdiff_t>(j),
-        [](const NormUnit& a, const NormUnit& b) { return a.combining_class < b.combining_class; });
-    i = j;
-  }
-  return units;
-}
-
-std::string encode_units(const std::vector<NormUnit>& units) {
-  std::string out;
-  for (const NormUnit& u : units) {
-    if (u.valid) {
-      append_utf8(out, u.code_point);
-    } else {
-      out.append(u.raw);
-    }
-  }
+  flush_run(s.size());
   return out;
 }
 
@@ -213,39 +131,12 @@ std::string to_valid_utf8_lossy(std::string_view bytes) {
 
 std::string nfd(std::string_view s) {
   if (below(s, 0xC3)) return std::string(s);  // all below U+00C0
-  return encode_units(decompose(s));
+  return normalize(s, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE));
 }
 
 std::string nfc(std::string_view s) {
   if (below(s, 0xCC)) return std::string(s);  // all below U+0300
-  std::vector<NormUnit> units = decompose(s);
-  // Canonical composition (Unicode §3.11): each character composes with the last
-  // starter unless a character between them blocks it.
-  std::vector<NormUnit> out;
-  out.reserve(units.size());
-  std::optional<size_t> starter;  // index in out of the last starter
-  for (const NormUnit& u : units) {
-    if (!u.valid) {
-      out.push_back(u);
-      starter.reset();
-      continue;
-    }
-    if (starter) {
-      const NormUnit& last = out.back();
-      const bool adjacent = *starter == out.size() - 1;
-      const bool blocked =
-          !adjacent && (last.combining_class == 0 || last.combining_class >= u.combining_class);
-      if (!blocked) {
-        if (std::optional<char32_t> c = compose_pair(out[*starter].code_point, u.code_point)) {
-          out[*starter].code_point = *c;
-          continue;
-        }
-      }
-    }
-    out.push_back(u);
-    if (u.combining_class == 0) starter = out.size() - 1;
-  }
-  return encode_units(out);
+  return normalize(s, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
 }
 
 bool is_whitespace(char32_t c) {
