@@ -4,7 +4,8 @@
 # Installs nothing that is already there. Run as root (or with sudo available).
 set -euo pipefail
 
-debs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev)
+debs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
+      libcpp-httplib-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

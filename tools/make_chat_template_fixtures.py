@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/chat_templates/*.json: chat templates rendered by Python
 jinja2 configured as Hugging Face transformers configures it, for
-tests/model/chat_template_test.cpp.
+tests/text/chat_template_test.cpp.
 
 Usage: python3 tools/make_chat_template_fixtures.py [--shared /work/shared]
 

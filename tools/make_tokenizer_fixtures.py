@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/tokenizer/<name>.json: reference encodings and decodings
-of a varied corpus by Hugging Face `tokenizers`, for tests/model/tokenizer_test.cpp.
+of a varied corpus by Hugging Face `tokenizers`, for tests/text/tokenizer_test.cpp.
 
 Usage: python3 tools/make_tokenizer_fixtures.py [--shared /work/shared]
 

@@ -19,7 +19,7 @@ echo "== ASan + UBSan: core, model, cpu and tools suites"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCELLM_SANITIZE=address >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L 'core|model|cpu|tools'
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L 'core|model|text|cpu|tools'
 
 echo "== TSan: core suite"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCELLM_SANITIZE=thread >/dev/null

@@ -2,7 +2,7 @@
 // template, the Jinja `chat_template` of tokenizer_config.json (or the
 // chat_template.jinja file beside it), the way Hugging Face transformers does:
 // jinja2 with trim_blocks and lstrip_blocks, loop controls, raise_exception and
-// strftime_now. src/model/jinja_*.{h,cpp} hold the interpreter; the supported
+// strftime_now. src/text/jinja_*.{h,cpp} hold the interpreter; the supported
 // Jinja subset is listed in jinja_parser.h.
 //
 // Rendering is bounded: at most 1 MiB of output, 100k loop iterations in all,

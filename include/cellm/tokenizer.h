@@ -48,7 +48,7 @@ class Tokenizer {
   // Whether `id` is an added token marked special (skipped by skip_special_tokens).
   bool is_special(Token id) const;
 
-  struct Impl;  // the parsed pipeline; defined in src/model/tokenizer_impl.h
+  struct Impl;  // the parsed pipeline; defined in src/text/tokenizer_impl.h
 
  private:
   friend class IncrementalDecoder;
@@ -80,7 +80,7 @@ class IncrementalDecoder {
   std::vector<Token> held_;
   // Decoded text held back because the decoder cuts it if nothing follows.
   std::string held_text_;
-  bool at_first_token_ = true;  // see DecodeState in src/model/tokenizer_decoder.h
+  bool at_first_token_ = true;  // see DecodeState in src/text/tokenizer_decoder.h
   bool text_started_ = false;
 };
 

@@ -1,6 +1,7 @@
 // UTF-8 helpers for the tokenizer: decoding that never fails (invalid bytes come
 // back as marked units), lossy conversion like Rust's String::from_utf8_lossy,
-// canonical normalization (NFC, NFD) and the GPT-2 byte <-> character map.
+// canonical normalization (NFC, NFD, by utf8proc) and the GPT-2 byte <-> character
+// map.
 //
 // Invalid input is split into "maximal subparts" (Unicode §3.9, Table 3-7): the
 // longest prefix of a well-formed sequence, or one byte. Each becomes one unit.

@@ -12,7 +12,7 @@
 // include/import/extends, recursive loops, *args/**kwargs.
 //
 // Filter and test names are checked here, so an unknown one fails at parse
-// time as in jinja2. Nesting is bounded by Limits. Private to src/model.
+// time as in jinja2. Nesting is bounded by Limits. Private to src/text.
 #pragma once
 
 #include <string_view>

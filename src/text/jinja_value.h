@@ -8,7 +8,7 @@
 // destruction recurse over it).
 //
 // Errors inside the interpreter are TemplateError exceptions; they never leave
-// src/model (ChatTemplate turns them into a Status). Private to src/model.
+// src/text (ChatTemplate turns them into a Status). Private to src/text.
 #pragma once
 
 #include <cstdint>

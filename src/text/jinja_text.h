@@ -1,7 +1,7 @@
 // Python str operations over UTF-8 for the Jinja interpreter: indexing and
 // lengths in code points, strip/split/replace/splitlines with Python's
 // whitespace, and case mapping. Case mapping covers ASCII only (Python maps all
-// of Unicode). Invalid UTF-8 bytes count as one code point each. Private to src/model.
+// of Unicode). Invalid UTF-8 bytes count as one code point each. Private to src/text.
 #pragma once
 
 #include <optional>

@@ -8,7 +8,7 @@
 // arithmetic or as objects is an error.
 // Errors are TemplateError with the line/column of the innermost expression or
 // statement; RaisedError (raise_exception) passes through unchanged. Limits
-// come from the Budget. Private to src/model.
+// come from the Budget. Private to src/text.
 #pragma once
 
 #include <string>

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model_test_files.h"
+#include "text_test_files.h"
 
 namespace cellm {
 namespace {

@@ -5,7 +5,7 @@
 // The Budget also owns the namespaces a render creates, and empties them when
 // the render ends: a namespace may hold itself ({% set ns.me = ns %}), and
 // emptying them frees such cycles.
-// A Budget belongs to one render on one thread. Private to src/model.
+// A Budget belongs to one render on one thread. Private to src/text.
 #pragma once
 
 #include <cstddef>

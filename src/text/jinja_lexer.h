@@ -7,7 +7,7 @@
 // Whitespace control: "{%-"/"{{-"/"{#-" strip all whitespace before the tag,
 // "-%}"/"-}}"/"-#}" all whitespace after; "{%+" keeps the indentation that
 // lstrip_blocks would remove, "+%}" keeps the newline trim_blocks would remove.
-// Private to src/model.
+// Private to src/text.
 #pragma once
 
 #include <string>

@@ -2,7 +2,7 @@
 // filters, tests, attribute and item access (including Python's str and dict
 // methods), slicing, iteration, and the global functions (range, namespace,
 // dict, raise_exception, strftime_now). All of it throws TemplateError on
-// misuse, with Python's wording where practical. Private to src/model.
+// misuse, with Python's wording where practical. Private to src/text.
 #pragma once
 
 #include <ctime>

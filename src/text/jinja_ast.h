@@ -1,6 +1,6 @@
 // The syntax tree of a parsed Jinja template: expressions and statements, each
 // with the position it came from. Built by jinja_parser.cpp, walked by
-// jinja_eval.cpp; immutable after parsing. Private to src/model.
+// jinja_eval.cpp; immutable after parsing. Private to src/text.
 #pragma once
 
 #include <memory>
