@@ -195,13 +195,17 @@ cmd_deps() {
   mkdir -p .deps/include .deps/lib/x86_64-linux-gnu/cmake .deps/lib/x86_64-linux-gnu/pkgconfig \
     .deps/share/cmake
   cp -r /usr/include/nlohmann /usr/include/gtest /usr/include/gmock /usr/include/pcre2.h \
-    .deps/include/
-  cp $lib/libgtest*.a $lib/libgmock*.a $lib/libpcre2-8.a .deps/lib/x86_64-linux-gnu/
+    /usr/include/utf8proc.h .deps/include/
+  cp $lib/libgtest*.a $lib/libgmock*.a $lib/libpcre2-8.a $lib/libutf8proc.a \
+    .deps/lib/x86_64-linux-gnu/
   cp -r $lib/cmake/GTest .deps/lib/x86_64-linux-gnu/cmake/
   cp -r /usr/share/cmake/nlohmann_json .deps/share/cmake/
   # shellcheck disable=SC2016 # ${pcfiledir} is pkg-config's, not the shell's
-  sed 's|^prefix=/usr|prefix=${pcfiledir}/../../..|' $lib/pkgconfig/libpcre2-8.pc \
-    >.deps/lib/x86_64-linux-gnu/pkgconfig/libpcre2-8.pc
+  local pc
+  for pc in libpcre2-8 libutf8proc; do
+    sed 's|^prefix=/usr|prefix=${pcfiledir}/../../..|' "$lib/pkgconfig/$pc.pc" \
+      >".deps/lib/x86_64-linux-gnu/pkgconfig/$pc.pc"
+  done
   local exclude
   exclude=$(git rev-parse --git-path info/exclude)
   mkdir -p "$(dirname "$exclude")"
