@@ -28,9 +28,10 @@
 #include <thread>
 
 #include "args.h"
+#include "cellm/engine.h"
 #include "cellm/runner.h"
+#include "cli.h"
 #include "commands.h"
-#include "engine_setup.h"
 #include "serve_admission.h"
 #include "serve_connection.h"
 #include "serve_endpoints.h"
@@ -102,9 +103,7 @@ Result<Flags> read_flags(const Args& args) {
     CELLM_ASSIGN_OR_RETURN(int64_t t, args.get_int("max-session-tokens", 1024, 2, 1 << 24));
     f.max_session_tokens = static_cast<int32_t>(t);
   }
-  CELLM_ASSIGN_OR_RETURN(
-      f.executor,
-      parse_executor_kind(args.get("executor").value_or(to_string(default_executor_kind()))));
+  CELLM_ASSIGN_OR_RETURN(f.executor, parse_executor_flag(args));
   f.host = args.get("host").value_or("127.0.0.1");
   f.port = static_cast<int>(port);
   f.max_sessions = static_cast<int32_t>(max_sessions);
@@ -118,15 +117,9 @@ Result<Flags> read_flags(const Args& args) {
     if (key->empty()) return InvalidArgument("--api-key must not be empty");
     f.api_key = *key;
   }
-  if (auto m = args.get("model")) {
-    f.model_dir = *m;
-  } else if (auto d = find_default_model()) {
-    f.model_dir = *d;
-  } else {
-    return NotFound(
-        "no --model given and the bundled model models/kjv-small was not found (run from the "
-        "repository root)");
-  }
+  ModelSource source;
+  source.path = args.get("model").value_or("");
+  CELLM_ASSIGN_OR_RETURN(f.model_dir, resolve_model_folder(source));
   return f;
 }
 
@@ -186,29 +179,30 @@ int run_serve(int argc, const char* const* argv) {
   ::signal(SIGPIPE, SIG_IGN);
   SignalWaiter signals;
 
-  Result<LoadedModel> model = load_model_dir(flags.model_dir, /*with_tokenizer=*/true);
+  EngineOptions options;
+  options.model.path = flags.model_dir;
+  options.executor = flags.executor;
+  Result<std::shared_ptr<const LoadedModel>> model =
+      load_model(options.model, /*with_tokenizer=*/true);
   if (!model.ok()) return fail(cmd, model.status());
-  const ModelConfig& config = model->weights->config();
+  const ModelConfig& config = (*model)->weights->config();
 
-  EngineLimits limits;
+  ExecutorLimits& limits = options.limits;
   limits.max_session_tokens = flags.max_session_tokens.value_or(
       std::min<int32_t>(1024, static_cast<int32_t>(config.max_position_embeddings())));
   const int64_t executor_sessions = 2 * int64_t{flags.max_sessions} + int64_t{flags.prefix_entries};
   limits.max_sessions = static_cast<int32_t>(executor_sessions);
   limits.step_width = std::min(flags.step_width, limits.max_session_tokens);
-  limits.num_threads = flags.threads;
-  limits.cuda_graphs = flags.cuda_graphs;
-  limits.overlap_decode = flags.overlap_decode;
-  Result<std::unique_ptr<Executor>> executor =
-      make_executor(flags.executor, model->weights, limits);
-  if (!executor.ok()) return fail(cmd, executor.status());
-  Result<std::unique_ptr<Scheduler>> scheduler = make_scheduler(limits);
-  if (!scheduler.ok()) return fail(cmd, scheduler.status());
-
-  Runner runner(**executor, std::move(*scheduler));
+  options.cpu.num_threads = flags.threads;
+  options.cuda.cuda_graph_for_decode = flags.cuda_graphs;
+  options.cuda.overlap_decode = flags.overlap_decode;
+  Result<Engine> engine_or = Engine::create(*model, options);
+  if (!engine_or.ok()) return fail(cmd, engine_or.status());
+  Runner& runner = engine_or->runner();
+  const Tokenizer& tokenizer = *engine_or->tokenizer();
   ServeMetrics metrics;
   Admission admission(flags.max_sessions, flags.max_queued);
-  auto engine = std::make_unique<ServeEngine>(runner, *model->tokenizer,
+  auto engine = std::make_unique<ServeEngine>(runner, tokenizer,
                                               static_cast<size_t>(flags.prefix_entries), metrics);
 
   ServeContext ctx;
@@ -222,7 +216,7 @@ int run_serve(int argc, const char* const* argv) {
   ctx.limits.max_session_tokens = limits.max_session_tokens;
   ctx.limits.vocab_size = static_cast<int32_t>(config.vocab_size());
   ctx.api_key = flags.api_key;
-  ctx.tokenizer = *model->tokenizer;
+  ctx.tokenizer = tokenizer;
   ctx.engine = engine.get();
   ctx.admission = &admission;
   ctx.metrics = &metrics;
@@ -286,7 +280,8 @@ int run_serve(int argc, const char* const* argv) {
   svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_completions(ctx, req, res);
   });
-  const std::shared_ptr<const ChatEndpoint> chat = load_chat_endpoint(flags.model_dir);
+  const std::shared_ptr<const ChatEndpoint> chat =
+      make_chat_endpoint(engine_or->chat_template(), engine_or->chat_template_status());
   if (const Status& s = chat_template_status(*chat); !s.ok()) {
     std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",
                  s.message().c_str());
@@ -353,7 +348,7 @@ int run_serve(int argc, const char* const* argv) {
   std::fprintf(stderr,
                "cellm serve: model %s (%s executor, %d sessions x %d tokens, %d generation "
                "slots, prefix cache %d), listening on http://%s:%d\n",
-               ctx.model_id.c_str(), to_string(flags.executor), limits.max_sessions,
+               ctx.model_id.c_str(), to_string(engine_or->executor_kind()), limits.max_sessions,
                limits.max_session_tokens, flags.max_sessions, flags.prefix_entries,
                flags.host.c_str(), port);
   const bool listened = svr.listen_after_bind();

@@ -19,8 +19,11 @@ struct ChatEndpoint {
   Result<ChatTemplate> chat_template;
 };
 
-std::shared_ptr<const ChatEndpoint> load_chat_endpoint(const std::string& model_dir) {
-  return std::make_shared<const ChatEndpoint>(ChatEndpoint{ChatTemplate::load(model_dir)});
+std::shared_ptr<const ChatEndpoint> make_chat_endpoint(const ChatTemplate* chat_template,
+                                                       const Status& status) {
+  return std::make_shared<const ChatEndpoint>(
+      ChatEndpoint{chat_template != nullptr ? Result<ChatTemplate>(*chat_template)
+                                            : Result<ChatTemplate>(status)});
 }
 
 const Status& chat_template_status(const ChatEndpoint& endpoint) {
