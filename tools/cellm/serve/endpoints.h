@@ -1,4 +1,4 @@
-// The endpoint handlers of `cellm serve`, one file each; serve.cpp routes to them.
+// The endpoint handlers of `cellm serve`, one file each; command.cpp routes to them.
 #pragma once
 
 #include <httplib.h>
@@ -9,11 +9,11 @@
 #include "cellm/chat_template.h"
 #include "cellm/status.h"
 
-#include "serve_http.h"
+#include "serve/http.h"
 
 namespace cellm::cli {
 
-// POST /v1/completions (serve_completions.cpp).
+// POST /v1/completions (completions.cpp).
 void handle_completions(const ServeContext& ctx, const httplib::Request& req,
                         httplib::Response& res);
 
@@ -25,7 +25,7 @@ std::shared_ptr<const ChatEndpoint> make_chat_endpoint(const ChatTemplate* chat_
                                                        const Status& status);
 const Status& chat_template_status(const ChatEndpoint& endpoint);
 
-// POST /v1/chat/completions (serve_chat.cpp).
+// POST /v1/chat/completions (chat.cpp).
 void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const httplib::Request& req,
                  httplib::Response& res);
 

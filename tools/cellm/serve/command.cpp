@@ -13,7 +13,7 @@
 // Threads. cpp-httplib serves each connection on a worker of a fixed pool
 // (max_sessions + max_queued_requests + 64: running, waiting, plus room for
 // refusals, /metrics and idle keep-alive connections). Handlers block on their
-// own job; runner callbacks only queue events (serve_job.h).
+// own job; runner callbacks only queue events (cellm/serve.h).
 //
 // Shutdown. SIGINT/SIGTERM: admission closes (waiters get 503), every running
 // generation is cancelled, the listener stops and in-flight answers finish,
@@ -30,14 +30,12 @@
 #include "args.h"
 #include "cellm/engine.h"
 #include "cellm/runner.h"
+#include "cellm/serve.h"
 #include "cli.h"
 #include "commands.h"
-#include "serve_admission.h"
-#include "serve_connection.h"
-#include "serve_endpoints.h"
-#include "serve_http.h"
-#include "serve_job.h"
-#include "serve_metrics.h"
+#include "serve/connection.h"
+#include "serve/endpoints.h"
+#include "serve/http.h"
 
 namespace cellm::cli {
 namespace {
