@@ -194,14 +194,14 @@ int run_serve(int argc, const char* const* argv) {
   options.cpu.num_threads = flags.threads;
   options.cuda.cuda_graph_for_decode = flags.cuda_graphs;
   options.cuda.overlap_decode = flags.overlap_decode;
-  Result<Engine> engine_or = Engine::create(*model, options);
-  if (!engine_or.ok()) return fail(cmd, engine_or.status());
-  Runner& runner = engine_or->runner();
-  const Tokenizer& tokenizer = *engine_or->tokenizer();
+  Result<Engine> engine = Engine::create(*model, options);
+  if (!engine.ok()) return fail(cmd, engine.status());
+  Runner& runner = engine->runner();
+  const Tokenizer& tokenizer = *engine->tokenizer();
   ServeMetrics metrics;
   Admission admission(flags.max_sessions, flags.max_queued);
-  auto engine = std::make_unique<ServeEngine>(runner, tokenizer,
-                                              static_cast<size_t>(flags.prefix_entries), metrics);
+  auto serving = std::make_unique<ServeEngine>(runner, tokenizer,
+                                               static_cast<size_t>(flags.prefix_entries), metrics);
 
   ServeContext ctx;
   ctx.model_dir = flags.model_dir;
@@ -215,7 +215,7 @@ int run_serve(int argc, const char* const* argv) {
   ctx.limits.vocab_size = static_cast<int32_t>(config.vocab_size());
   ctx.api_key = flags.api_key;
   ctx.tokenizer = tokenizer;
-  ctx.engine = engine.get();
+  ctx.engine = serving.get();
   ctx.admission = &admission;
   ctx.metrics = &metrics;
 
@@ -279,7 +279,7 @@ int run_serve(int argc, const char* const* argv) {
     handle_completions(ctx, req, res);
   });
   const std::shared_ptr<const ChatEndpoint> chat =
-      make_chat_endpoint(engine_or->chat_template(), engine_or->chat_template_status());
+      make_chat_endpoint(engine->chat_template(), engine->chat_template_status());
   if (const Status& s = chat_template_status(*chat); !s.ok()) {
     std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",
                  s.message().c_str());
@@ -319,7 +319,7 @@ int run_serve(int argc, const char* const* argv) {
     g.kv = runner.kv_metrics();
     g.engine = runner.metrics();
     g.queued_tasks = static_cast<int64_t>(runner.queued_tasks());
-    engine->prefix_stats(g);
+    serving->prefix_stats(g);
     res.set_content(metrics.render(g), "text/plain; version=0.0.4");
   });
 
@@ -340,18 +340,18 @@ int run_serve(int argc, const char* const* argv) {
     std::fprintf(stderr, "cellm serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     stopping.store(true);
     admission.close();
-    engine->cancel_all();
+    serving->cancel_all();
     svr.stop();
   });
   std::fprintf(stderr,
                "cellm serve: model %s (%s executor, %d sessions x %d tokens, %d generation "
                "slots, prefix cache %d), listening on http://%s:%d\n",
-               ctx.model_id.c_str(), to_string(engine_or->executor_kind()), limits.max_sessions,
+               ctx.model_id.c_str(), to_string(engine->executor_kind()), limits.max_sessions,
                limits.max_session_tokens, flags.max_sessions, flags.prefix_entries,
                flags.host.c_str(), port);
   const bool listened = svr.listen_after_bind();
   signals.join();
-  engine.reset();  // releases the prefix cache's snapshots
+  serving.reset();  // releases the prefix cache's snapshots
   runner.shutdown();
   std::fprintf(stderr, "cellm serve: stopped\n");
   return listened || stopping.load() ? 0 : 1;
