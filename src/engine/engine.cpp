@@ -1,7 +1,9 @@
+// Engine (engine.h): the executor chosen by availability, created from the one function
+// that wires the engine's options into it, the scheduler sized from the limits, and the
+// reports tools print.
 #include "cellm/engine.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <utility>
 
 #include "cellm/decode_first_scheduler.h"

@@ -1,3 +1,5 @@
+// DevicePowerProbe (engine.h): GpuPowerSampler behind a type every build links, so a
+// benchmark reads clocks without knowing whether this build has CUDA.
 #include <memory>
 #include <utility>
 
