@@ -40,13 +40,12 @@ namespace cellm::serve {
 // The server has `max_sessions` session slots for generations (a request with
 // n choices takes n). A request that cannot take its slots at once waits in a
 // FIFO queue of at most `max_queued` requests; one more is refused at once (the
-// caller answers 429). Slots are handed out strictly in arrival order, so a
-// request wanting several slots is never starved by later single ones.
-// A Ticket (move-only) gives its slots back when destroyed. close() refuses
-// every waiting and later request (shutdown).
+// caller refuses the request: HTTP 429 in `cellm serve`). Slots are handed out strictly in arrival
+// order, so a request wanting several slots is never starved by later single ones. A Ticket
+// (move-only) gives its slots back when destroyed. close() refuses every waiting and later request
+// (shutdown).
 //
 // Thread-safe.
-
 class Admission {
  public:
   class Ticket {
@@ -196,7 +195,7 @@ struct JobSpec {
   std::vector<Token> prompt;       // non-empty, fits a session with max_tokens
   int32_t max_tokens = 16;         // per choice
   SamplingParams sampling;         // num_logprobs set when logprobs were asked for
-  std::vector<Token> stop_tokens;  // EOS unless ignore_eos
+  std::vector<Token> stop_tokens;  // e.g. the tokenizer's EOS ids
   std::optional<uint64_t> seed;    // choice i: seed + i
   int32_t n = 1;
   std::vector<std::string> stop;  // stop strings
