@@ -1,11 +1,11 @@
-#include "stop_matcher.h"
+#include "serve/stop_matcher.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-namespace cellm::cli {
+namespace cellm::serve {
 namespace {
 
 // Feeds `pieces` and returns everything the matcher let through, finish() included.
@@ -94,4 +94,4 @@ TEST(StopMatcherTest, MultiByteCharactersAreNeverSplit) {
 }
 
 }  // namespace
-}  // namespace cellm::cli
+}  // namespace cellm::serve

@@ -32,15 +32,16 @@
 #include <vector>
 
 #include "args.h"
+#include "cellm/engine.h"
 #include "cellm/gpu_power.h"
 #include "cellm/runner.h"
+#include "cli.h"
 #include "commands.h"
-#include "engine_setup.h"
 
 namespace cellm::cli {
 namespace {
 
-// The flags: the model and the rows, the sampling flags (engine_setup.h), then the rest.
+// The flags: the model and the rows, the sampling flags (cli.h), then the rest.
 const std::vector<FlagSpec> kFlags = [] {
   std::vector<FlagSpec> flags = {
       {"model", "DIR", "Hugging Face model folder"},
@@ -120,33 +121,20 @@ class PowerProbe {
     if (kind != ExecutorKind::kCuda) {
       return InvalidArgument("--clocks reads a CUDA device's clock: give --executor cuda");
     }
-#ifdef CELLM_HAVE_CUDA
-    CELLM_ASSIGN_OR_RETURN(std::unique_ptr<GpuPowerSampler> sampler,
-                           GpuPowerSampler::create(/*cuda_device=*/0, /*period_ms=*/20));
+    if (!Engine::has_cuda_executor()) {
+      return NotSupported("--clocks needs cellm built with its CUDA executor");
+    }
+    CELLM_ASSIGN_OR_RETURN(std::unique_ptr<DevicePowerProbe> device,
+                           DevicePowerProbe::create(/*device=*/0, /*period_ms=*/20));
     auto probe = std::make_unique<PowerProbe>();
-    probe->sampler_ = std::move(sampler);
+    probe->device_ = std::move(device);
     return probe;
-#else
-    return NotSupported("--clocks needs cellm built with its CUDA executor");
-#endif
   }
-  void start() {
-#ifdef CELLM_HAVE_CUDA
-    sampler_->start();
-#endif
-  }
-  GpuPowerSummary stop() {
-#ifdef CELLM_HAVE_CUDA
-    return sampler_->stop();
-#else
-    return {};
-#endif
-  }
+  void start() { device_->start(); }
+  GpuPowerSummary stop() { return device_->stop(); }
 
  private:
-#ifdef CELLM_HAVE_CUDA
-  std::unique_ptr<GpuPowerSampler> sampler_;
-#endif
+  std::unique_ptr<DevicePowerProbe> device_;
 };
 
 // One row of the serving load (--requests).
@@ -188,24 +176,24 @@ double weight_bytes_per_step(const ModelWeights& w) {
   return bytes;
 }
 
-// Sizes an executor for `b` sessions of up to `tokens` positions each.
-EngineLimits limits_for(EngineLimits limits, int64_t b, int64_t tokens) {
+// Sizes an engine for `b` sessions of up to `tokens` positions each.
+EngineOptions options_for(EngineOptions options, int64_t b, int64_t tokens) {
+  ExecutorLimits& limits = options.limits;
   limits.max_sessions = static_cast<int32_t>(b);
   limits.max_session_tokens = static_cast<int32_t>(tokens);
   // A forward never needs more cells than the pool has.
   limits.step_width = static_cast<int32_t>(std::min<int64_t>(
       limits.step_width, int64_t{limits.max_sessions} * limits.max_session_tokens));
-  return limits;
+  return options;
 }
 
-Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits limits, int64_t pp,
-                      int64_t tg, int64_t b, uint64_t seed, const SamplingParams& sampling,
-                      std::optional<double> peak_gbs, PowerProbe* power) {
-  limits = limits_for(limits, b, pp + tg + 2);
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor,
-                         make_executor(kind, model.weights, limits));
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(limits));
-  Runner runner(*executor, std::move(scheduler));
+Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const EngineOptions& options,
+                      int64_t pp, int64_t tg, int64_t b, uint64_t seed,
+                      const SamplingParams& sampling, std::optional<double> peak_gbs,
+                      PowerProbe* power) {
+  CELLM_ASSIGN_OR_RETURN(Engine engine,
+                         Engine::create(model, options_for(options, b, pp + tg + 2)));
+  Runner& runner = engine.runner();
   std::vector<Session> sessions;
   for (int64_t i = 0; i < b; ++i) {
     std::optional<Session> s = runner.open_session_async().get();
@@ -213,7 +201,7 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
     sessions.push_back(std::move(*s));
   }
   std::mt19937_64 rng(seed);
-  const int64_t vocab = model.weights->config().vocab_size();
+  const int64_t vocab = model->weights->config().vocab_size();
   std::uniform_int_distribution<Token> pick(0, static_cast<Token>(vocab - 1));
   std::vector<std::vector<Token>> prompts(static_cast<size_t>(b)), nexts(static_cast<size_t>(b));
   for (int64_t i = 0; i < b; ++i) {
@@ -231,7 +219,7 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
   row.t_tg = run_phase(sessions, nexts, config, seed, error);
   if (power != nullptr) row.power = power->stop();
   if (!error.empty()) return Internal("a generation failed: " + error);
-  row.steps = step_time_report(*executor);
+  row.steps = engine.step_time_report();
   if (peak_gbs) {
     // The floor of the TG phase: TG steps, each reading the weights once and
     // every session's KV (mean context ~ PP + TG/2).
@@ -239,7 +227,7 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
     const double kv_bytes = static_cast<double>(b) * (static_cast<double>(pp) + tg / 2.0) *
                             static_cast<double>(kv.bytes_per_cell);
     const double floor_s = static_cast<double>(tg) *
-                           (weight_bytes_per_step(*model.weights) + kv_bytes) / (*peak_gbs * 1e9);
+                           (weight_bytes_per_step(*model->weights) + kv_bytes) / (*peak_gbs * 1e9);
     row.floor_fraction = floor_s / row.t_tg;
   }
   runner.shutdown();
@@ -249,18 +237,16 @@ Result<Row> bench_one(const LoadedModel& model, ExecutorKind kind, EngineLimits 
 // The serving load: `b` client threads take requests from one counter until `requests`
 // have run. Request i's prompt and length come from an rng seeded with (seed, i), so a
 // row is the same work whatever the order the clients take them in.
-Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const EngineLimits& limits,
-                         int64_t pp, int64_t tg, int64_t b, int64_t requests, uint64_t seed,
-                         const SamplingParams& sampling) {
+Result<LoadRow> load_one(const std::shared_ptr<const LoadedModel>& model,
+                         const EngineOptions& options, int64_t pp, int64_t tg, int64_t b,
+                         int64_t requests, uint64_t seed, const SamplingParams& sampling) {
   const int64_t tg_min = std::max<int64_t>(1, tg / 2), tg_max = tg + tg / 2;
   // The executor and the scheduler both sized for b sessions (the scheduler decodes up to
   // max_sessions a step).
-  const EngineLimits row_limits = limits_for(limits, b, pp + tg_max + 2);
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor,
-                         make_executor(kind, model.weights, row_limits));
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(row_limits));
-  Runner runner(*executor, std::move(scheduler));
-  const int64_t vocab = model.weights->config().vocab_size();
+  CELLM_ASSIGN_OR_RETURN(Engine engine,
+                         Engine::create(model, options_for(options, b, pp + tg_max + 2)));
+  Runner& runner = engine.runner();
+  const int64_t vocab = model->weights->config().vocab_size();
   LoadRow row{pp, tg, b, requests, 0, 0, 0, {}, {}, {}, std::nullopt, sampling};
   std::atomic<int64_t> next{0};
   std::mutex mu;  // guards row's counts, its per-request times and error
@@ -305,7 +291,7 @@ Result<LoadRow> load_one(const LoadedModel& model, ExecutorKind kind, const Engi
   row.t = static_cast<double>(now_us() - t0) / 1e6;
   if (!error.empty()) return Internal("a request failed: " + error);
   row.engine = runner.metrics();
-  row.steps = step_time_report(*executor);
+  row.steps = engine.step_time_report();
   runner.shutdown();
   return row;
 }
@@ -477,6 +463,25 @@ void print_json(const Row& r, const std::string& device) {
   std::fflush(stdout);
 }
 
+// The CUDA executor's options from the flags (the CPU executor ignores them).
+Status read_cuda_flags(const Args& args, CudaExecutorOptions& cuda) {
+  cuda.cuda_graph_for_decode = !args.has("no-cuda-graphs");
+  cuda.time_steps = args.has("step-times");
+  cuda.tune_gemm = !args.has("no-gemm-tuning");
+  cuda.overlap_decode = !args.has("no-overlap");
+  cuda.warm_prefill_gemms = !args.has("no-prefill-warm");
+  CudaTuning& tuning = cuda.tuning;  // the knobs that measure what a feature buys
+  tuning.programmatic_launch = !args.has("no-pdl");
+  tuning.attention_cluster_fold = !args.has("no-cluster-fold");
+  tuning.prefill_attention = !args.has("no-prefill-attention");
+  for (const auto& [option, choice] : {std::pair{"early-triggers", &tuning.early_triggers},
+                                       std::pair{"early-after-cublas", &tuning.early_after_cublas},
+                                       std::pair{"l2-prefetch", &tuning.l2_prefetch}}) {
+    CELLM_ASSIGN_OR_RETURN(*choice, parse_timed_choice(args.get(option).value_or("timed"), option));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 int run_bench(int argc, const char* const* argv) {
@@ -513,8 +518,7 @@ int run_bench(int argc, const char* const* argv) {
     if (*v <= 0) return fail(cmd, InvalidArgument("--peak-bandwidth must be positive"));
     peak_gbs = *v;
   }
-  Result<ExecutorKind> kind =
-      parse_executor_kind(args->get("executor").value_or(to_string(default_executor_kind())));
+  Result<ExecutorKind> kind = parse_executor_flag(*args);
   if (!kind.ok()) return fail(cmd, kind.status());
   std::unique_ptr<PowerProbe> power;
   if (args->has("clocks")) {
@@ -529,32 +533,23 @@ int run_bench(int argc, const char* const* argv) {
   if (args->has("model") == args->has("preset")) {
     return fail(cmd, InvalidArgument("give exactly one of --model DIR or --preset NAME"));
   }
-  Result<LoadedModel> model = args->has("model")
-                                  ? load_model_dir(*args->get("model"), /*with_tokenizer=*/false)
-                                  : load_preset(*args->get("preset"), static_cast<uint64_t>(*seed));
-  if (!model.ok()) return fail(cmd, model.status());
+  EngineOptions options;
+  options.executor = *kind;
+  options.load_tokenizer = false;
+  options.model.path = args->get("model").value_or("");
+  options.model.preset = args->get("preset").value_or("");
+  options.model.seed = static_cast<uint64_t>(*seed);
+  Result<std::shared_ptr<const LoadedModel>> model_or =
+      load_model(options.model, options.load_tokenizer);
+  if (!model_or.ok()) return fail(cmd, model_or.status());
+  const std::shared_ptr<const LoadedModel> model = *model_or;
 
-  EngineLimits limits;
-  limits.step_width = static_cast<int32_t>(*step_width);
-  limits.num_threads = static_cast<int32_t>(*threads);
-  limits.cuda_graphs = !args->has("no-cuda-graphs");
-  limits.time_steps = args->has("step-times");
-  limits.programmatic_launch = !args->has("no-pdl");
-  limits.tune_gemm = !args->has("no-gemm-tuning");
-  limits.overlap_decode = !args->has("no-overlap");
-  limits.warm_prefill_gemms = !args->has("no-prefill-warm");
-  limits.attention_cluster_fold = !args->has("no-cluster-fold");
-  limits.prefill_attention = !args->has("no-prefill-attention");
-  for (const auto& [option, choice] : {std::pair{"early-triggers", &limits.early_triggers},
-                                       std::pair{"early-after-cublas", &limits.early_after_cublas},
-                                       std::pair{"l2-prefetch", &limits.l2_prefetch}}) {
-    Result<TimedChoice> parsed = parse_timed_choice(args->get(option).value_or("timed"), option);
-    if (!parsed.ok()) return fail(cmd, parsed.status());
-    *choice = *parsed;
-  }
+  options.limits.step_width = static_cast<int32_t>(*step_width);
+  options.cpu.num_threads = static_cast<int32_t>(*threads);
+  if (Status s = read_cuda_flags(*args, options.cuda); !s.ok()) return fail(cmd, s);
   const bool json = args->has("json");
-  // Which GPU ran (several machines of one kind differ by a percent or so).
-  const std::string device = device_report(*kind);
+  // Which GPU ran (several devices of one kind differ by a percent or so).
+  const std::string device = Engine::describe_device(*kind);
   if (!json) {
     const ModelConfig& c = model->weights->config();
     std::printf(
@@ -565,7 +560,7 @@ int run_bench(int argc, const char* const* argv) {
         static_cast<long long>(c.num_kv_heads()), static_cast<long long>(c.intermediate_size()),
         static_cast<long long>(c.vocab_size()),
         static_cast<double>(model->weights->total_bytes()) / 1e9, to_string(*kind),
-        device.empty() ? "" : " on ", device.c_str(), limits.step_width,
+        device.empty() ? "" : " on ", device.c_str(), options.limits.step_width,
         describe_sampling(*sampling).c_str());
   }
   std::vector<std::string> startups;  // per executor: "B=b x.x s"
@@ -584,16 +579,16 @@ int run_bench(int argc, const char* const* argv) {
     startups.push_back(note);
   };
   // Warm-up: threads, page faults, allocator (and, on CUDA, the B = 1 GEMMs' tuning).
-  Result<Row> warm = bench_one(*model, *kind, limits, 8, 4, 1, 0, *sampling, std::nullopt, nullptr);
+  Result<Row> warm = bench_one(model, options, 8, 4, 1, 0, *sampling, std::nullopt, nullptr);
   if (!warm.ok()) return fail(cmd, warm.status());
   note_startup("warm-up ", 1, *warm);
-  const bool with_steps = limits.time_steps && *kind == ExecutorKind::kCuda;
+  const bool with_steps = options.cuda.time_steps && *kind == ExecutorKind::kCuda;
   if (*requests > 0) {
     if (!json) print_load_header(with_steps);
     for (int64_t pp : *npp) {
       for (int64_t tg : *ntg) {
         for (int64_t b : *npl) {
-          Result<LoadRow> row = load_one(*model, *kind, limits, pp, tg, b, *requests,
+          Result<LoadRow> row = load_one(model, options, pp, tg, b, *requests,
                                          static_cast<uint64_t>(*seed), *sampling);
           if (!row.ok()) return fail(cmd, row.status());
           if (json) {
@@ -611,7 +606,7 @@ int run_bench(int argc, const char* const* argv) {
   for (int64_t pp : *npp) {
     for (int64_t tg : *ntg) {
       for (int64_t b : *npl) {
-        Result<Row> row = bench_one(*model, *kind, limits, pp, tg, b, static_cast<uint64_t>(*seed),
+        Result<Row> row = bench_one(model, options, pp, tg, b, static_cast<uint64_t>(*seed),
                                     *sampling, peak_gbs, power.get());
         if (!row.ok()) return fail(cmd, row.status());
         note_startup("", b, *row);
@@ -631,7 +626,7 @@ int run_bench(int argc, const char* const* argv) {
         "%.0f W power limit\n",
         power_limit_w);
   }
-  if (limits.time_steps && !json) {
+  if (options.cuda.time_steps && !json) {
     if (!startups.empty()) {
       // Each row's executor captures its decode graphs at start; the first to meet a
       // GEMM shape times its kernels (later executors of the process adopt the choice).
@@ -641,7 +636,7 @@ int run_bench(int argc, const char* const* argv) {
       for (const std::string& s : startups) std::printf(" %s;", s.c_str());
       std::printf("\n");
     }
-    const std::vector<std::string> tuned = tuned_gemm_report();
+    const std::vector<std::string> tuned = Engine::tuned_gemm_report();
     if (!tuned.empty()) std::printf("\ntuned GEMMs:\n");
     for (const std::string& line : tuned) std::printf("  %s\n", line.c_str());
   }

@@ -9,16 +9,17 @@
 #include <sstream>
 
 #include "args.h"
+#include "cellm/engine.h"
 #include "cellm/runner.h"
 #include "cellm/sampler.h"
+#include "cli.h"
 #include "commands.h"
-#include "engine_setup.h"
 
 namespace cellm::cli {
 namespace {
 
 // The flags: the model and prompts, the sampling flags every generating command shares
-// (engine_setup.h), then the rest.
+// (cli.h), then the rest.
 const std::vector<FlagSpec> kFlags = [] {
   std::vector<FlagSpec> flags = {
       {"model", "DIR", "Hugging Face model folder (default: the bundled models/kjv-small)"},
@@ -209,31 +210,26 @@ int run_generate(int argc, const char* const* argv) {
   if (Status s = validate_sampling(sp); !s.ok()) return fail(cmd, s);
   gen.max_new_tokens = static_cast<int32_t>(*max_new);
   gen.seed = static_cast<uint64_t>(*seed);
-  Result<ExecutorKind> kind =
-      parse_executor_kind(args.get("executor").value_or(to_string(default_executor_kind())));
+  EngineOptions options;
+  Result<ExecutorKind> kind = parse_executor_flag(args);
   if (!kind.ok()) return fail(cmd, kind.status());
+  options.executor = *kind;
 
-  std::string model_dir;
-  if (auto m = args.get("model")) {
-    model_dir = *m;
-  } else if (auto d = find_default_model()) {
-    model_dir = *d;
-  } else {
-    return fail(cmd, NotFound("no --model given and the bundled model models/kjv-small was not "
-                              "found (run from the repository root)"));
-  }
-  Result<LoadedModel> model = load_model_dir(model_dir, /*with_tokenizer=*/true);
-  if (!model.ok()) return fail(cmd, model.status());
-  const Tokenizer& tok = *model->tokenizer;
+  options.model.path = args.get("model").value_or("");
+  Result<std::shared_ptr<const LoadedModel>> model_or =
+      load_model(options.model, /*with_tokenizer=*/true);
+  if (!model_or.ok()) return fail(cmd, model_or.status());
+  const LoadedModel& model = **model_or;
+  const Tokenizer& tok = *model.tokenizer;
   if (!args.has("ignore-eos")) gen.stop_tokens = tok.eos_ids();
 
-  Result<std::vector<Prompt>> prompts_or = collect_prompts(args, model->tokenizer);
+  Result<std::vector<Prompt>> prompts_or = collect_prompts(args, model.tokenizer);
   if (!prompts_or.ok()) return fail(cmd, prompts_or.status());
   const std::vector<Prompt>& prompts = *prompts_or;
 
-  EngineLimits limits;
+  ExecutorLimits& limits = options.limits;
   limits.max_session_tokens = static_cast<int32_t>(
-      std::min<int64_t>(*max_session_tokens, model->weights->config().max_position_embeddings()));
+      std::min<int64_t>(*max_session_tokens, model.weights->config().max_position_embeddings()));
   if (args.has("max-session-tokens"))
     limits.max_session_tokens = static_cast<int32_t>(*max_session_tokens);
   Result<int64_t> max_sessions = args.get_int(
@@ -242,8 +238,8 @@ int run_generate(int argc, const char* const* argv) {
   limits.max_sessions = static_cast<int32_t>(*max_sessions);
   limits.step_width =
       static_cast<int32_t>(std::min<int64_t>(*step_width, limits.max_session_tokens));
-  limits.num_threads = static_cast<int32_t>(*threads);
-  limits.cuda_graphs = !args.has("no-cuda-graphs");
+  options.cpu.num_threads = static_cast<int32_t>(*threads);
+  options.cuda.cuda_graph_for_decode = !args.has("no-cuda-graphs");
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t need = static_cast<int64_t>(prompts[i].tokens.size()) + gen.max_new_tokens;
     if (need > limits.max_session_tokens) {
@@ -255,22 +251,20 @@ int run_generate(int argc, const char* const* argv) {
                            std::to_string(limits.max_session_tokens) + " (--max-session-tokens)"));
     }
     for (Token t : prompts[i].tokens) {
-      if (t < 0 || t >= model->weights->config().vocab_size()) {
+      if (t < 0 || t >= model.weights->config().vocab_size()) {
         return fail(cmd,
                     InvalidArgument("prompt " + std::to_string(i) + " has token id " +
                                     std::to_string(t) + " outside the vocabulary [0, " +
-                                    std::to_string(model->weights->config().vocab_size()) + ")"));
+                                    std::to_string(model.weights->config().vocab_size()) + ")"));
       }
     }
   }
 
-  Result<std::unique_ptr<Executor>> executor = make_executor(*kind, model->weights, limits);
-  if (!executor.ok()) return fail(cmd, executor.status());
-  Result<std::unique_ptr<Scheduler>> scheduler = make_scheduler(limits);
-  if (!scheduler.ok()) return fail(cmd, scheduler.status());
+  Result<Engine> engine = Engine::create(*model_or, options);
+  if (!engine.ok()) return fail(cmd, engine.status());
 
   const int64_t t0 = now_us();
-  Runner runner(**executor, std::move(*scheduler));
+  Runner& runner = engine->runner();
   std::mutex out_mu, done_mu;
   std::condition_variable done_cv;
   std::vector<size_t> finished;  // guarded by done_mu
@@ -348,7 +342,8 @@ int run_generate(int argc, const char* const* argv) {
   std::fprintf(stderr,
                "cellm generate: %zu prompts, %lld tokens in %.2f s (%.1f tok/s), %s executor\n",
                prompts.size(), static_cast<long long>(generated), seconds,
-               seconds > 0 ? static_cast<double>(generated) / seconds : 0.0, to_string(*kind));
+               seconds > 0 ? static_cast<double>(generated) / seconds : 0.0,
+               to_string(engine->executor_kind()));
 
   if (auto path = args.get("report-json")) {
     nlohmann::json report;
@@ -372,14 +367,14 @@ int run_generate(int argc, const char* const* argv) {
       report["generations"].push_back(std::move(j));
     }
     report["timing"] = {
-        {"load_seconds", model->load_seconds},
+        {"load_seconds", model.load_seconds},
         {"generate_seconds", seconds},
         {"generated_tokens", generated},
         {"tokens_per_second", seconds > 0 ? static_cast<double>(generated) / seconds : 0.0}};
     report["engine"] = nlohmann::json::parse(to_json(runner.metrics()));
     report["kv"] = nlohmann::json::parse(to_json(runner.kv_metrics()));
-    report["config"] = {{"model", model->name},
-                        {"executor", to_string(*kind)},
+    report["config"] = {{"model", model.name},
+                        {"executor", to_string(engine->executor_kind())},
                         {"max_sessions", limits.max_sessions},
                         {"max_session_tokens", limits.max_session_tokens},
                         {"step_width", limits.step_width},

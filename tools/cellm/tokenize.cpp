@@ -3,9 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "args.h"
+#include "cellm/engine.h"
 #include "cellm/tokenizer.h"
 #include "commands.h"
-#include "engine_setup.h"
 
 namespace cellm::cli {
 namespace {
@@ -32,9 +32,11 @@ int run_tokenize(int argc, const char* const* argv) {
   if (!args.ok()) return fail(cmd, args.status());
   std::optional<std::string> text = args->get("text");
   if (!text) return fail(cmd, InvalidArgument("--text is required"));
-  std::optional<std::string> dir = args->get("model");
-  if (!dir) dir = find_default_model();
-  if (!dir) return fail(cmd, NotFound("no --model given and the bundled model was not found"));
+  // The tokenizer alone: the folder the engine would load (the bundled model by default).
+  ModelSource source;
+  source.path = args->get("model").value_or("");
+  Result<std::string> dir = resolve_model_folder(source);
+  if (!dir.ok()) return fail(cmd, dir.status());
   Result<Tokenizer> tok = Tokenizer::load(*dir);
   if (!tok.ok()) return fail(cmd, tok.status());
   const std::vector<Token> ids = tok->encode(*text, args->has("add-special"));

@@ -13,7 +13,7 @@
 // Threads. cpp-httplib serves each connection on a worker of a fixed pool
 // (max_sessions + max_queued_requests + 64: running, waiting, plus room for
 // refusals, /metrics and idle keep-alive connections). Handlers block on their
-// own job; runner callbacks only queue events (serve_job.h).
+// own job; runner callbacks only queue events (cellm/serve.h).
 //
 // Shutdown. SIGINT/SIGTERM: admission closes (waiters get 503), every running
 // generation is cancelled, the listener stops and in-flight answers finish,
@@ -28,15 +28,14 @@
 #include <thread>
 
 #include "args.h"
+#include "cellm/engine.h"
 #include "cellm/runner.h"
+#include "cellm/serve.h"
+#include "cli.h"
 #include "commands.h"
-#include "engine_setup.h"
-#include "serve_admission.h"
-#include "serve_connection.h"
-#include "serve_endpoints.h"
-#include "serve_http.h"
-#include "serve_job.h"
-#include "serve_metrics.h"
+#include "serve/connection.h"
+#include "serve/endpoints.h"
+#include "serve/http.h"
 
 namespace cellm::cli {
 namespace {
@@ -102,9 +101,7 @@ Result<Flags> read_flags(const Args& args) {
     CELLM_ASSIGN_OR_RETURN(int64_t t, args.get_int("max-session-tokens", 1024, 2, 1 << 24));
     f.max_session_tokens = static_cast<int32_t>(t);
   }
-  CELLM_ASSIGN_OR_RETURN(
-      f.executor,
-      parse_executor_kind(args.get("executor").value_or(to_string(default_executor_kind()))));
+  CELLM_ASSIGN_OR_RETURN(f.executor, parse_executor_flag(args));
   f.host = args.get("host").value_or("127.0.0.1");
   f.port = static_cast<int>(port);
   f.max_sessions = static_cast<int32_t>(max_sessions);
@@ -118,15 +115,9 @@ Result<Flags> read_flags(const Args& args) {
     if (key->empty()) return InvalidArgument("--api-key must not be empty");
     f.api_key = *key;
   }
-  if (auto m = args.get("model")) {
-    f.model_dir = *m;
-  } else if (auto d = find_default_model()) {
-    f.model_dir = *d;
-  } else {
-    return NotFound(
-        "no --model given and the bundled model models/kjv-small was not found (run from the "
-        "repository root)");
-  }
+  ModelSource source;
+  source.path = args.get("model").value_or("");
+  CELLM_ASSIGN_OR_RETURN(f.model_dir, resolve_model_folder(source));
   return f;
 }
 
@@ -186,30 +177,31 @@ int run_serve(int argc, const char* const* argv) {
   ::signal(SIGPIPE, SIG_IGN);
   SignalWaiter signals;
 
-  Result<LoadedModel> model = load_model_dir(flags.model_dir, /*with_tokenizer=*/true);
+  EngineOptions options;
+  options.model.path = flags.model_dir;
+  options.executor = flags.executor;
+  Result<std::shared_ptr<const LoadedModel>> model =
+      load_model(options.model, /*with_tokenizer=*/true);
   if (!model.ok()) return fail(cmd, model.status());
-  const ModelConfig& config = model->weights->config();
+  const ModelConfig& config = (*model)->weights->config();
 
-  EngineLimits limits;
+  ExecutorLimits& limits = options.limits;
   limits.max_session_tokens = flags.max_session_tokens.value_or(
       std::min<int32_t>(1024, static_cast<int32_t>(config.max_position_embeddings())));
   const int64_t executor_sessions = 2 * int64_t{flags.max_sessions} + int64_t{flags.prefix_entries};
   limits.max_sessions = static_cast<int32_t>(executor_sessions);
   limits.step_width = std::min(flags.step_width, limits.max_session_tokens);
-  limits.num_threads = flags.threads;
-  limits.cuda_graphs = flags.cuda_graphs;
-  limits.overlap_decode = flags.overlap_decode;
-  Result<std::unique_ptr<Executor>> executor =
-      make_executor(flags.executor, model->weights, limits);
-  if (!executor.ok()) return fail(cmd, executor.status());
-  Result<std::unique_ptr<Scheduler>> scheduler = make_scheduler(limits);
-  if (!scheduler.ok()) return fail(cmd, scheduler.status());
-
-  Runner runner(**executor, std::move(*scheduler));
+  options.cpu.num_threads = flags.threads;
+  options.cuda.cuda_graph_for_decode = flags.cuda_graphs;
+  options.cuda.overlap_decode = flags.overlap_decode;
+  Result<Engine> engine = Engine::create(*model, options);
+  if (!engine.ok()) return fail(cmd, engine.status());
+  Runner& runner = engine->runner();
+  const Tokenizer& tokenizer = *engine->tokenizer();
   ServeMetrics metrics;
   Admission admission(flags.max_sessions, flags.max_queued);
-  auto engine = std::make_unique<ServeEngine>(runner, *model->tokenizer,
-                                              static_cast<size_t>(flags.prefix_entries), metrics);
+  auto serving = std::make_unique<ServeEngine>(runner, tokenizer,
+                                               static_cast<size_t>(flags.prefix_entries), metrics);
 
   ServeContext ctx;
   ctx.model_dir = flags.model_dir;
@@ -222,8 +214,8 @@ int run_serve(int argc, const char* const* argv) {
   ctx.limits.max_session_tokens = limits.max_session_tokens;
   ctx.limits.vocab_size = static_cast<int32_t>(config.vocab_size());
   ctx.api_key = flags.api_key;
-  ctx.tokenizer = *model->tokenizer;
-  ctx.engine = engine.get();
+  ctx.tokenizer = tokenizer;
+  ctx.engine = serving.get();
   ctx.admission = &admission;
   ctx.metrics = &metrics;
 
@@ -286,7 +278,8 @@ int run_serve(int argc, const char* const* argv) {
   svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_completions(ctx, req, res);
   });
-  const std::shared_ptr<const ChatEndpoint> chat = load_chat_endpoint(flags.model_dir);
+  const std::shared_ptr<const ChatEndpoint> chat =
+      make_chat_endpoint(engine->chat_template(), engine->chat_template_status());
   if (const Status& s = chat_template_status(*chat); !s.ok()) {
     std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",
                  s.message().c_str());
@@ -326,7 +319,7 @@ int run_serve(int argc, const char* const* argv) {
     g.kv = runner.kv_metrics();
     g.engine = runner.metrics();
     g.queued_tasks = static_cast<int64_t>(runner.queued_tasks());
-    engine->prefix_stats(g);
+    serving->prefix_stats(g);
     res.set_content(metrics.render(g), "text/plain; version=0.0.4");
   });
 
@@ -347,18 +340,18 @@ int run_serve(int argc, const char* const* argv) {
     std::fprintf(stderr, "cellm serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     stopping.store(true);
     admission.close();
-    engine->cancel_all();
+    serving->cancel_all();
     svr.stop();
   });
   std::fprintf(stderr,
                "cellm serve: model %s (%s executor, %d sessions x %d tokens, %d generation "
                "slots, prefix cache %d), listening on http://%s:%d\n",
-               ctx.model_id.c_str(), to_string(flags.executor), limits.max_sessions,
+               ctx.model_id.c_str(), to_string(engine->executor_kind()), limits.max_sessions,
                limits.max_session_tokens, flags.max_sessions, flags.prefix_entries,
                flags.host.c_str(), port);
   const bool listened = svr.listen_after_bind();
   signals.join();
-  engine.reset();  // releases the prefix cache's snapshots
+  serving.reset();  // releases the prefix cache's snapshots
   runner.shutdown();
   std::fprintf(stderr, "cellm serve: stopped\n");
   return listened || stopping.load() ? 0 : 1;

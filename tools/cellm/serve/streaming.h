@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "serve_connection.h"
-#include "serve_job.h"
+#include "serve/connection.h"
+#include "serve/http.h"
 
 namespace cellm::cli {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cellm/types.h"
-#include "serve_error.h"
+#include "serve/api_error.h"
 
 namespace cellm::cli {
 

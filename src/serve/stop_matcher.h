@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-namespace cellm::cli {
+namespace cellm::serve {
 
 class StopMatcher {
  public:
@@ -42,4 +42,4 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace cellm::cli
+}  // namespace cellm::serve

@@ -1,8 +1,8 @@
-#include "stop_matcher.h"
+#include "serve/stop_matcher.h"
 
 #include <algorithm>
 
-namespace cellm::cli {
+namespace cellm::serve {
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) {
   for (std::string& s : stops) {
@@ -52,4 +52,4 @@ std::string StopMatcher::finish() {
   return out;
 }
 
-}  // namespace cellm::cli
+}  // namespace cellm::serve

@@ -1,4 +1,4 @@
-#include "serve_connection.h"
+#include "serve/connection.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

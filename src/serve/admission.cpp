@@ -1,11 +1,11 @@
-#include "serve_admission.h"
+#include "cellm/serve.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "cellm/status.h"
 
-namespace cellm::cli {
+namespace cellm::serve {
 
 Admission::Ticket::Ticket(Ticket&& other) noexcept
     : owner_(std::exchange(other.owner_, nullptr)), slots_(std::exchange(other.slots_, 0)) {}
@@ -85,4 +85,4 @@ int32_t Admission::requests_admitted() const {
   return admitted_;
 }
 
-}  // namespace cellm::cli
+}  // namespace cellm::serve

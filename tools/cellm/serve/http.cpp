@@ -1,4 +1,4 @@
-#include "serve_http.h"
+#include "serve/http.h"
 
 #include <chrono>
 #include <random>
@@ -65,10 +65,15 @@ ApiResult<std::shared_ptr<Job>> admit_and_start(const ServeContext& ctx, JobSpec
     }
     return ApiError{503, "the server is shutting down", "server_error", "", ""};
   }
-  ApiResult<std::unique_ptr<Job>> job = ctx.engine->start(
+  Result<std::unique_ptr<Job>> job = ctx.engine->start(
       std::move(spec), std::move(std::get<Admission::Ticket>(admitted)), t_arrival);
-  if (auto* e = std::get_if<ApiError>(&job)) return *e;
-  return std::shared_ptr<Job>(std::move(std::get<std::unique_ptr<Job>>(job)));
+  if (!job.ok()) {
+    // Shutting down (InvalidState) or no session to give: the server is unavailable.
+    const bool no_session = job.status().code() != StatusCode::kInvalidState;
+    return ApiError{503, job.status().message(), "server_error", "",
+                    no_session ? "no_session" : ""};
+  }
+  return std::shared_ptr<Job>(std::move(*job));
 }
 
 std::string make_id(const char* prefix) {

@@ -1,7 +1,7 @@
-#include "serve_streaming.h"
+#include "serve/streaming.h"
 
-#include "serve_error.h"
-#include "serve_http.h"
+#include "serve/api_error.h"
+#include "serve/http.h"
 
 namespace cellm::cli {
 

@@ -14,14 +14,23 @@
 #include <optional>
 #include <string>
 
+#include "cellm/serve.h"
 #include "cellm/tokenizer.h"
-#include "serve_admission.h"
-#include "serve_error.h"
-#include "serve_job.h"
-#include "serve_metrics.h"
-#include "serve_request.h"
+#include "serve/api_error.h"
+#include "serve/request.h"
 
 namespace cellm::cli {
+
+// The serving library's types, as the front end names them.
+using serve::Admission;
+using serve::ChoiceDelta;
+using serve::Job;
+using serve::JobSink;
+using serve::JobSpec;
+using serve::JobSummary;
+using serve::ServeEngine;
+using serve::ServeGauges;
+using serve::ServeMetrics;
 
 struct ServeContext {
   std::string model_id;   // what /v1/models lists and requests must name

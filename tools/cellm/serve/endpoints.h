@@ -1,4 +1,4 @@
-// The endpoint handlers of `cellm serve`, one file each; serve.cpp routes to them.
+// The endpoint handlers of `cellm serve`, one file each; command.cpp routes to them.
 #pragma once
 
 #include <httplib.h>
@@ -6,24 +6,26 @@
 #include <memory>
 #include <string>
 
+#include "cellm/chat_template.h"
 #include "cellm/status.h"
 
-#include "serve_http.h"
+#include "serve/http.h"
 
 namespace cellm::cli {
 
-// POST /v1/completions (serve_completions.cpp).
+// POST /v1/completions (completions.cpp).
 void handle_completions(const ServeContext& ctx, const httplib::Request& req,
                         httplib::Response& res);
 
 // The chat endpoint's state: the model's chat template, or why it has none.
 struct ChatEndpoint;
-// Loads model_dir's chat template once (a missing or broken one is kept as the
-// error each chat request then answers with 400).
-std::shared_ptr<const ChatEndpoint> load_chat_endpoint(const std::string& model_dir);
+// The model's chat template as the engine loaded it, or why it has none (kept as the error
+// each chat request then answers with 400).
+std::shared_ptr<const ChatEndpoint> make_chat_endpoint(const ChatTemplate* chat_template,
+                                                       const Status& status);
 const Status& chat_template_status(const ChatEndpoint& endpoint);
 
-// POST /v1/chat/completions (serve_chat.cpp).
+// POST /v1/chat/completions (chat.cpp).
 void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const httplib::Request& req,
                  httplib::Response& res);
 

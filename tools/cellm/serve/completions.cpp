@@ -4,11 +4,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "serve_connection.h"
-#include "serve_endpoints.h"
-#include "serve_http.h"
-#include "serve_request.h"
-#include "serve_streaming.h"
+#include "serve/connection.h"
+#include "serve/endpoints.h"
+#include "serve/http.h"
+#include "serve/request.h"
+#include "serve/streaming.h"
 
 namespace cellm::cli {
 namespace {

@@ -7,11 +7,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "serve_connection.h"
-#include "serve_endpoints.h"
-#include "serve_http.h"
-#include "serve_request.h"
-#include "serve_streaming.h"
+#include "serve/connection.h"
+#include "serve/endpoints.h"
+#include "serve/http.h"
+#include "serve/request.h"
+#include "serve/streaming.h"
 
 namespace cellm::cli {
 
@@ -19,8 +19,11 @@ struct ChatEndpoint {
   Result<ChatTemplate> chat_template;
 };
 
-std::shared_ptr<const ChatEndpoint> load_chat_endpoint(const std::string& model_dir) {
-  return std::make_shared<const ChatEndpoint>(ChatEndpoint{ChatTemplate::load(model_dir)});
+std::shared_ptr<const ChatEndpoint> make_chat_endpoint(const ChatTemplate* chat_template,
+                                                       const Status& status) {
+  return std::make_shared<const ChatEndpoint>(
+      ChatEndpoint{chat_template != nullptr ? Result<ChatTemplate>(*chat_template)
+                                            : Result<ChatTemplate>(status)});
 }
 
 const Status& chat_template_status(const ChatEndpoint& endpoint) {

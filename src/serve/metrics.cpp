@@ -1,9 +1,9 @@
-#include "serve_metrics.h"
+#include "cellm/serve.h"
 
 #include <algorithm>
 #include <cstdio>
 
-namespace cellm::cli {
+namespace cellm::serve {
 namespace {
 
 std::string number(double v) {
@@ -156,4 +156,4 @@ std::string ServeMetrics::render(const ServeGauges& g) const {
   return out;
 }
 
-}  // namespace cellm::cli
+}  // namespace cellm::serve

@@ -1,4 +1,4 @@
-#include "serve_request.h"
+#include "serve/request.h"
 
 #include <cmath>
 #include <limits>

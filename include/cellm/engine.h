@@ -1,0 +1,191 @@
+// Engine: the one way in. A model source and options become a loaded model (weights,
+// tokenizer, chat template), an executor chosen by what this build and machine have, and
+// a Runner driving it:
+//
+//   cellm::EngineOptions options;            // the bundled model, executor by availability
+//   cellm::Result<cellm::Engine> engine = cellm::Engine::create(options);
+//   cellm::Session s = *engine->runner().open_session_async().get();
+//
+// Loading reads config.json and the safetensors (and tokenizer.json and the chat template
+// when asked), then touches every weight page once so the first step does not pay for page
+// faults. The executor is the CPU one or, where this build has it and a device is present,
+// the CUDA one; callers never name an executor class or test for CUDA themselves.
+//
+// Thread-safety: an Engine is built and destroyed on one thread; its Runner is
+// thread-safe as documented in runner.h. The LoadedModel is immutable and may be shared
+// by several engines (one per benchmark row, each sized differently).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cellm/chat_template.h"
+#include "cellm/cpu_executor.h"
+#include "cellm/cuda_executor.h"
+#include "cellm/executor.h"
+#include "cellm/gpu_power.h"
+#include "cellm/model_config.h"
+#include "cellm/model_weights.h"
+#include "cellm/runner.h"
+#include "cellm/status.h"
+#include "cellm/tokenizer.h"
+
+namespace cellm {
+
+// Where the weights come from: a Hugging Face folder, the bundled default model, or random
+// weights with a preset's real shapes.
+struct ModelSource {
+  // A folder holding config.json and *.safetensors (and tokenizer.json). Empty with no
+  // preset: the bundled models/kjv-small, under the working directory or else under the
+  // source tree cellm was built from.
+  std::string path;
+  // A random-weight preset ("110m", "1b", "8b"; ModelConfig::preset) instead of a folder.
+  std::string preset;
+  uint64_t seed = 0;  // the preset weights' seed
+};
+
+// Which executor runs the model.
+enum class ExecutorKind {
+  kAuto,  // CUDA when this build has it and a device is present, else CPU
+  kCpu,
+  kCuda,
+};
+// "auto", "cpu" or "cuda".
+const char* to_string(ExecutorKind kind);
+
+// Loading progress: bytes of weights touched so far and in all. Empty: a one-line bar on
+// stderr when stderr is a terminal, nothing otherwise.
+using LoadProgress = std::function<void(size_t done_bytes, size_t total_bytes)>;
+
+// A loaded model. Immutable once loaded; shared by the engines built on it.
+struct LoadedModel {
+  std::string name;  // the folder as given, or "preset:<name>"
+  std::string dir;   // the folder; empty for a preset
+  std::shared_ptr<const ModelWeights> weights;
+  std::optional<Tokenizer> tokenizer;  // when asked for; never for a preset
+  // With the tokenizer: the folder's chat template (ChatTemplate::load), when it has a
+  // usable one; chat_template_status says why not otherwise (NotFound: none; InvalidProgram:
+  // it does not parse). A model without one still generates.
+  std::optional<ChatTemplate> chat_template;
+  Status chat_template_status = NotFound("no chat template was loaded");
+  double load_seconds = 0;  // wall time of the whole load
+};
+
+// The folder `source` names, or the bundled default when it names none. NotFound when the
+// default is not found; InvalidArgument for a preset (it has no folder).
+Result<std::string> resolve_model_folder(const ModelSource& source);
+
+// Loads `source`: the tokenizer first (with_tokenizer; a folder only), then the weights
+// (touching every page, reporting `progress`), then the chat template. Errors name the
+// file (ModelWeights::load, Tokenizer::load); a preset's unknown name is InvalidArgument.
+Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
+                                                      bool with_tokenizer,
+                                                      const LoadProgress& progress = {});
+
+struct EngineOptions {
+  ModelSource model;
+  bool load_tokenizer = true;  // ignored for presets, which have none
+  ExecutorKind executor = ExecutorKind::kAuto;
+  // The session geometry. The scheduler is sized from it: a budget of step_width tokens a
+  // step, up to min(max_sessions, step_width / 2) decodes, prefill chunks of the rest.
+  ExecutorLimits limits;
+  CpuExecutorOptions cpu;    // used when the CPU executor runs the model
+  CudaExecutorOptions cuda;  // used when the CUDA executor runs the model
+  LoadProgress load_progress;
+};
+
+// Batched decode steps so far and their time, from an executor that measures them (the
+// CUDA executor with time_steps).
+struct StepTimeReport {
+  int64_t decode_steps = 0;
+  double wall_ms = 0, device_ms = 0;  // summed over the steps
+  double startup_s = 0;  // initialize(): graph capture, GEMM tuning, prefill GEMMs' warm-up
+  std::vector<std::string> graph_notes;       // one per decode graph captured
+  int64_t ahead_used = 0, ahead_dropped = 0;  // decode steps queued ahead (overlap_decode)
+  int64_t warmed_prefill_kernels = 0;         // prefill GEMM kernels run at startup
+};
+
+class Engine {
+ public:
+  // Loads options.model, then builds the executor and the runner as below.
+  static Result<Engine> create(const EngineOptions& options);
+  // An engine over a model already loaded (options.model and load_tokenizer are not used):
+  // validates the executor options (the executor's create() errors, unchanged), creates
+  // the executor and a Runner over it. NotSupported for kCuda in a build without CUDA.
+  static Result<Engine> create(std::shared_ptr<const LoadedModel> model,
+                               const EngineOptions& options);
+
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  ~Engine();  // shuts the runner down, then frees the executor
+
+  Runner& runner() { return *runner_; }
+  const LoadedModel& model() const { return *model_; }
+  const std::shared_ptr<const LoadedModel>& shared_model() const { return model_; }
+  const ModelConfig& config() const { return model_->weights->config(); }
+  // nullptr when not loaded (presets, load_tokenizer off).
+  const Tokenizer* tokenizer() const;
+  // nullptr when the model has no usable chat template (chat_template_status says why).
+  const ChatTemplate* chat_template() const;
+  const Status& chat_template_status() const { return model_->chat_template_status; }
+
+  // The executor that runs the model: kCpu or kCuda, never kAuto.
+  ExecutorKind executor_kind() const { return kind_; }
+  // The geometry the executor was created with (after the executor's own adjustments).
+  const ExecutorLimits& limits() const { return limits_; }
+
+  // For logs. The device the executor runs on ("" for the CPU executor):
+  // describe_cuda_device's text.
+  std::string device_description() const;
+  // Decode steps and their time, when the executor measures them; nullopt otherwise.
+  std::optional<StepTimeReport> step_time_report() const;
+
+  // The device an executor of `kind` would run on, as device_description() says it ("" for
+  // the CPU executor), before any engine is built.
+  static std::string describe_device(ExecutorKind kind, int device = 0);
+  // The executor kAuto picks in this process.
+  static ExecutorKind default_executor_kind();
+  // One line per GEMM shape tuned so far in this process (describe_tuned_gemms); empty in
+  // a build without CUDA.
+  static std::vector<std::string> tuned_gemm_report();
+  // Whether this build has the CUDA executor.
+  static bool has_cuda_executor();
+
+ private:
+  Engine() = default;
+
+  std::shared_ptr<const LoadedModel> model_;
+  ExecutorKind kind_ = ExecutorKind::kCpu;
+  ExecutorLimits limits_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Runner> runner_;  // declared after executor_: destroyed first
+};
+
+// A CUDA device's clock and power through phases of work, for benchmark logs: a
+// GpuPowerSampler where this build has the CUDA executor. Not thread-safe: one caller
+// drives it.
+class DevicePowerProbe {
+ public:
+  // GpuPowerSampler::create(device, period_ms)'s errors; NotSupported in a build without
+  // CUDA.
+  static Result<std::unique_ptr<DevicePowerProbe>> create(int device, int period_ms);
+  ~DevicePowerProbe();
+  DevicePowerProbe(const DevicePowerProbe&) = delete;
+  DevicePowerProbe& operator=(const DevicePowerProbe&) = delete;
+
+  void start();            // GpuPowerSampler::start
+  GpuPowerSummary stop();  // GpuPowerSampler::stop
+
+  struct Impl;
+
+ private:
+  explicit DevicePowerProbe(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cellm

@@ -1,0 +1,131 @@
+// Loading a model for the engine: the folder (or the bundled default, or a preset), the
+// tokenizer and chat template beside the weights, and the pages of the weights touched
+// once with a progress bar.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "cellm/engine.h"
+
+namespace cellm {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A one-line bar on stderr: "loading weights [#####     ]  52% 1.2/2.3 GB".
+class ProgressBar {
+ public:
+  explicit ProgressBar(size_t total_bytes)
+      : total_(total_bytes), enabled_(isatty(STDERR_FILENO) != 0 && total_bytes > 0) {}
+  void update(size_t done) {
+    if (!enabled_) return;
+    const int pct =
+        static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total_));
+    if (pct == last_pct_) return;
+    last_pct_ = pct;
+    const int width = 30, filled = pct * width / 100;
+    std::fprintf(stderr, "\rloading weights [%s%s] %3d%% %.2f/%.2f GB",
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), ' ').c_str(), pct,
+                 static_cast<double>(done) / 1e9, static_cast<double>(total_) / 1e9);
+    std::fflush(stderr);
+  }
+  ~ProgressBar() {
+    if (enabled_) std::fprintf(stderr, "\n");
+  }
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
+
+ private:
+  size_t total_;
+  bool enabled_;
+  int last_pct_ = -1;
+};
+
+// Reads one byte per page of every weight so the pages are resident, reporting progress
+// to `progress` (or the stderr bar when it is empty).
+void touch_weights(const ModelWeights& weights, const LoadProgress& progress) {
+  const size_t total = weights.total_bytes();
+  std::optional<ProgressBar> bar;
+  if (!progress) bar.emplace(total);
+  const auto report = [&](size_t done) {
+    if (bar) {
+      bar->update(done);
+    } else {
+      progress(done, total);
+    }
+  };
+  size_t done = 0;
+  volatile unsigned char sink = 0;
+  constexpr size_t kPage = 4096;
+  for (const TensorView* t : weights.tensors()) {
+    const auto* bytes = static_cast<const unsigned char*>(t->data);
+    for (size_t off = 0; off < t->nbytes; off += kPage) {
+      sink = static_cast<unsigned char>(sink ^ bytes[off]);
+      if ((off & ((size_t{1} << 24) - 1)) == 0) report(done + off);
+    }
+    done += t->nbytes;
+    report(done);
+  }
+  (void)sink;
+}
+
+}  // namespace
+
+Result<std::string> resolve_model_folder(const ModelSource& source) {
+  namespace fs = std::filesystem;
+  if (!source.preset.empty()) {
+    return InvalidArgument("the preset '" + source.preset + "' has no model folder");
+  }
+  if (!source.path.empty()) return source.path;
+  for (const fs::path& p :
+       {fs::path("models/kjv-small"), fs::path(CELLM_SOURCE_DIR) / "models" / "kjv-small"}) {
+    std::error_code ec;
+    if (fs::exists(p / "config.json", ec)) return p.string();
+  }
+  return NotFound(
+      "no --model given and the bundled model models/kjv-small was not found (run from the "
+      "repository root)");
+}
+
+Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
+                                                      bool with_tokenizer,
+                                                      const LoadProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = std::make_shared<LoadedModel>();
+  if (!source.preset.empty()) {
+    if (!source.path.empty()) {
+      return InvalidArgument("give a model folder or a preset, not both");
+    }
+    CELLM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::preset(source.preset));
+    m->name = "preset:" + source.preset;
+    m->weights = std::make_shared<const ModelWeights>(
+        ModelWeights::random(config, DType::kBF16, source.seed));
+    m->load_seconds = seconds_since(t0);
+    return std::shared_ptr<const LoadedModel>(std::move(m));
+  }
+  CELLM_ASSIGN_OR_RETURN(m->dir, resolve_model_folder(source));
+  m->name = m->dir;
+  if (with_tokenizer) {
+    CELLM_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(m->dir));
+    m->tokenizer = std::move(tok);
+  }
+  CELLM_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::load(m->dir));
+  touch_weights(w, progress);
+  m->weights = std::make_shared<const ModelWeights>(std::move(w));
+  if (with_tokenizer) {
+    Result<ChatTemplate> chat = ChatTemplate::load(m->dir);
+    m->chat_template_status = chat.status();
+    if (chat.ok()) m->chat_template = std::move(*chat);
+  }
+  m->load_seconds = seconds_since(t0);
+  return std::shared_ptr<const LoadedModel>(std::move(m));
+}
+
+}  // namespace cellm

@@ -1,0 +1,63 @@
+#include "cli.h"
+
+#include <cstdint>
+#include <cstdio>
+
+#include "cellm/sampler.h"
+
+namespace cellm::cli {
+
+const std::vector<FlagSpec>& sampling_flags() {
+  static const std::vector<FlagSpec> flags = {
+      {"temperature", "T", "0 = greedy (default 0)"},
+      {"top-k", "K", "keep the K most probable tokens; 0 = off (default 0)"},
+      {"top-p", "P", "nucleus sampling mass; 1 = off (default 1)"},
+      {"min-p", "P", "drop tokens below P x the top probability; 0 = off (default 0)"},
+  };
+  return flags;
+}
+
+Result<SamplingParams> parse_sampling_flags(const Args& args) {
+  SamplingParams sp;
+  CELLM_ASSIGN_OR_RETURN(const double temperature, args.get_float("temperature", 0.0));
+  CELLM_ASSIGN_OR_RETURN(const double top_p, args.get_float("top-p", 1.0));
+  CELLM_ASSIGN_OR_RETURN(const double min_p, args.get_float("min-p", 0.0));
+  CELLM_ASSIGN_OR_RETURN(const int64_t top_k, args.get_int("top-k", 0, 0, INT32_MAX));
+  sp.temperature = static_cast<float>(temperature);
+  sp.top_p = static_cast<float>(top_p);
+  sp.min_p = static_cast<float>(min_p);
+  sp.top_k = static_cast<int32_t>(top_k);
+  CELLM_RETURN_IF_ERROR(validate_sampling(sp));
+  return sp;
+}
+
+std::string describe_sampling(const SamplingParams& params) {
+  if (params.temperature == 0.0f) return "greedy";
+  const auto term = [](const char* name, double value) {
+    char text[64];
+    std::snprintf(text, sizeof(text), "%s %g", name, value);
+    return std::string(text);
+  };
+  std::string text = term("temperature", params.temperature);
+  if (params.top_k > 0) text += ", " + term("top-k", params.top_k);
+  if (params.top_p < 1.0f) text += ", " + term("top-p", params.top_p);
+  if (params.min_p > 0.0f) text += ", " + term("min-p", params.min_p);
+  return text;
+}
+
+Result<ExecutorKind> parse_executor_flag(const Args& args) {
+  const std::optional<std::string> text = args.get("executor");
+  if (!text) return Engine::default_executor_kind();
+  if (*text == "cpu") return ExecutorKind::kCpu;
+  if (*text == "cuda") return ExecutorKind::kCuda;
+  return InvalidArgument("--executor must be 'cpu' or 'cuda', got '" + *text + "'");
+}
+
+Result<TimedChoice> parse_timed_choice(const std::string& text, const std::string& option) {
+  if (text == "timed") return TimedChoice::kTimed;
+  if (text == "on") return TimedChoice::kOn;
+  if (text == "off") return TimedChoice::kOff;
+  return InvalidArgument("--" + option + " must be timed, on or off, not '" + text + "'");
+}
+
+}  // namespace cellm::cli

@@ -1,0 +1,33 @@
+// What the `cellm` subcommands share on the command line: the sampling flags of the
+// commands that generate, --executor, and the timed/on/off choices of `cellm bench`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "cellm/cuda_executor.h"
+#include "cellm/engine.h"
+#include "cellm/status.h"
+#include "cellm/types.h"
+
+namespace cellm::cli {
+
+// The sampling flags of the commands that generate (--temperature, --top-k, --top-p,
+// --min-p; by default greedy, nothing cut), and their values read back and validated
+// (cellm::validate_sampling): a flag that is not a number, or a value out of range, is an
+// InvalidArgument that names it.
+const std::vector<FlagSpec>& sampling_flags();
+Result<SamplingParams> parse_sampling_flags(const Args& args);
+// "greedy", or the policy in the flags' terms, e.g. "temperature 0.7, top-p 0.9".
+std::string describe_sampling(const SamplingParams& params);
+
+// The value of --executor ("cpu" or "cuda"); absent: the executor the engine picks by
+// availability (Engine::default_executor_kind). InvalidArgument naming the flag otherwise.
+Result<ExecutorKind> parse_executor_flag(const Args& args);
+
+// "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);
+// InvalidArgument naming the option and the value otherwise.
+Result<TimedChoice> parse_timed_choice(const std::string& text, const std::string& option);
+
+}  // namespace cellm::cli
