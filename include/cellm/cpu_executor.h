@@ -15,13 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "cellm/cell_pool.h"
 #include "cellm/executor.h"
 #include "cellm/model_weights.h"
-#include "cellm/session_table.h"
 #include "cellm/status.h"
 
 namespace cellm {
+
+class CellPool;
+class SessionTable;
 
 namespace cpu {
 class CpuForward;
@@ -72,8 +73,8 @@ class CpuExecutor final : public Executor {
 
   std::shared_ptr<const ModelWeights> weights_;
   CpuExecutorOptions options_;
-  CellPool pool_;
-  SessionTable sessions_;
+  std::unique_ptr<CellPool> pool_;
+  std::unique_ptr<SessionTable> sessions_;
   std::unique_ptr<cpu::ThreadPool> threads_;
   std::unique_ptr<cpu::KvStore> kv_;
   std::unique_ptr<cpu::CpuForward> forward_;

@@ -5,7 +5,7 @@
 #include <exception>
 #include <utility>
 
-#include "runner_core.h"
+#include "core/runner_core.h"
 
 namespace cellm {
 

@@ -1,4 +1,4 @@
-#include "runner_core.h"
+#include "core/runner_core.h"
 
 #include "cellm/sampler.h"
 

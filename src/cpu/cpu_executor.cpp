@@ -5,7 +5,9 @@
 #include <limits>
 #include <utility>
 
-#include "cellm/step_plan.h"
+#include "core/cell_pool.h"
+#include "core/session_table.h"
+#include "core/step_plan.h"
 #include "cpu/cpu_forward.h"
 #include "cpu/kernels/thread_pool.h"
 #include "cpu/kv_store.h"
@@ -63,9 +65,10 @@ CpuExecutor::CpuExecutor(std::shared_ptr<const ModelWeights> weights,
                          const CpuExecutorOptions& options)
     : weights_(std::move(weights)),
       options_(options),
-      pool_(options.max_cells - 1),
-      sessions_(pool_, options.max_sessions, options.max_session_tokens,
-                static_cast<int32_t>(weights_->config().vocab_size())) {
+      pool_(std::make_unique<CellPool>(options.max_cells - 1)),
+      sessions_(
+          std::make_unique<SessionTable>(*pool_, options.max_sessions, options.max_session_tokens,
+                                         static_cast<int32_t>(weights_->config().vocab_size()))) {
   const ModelConfig& c = weights_->config();
   threads_ = std::make_unique<cpu::ThreadPool>(options_.num_threads);
   kv_ = std::make_unique<cpu::KvStore>(c.num_layers(), c.kv_dim(), options_.max_cells,
@@ -80,20 +83,20 @@ size_t CpuExecutor::preferred_batch_tokens() const {
 }
 
 std::optional<SessionId> CpuExecutor::open_session() {
-  return sessions_.open();
+  return sessions_->open();
 }
 
 void CpuExecutor::close_session(SessionId id) {
-  sessions_.close(id);
+  sessions_->close(id);
 }
 
 std::optional<SessionId> CpuExecutor::clone(SessionId source, Position upto) {
-  return sessions_.clone(source, upto);
+  return sessions_->clone(source, upto);
 }
 
 void CpuExecutor::set_sampling(SessionId id, const SamplingParams& params,
                                std::optional<uint64_t> seed) {
-  sessions_.set_sampling(id, params, seed);
+  sessions_->set_sampling(id, params, seed);
 }
 
 bool CpuExecutor::fail(std::string message) {
@@ -105,7 +108,7 @@ bool CpuExecutor::fail(std::string message) {
 bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   last_error_.clear();
   out.outputs.assign(batch.inputs.size(), std::nullopt);
-  Result<PackedStep> packed_or = sessions_.pack(batch);
+  Result<PackedStep> packed_or = sessions_->pack(batch);
   if (!packed_or.ok()) return fail(packed_or.status().to_string());
   const PackedStep& packed = *packed_or;
   const int64_t vocab = weights_->config().vocab_size();
@@ -119,17 +122,17 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
     const auto off = static_cast<size_t>(slice.offset);
     const auto len = static_cast<size_t>(slice.length);
     std::span<const SeqId> seq_ids(packed.seq_ids.data() + off, len);
-    kv_->ensure_rows(std::min<int64_t>(options_.max_cells, pool_.used_end() + slice.length));
-    std::optional<StepPlacement> placement = pool_.declare_step(seq_ids);
+    kv_->ensure_rows(std::min<int64_t>(options_.max_cells, pool_->used_end() + slice.length));
+    std::optional<StepPlacement> placement = pool_->declare_step(seq_ids);
     if (!placement)
       return fail("the cell pool refused a slice of " + std::to_string(len) + " tokens (" +
-                  std::to_string(pool_.free_cells()) + " free cells)");
+                  std::to_string(pool_->free_cells()) + " free cells)");
     for (size_t r = 0; r < len; ++r) {
       CELLM_CHECK_MSG(placement->positions[r] == packed.positions[off + r],
                       "pool placement disagrees with the packed positions");
     }
     seq_cells.clear();
-    for (size_t r = 0; r < len; ++r) seq_cells.push_back(pool_.cells_of(seq_ids[r]));
+    for (size_t r = 0; r < len; ++r) seq_cells.push_back(pool_->cells_of(seq_ids[r]));
 
     // Only rows that answer an input need logits (select_rows' padding row is
     // for programs that always produce one; the CPU forward does not).
@@ -151,7 +154,7 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       const Position next = packed.positions[off + static_cast<size_t>(rows.selector[s])] + 1;
       std::span<const float> row(logits_.data() + s * static_cast<size_t>(vocab),
                                  static_cast<size_t>(vocab));
-      std::optional<SampledToken> sampled = sessions_.sample_with_logprobs(sid, row, next);
+      std::optional<SampledToken> sampled = sessions_->sample_with_logprobs(sid, row, next);
       if (!sampled) return fail("session " + std::to_string(sid) + " has no sampling policy");
       Output output{sid, {sampled->token}, {}};
       if (sampled->logprobs) output.logprobs.push_back(std::move(*sampled->logprobs));
@@ -163,9 +166,9 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
 
 KvMetrics CpuExecutor::kv_metrics() const {
   KvMetrics m;
-  m.cells_capacity = pool_.capacity();
-  m.cells_in_use = pool_.used_cells();
-  m.used_end = pool_.used_end();
+  m.cells_capacity = pool_->capacity();
+  m.cells_in_use = pool_->used_cells();
+  m.used_end = pool_->used_end();
   m.rows_allocated = kv_->rows();
   m.allocated_bytes = kv_->allocated_bytes();
   m.bytes_per_cell = kv_->bytes_per_cell();

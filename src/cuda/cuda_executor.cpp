@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "cellm/cell_pool.h"
-#include "cellm/session_table.h"
-#include "cellm/step_plan.h"
+#include "core/cell_pool.h"
+#include "core/session_table.h"
+#include "core/step_plan.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_forward.h"
 #include "cuda/gemm_tuning.h"

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <functional>
 
-#include "cellm/half.h"
 #include "cpu/kernels/convert.h"
+#include "model/half.h"
 
 namespace cellm::cuda {
 namespace {

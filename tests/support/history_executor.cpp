@@ -5,7 +5,7 @@
 #include <new>
 #include <utility>
 
-#include "cellm/step_plan.h"
+#include "core/step_plan.h"
 
 namespace cellm::testing {
 namespace {

@@ -42,9 +42,9 @@
 #include <string>
 #include <vector>
 
-#include "cellm/cell_pool.h"
 #include "cellm/executor.h"
-#include "cellm/session_table.h"
+#include "core/cell_pool.h"
+#include "core/session_table.h"
 
 namespace cellm::testing {
 
