@@ -59,17 +59,16 @@ class CpuExecutor final : public Executor {
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
-  bool execute(const BatchInput& batch, BatchOutput& out) override;
+  // Errors start with "CpuExecutor: " and name the cause (a malformed batch, a
+  // token outside the vocabulary, a full cell pool).
+  Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
 
   const CpuExecutorOptions& options() const { return options_; }
   const ModelConfig& config() const { return weights_->config(); }
-  // The message of the last failed execute(), for logs; empty if none failed.
-  const std::string& last_error() const { return last_error_; }
 
  private:
   CpuExecutor(std::shared_ptr<const ModelWeights> weights, const CpuExecutorOptions& options);
-  bool fail(std::string message);
 
   std::shared_ptr<const ModelWeights> weights_;
   CpuExecutorOptions options_;
@@ -79,7 +78,6 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<cpu::KvStore> kv_;
   std::unique_ptr<cpu::CpuForward> forward_;
   std::vector<float> logits_;  // [selected rows, vocab] of the current forward
-  std::string last_error_;
 };
 
 }  // namespace cellm

@@ -222,6 +222,10 @@ KvMetrics Runner::kv_metrics() const {
   return core_->kv_metrics();
 }
 
+Status Runner::initialize_status() const {
+  return core_->initialize_status();
+}
+
 size_t Runner::queued_tasks() const {
   return core_->queued_tasks();
 }

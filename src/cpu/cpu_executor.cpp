@@ -1,7 +1,6 @@
 #include "cellm/cpu_executor.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <limits>
 #include <utility>
 
@@ -99,20 +98,17 @@ void CpuExecutor::set_sampling(SessionId id, const SamplingParams& params,
   sessions_->set_sampling(id, params, seed);
 }
 
-bool CpuExecutor::fail(std::string message) {
-  last_error_ = prefixed(message);
-  std::fprintf(stderr, "%s\n", last_error_.c_str());
-  return false;
-}
-
-bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
-  last_error_.clear();
+Status CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   out.outputs.assign(batch.inputs.size(), std::nullopt);
   Result<PackedStep> packed_or = sessions_->pack(batch);
-  if (!packed_or.ok()) return fail(packed_or.status().to_string());
+  if (!packed_or.ok()) {
+    return Status(packed_or.status().code(), prefixed(packed_or.status().message()));
+  }
   const PackedStep& packed = *packed_or;
   const int64_t vocab = weights_->config().vocab_size();
-  if (Status s = check_tokens_in_vocab(packed, vocab); !s.ok()) return fail(s.message());
+  if (Status s = check_tokens_in_vocab(packed, vocab); !s.ok()) {
+    return Status(s.code(), prefixed(s.message()));
+  }
 
   const auto total = static_cast<int>(packed.tokens.size());
   std::vector<std::span<const CellId>> seq_cells;
@@ -125,8 +121,9 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
     kv_->ensure_rows(std::min<int64_t>(options_.max_cells, pool_->used_end() + slice.length));
     std::optional<StepPlacement> placement = pool_->declare_step(seq_ids);
     if (!placement)
-      return fail("the cell pool refused a slice of " + std::to_string(len) + " tokens (" +
-                  std::to_string(pool_->free_cells()) + " free cells)");
+      return OutOfResources(prefixed("the cell pool refused a slice of " + std::to_string(len) +
+                                     " tokens (" + std::to_string(pool_->free_cells()) +
+                                     " free cells)"));
     for (size_t r = 0; r < len; ++r) {
       CELLM_CHECK_MSG(placement->positions[r] == packed.positions[off + r],
                       "pool placement disagrees with the packed positions");
@@ -155,13 +152,15 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       std::span<const float> row(logits_.data() + s * static_cast<size_t>(vocab),
                                  static_cast<size_t>(vocab));
       std::optional<SampledToken> sampled = sessions_->sample_with_logprobs(sid, row, next);
-      if (!sampled) return fail("session " + std::to_string(sid) + " has no sampling policy");
+      if (!sampled) {
+        return InvalidState(prefixed("session " + std::to_string(sid) + " has no sampling policy"));
+      }
       Output output{sid, {sampled->token}, {}};
       if (sampled->logprobs) output.logprobs.push_back(std::move(*sampled->logprobs));
       out.outputs[input] = std::move(output);
     }
   }
-  return true;
+  return Status::Ok();
 }
 
 KvMetrics CpuExecutor::kv_metrics() const {

@@ -610,7 +610,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
 CudaExecutor::CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl) : impl_(std::move(impl)) {}
 CudaExecutor::~CudaExecutor() = default;
 
-bool CudaExecutor::initialize() {
+Status CudaExecutor::initialize() {
   const CudaExecutorOptions& o = impl_->options_;
   const auto t0 = std::chrono::steady_clock::now();
   bool ok = true;
@@ -620,7 +620,7 @@ bool CudaExecutor::initialize() {
   if (ok && o.warm_prefill_gemms) ok = impl_->warm_prefill_gemms();
   impl_->initialize_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return ok;
+  return ok ? Status::Ok() : Internal(impl_->last_error_);
 }
 
 size_t CudaExecutor::preferred_batch_tokens() const {
@@ -657,8 +657,8 @@ void CudaExecutor::set_sampling(SessionId id, const SamplingParams& params,
   impl_->sessions_.set_sampling(id, params, seed);
 }
 
-bool CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
-  return impl_->execute(batch, out);
+Status CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
+  return impl_->execute(batch, out) ? Status::Ok() : Internal(impl_->last_error_);
 }
 
 KvMetrics CudaExecutor::kv_metrics() const {

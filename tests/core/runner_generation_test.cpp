@@ -811,6 +811,26 @@ TEST(FailureTest, SchedulerRejectionEndsTheGeneration) {
   EXPECT_TRUE(executor.executed().empty());
 }
 
+// The runner's message names the executor's cause.
+const std::string kExecuteFailed =
+    std::string("executor failed to execute the batch: ") + FakeExecutor::kFailedBatchMessage;
+
+TEST(FailureTest, TheExecutorsMessageReachesTheGenerationsError) {
+  FakeExecutor executor;
+  Fixture fixture(executor);
+  Session session = open_session(fixture.runner);
+  executor.fail_batches_from(0);
+  auto updates = std::make_shared<Updates>();
+  GenerationHandle handle = generate(session, tokens(3), config(2), updates);
+  ASSERT_TRUE(updates->wait());
+  handle.wait();
+  EXPECT_EQ(handle.finish_reason(), FinishReason::kFailed);
+  EXPECT_NE(handle.error_message().find(FakeExecutor::kFailedBatchMessage), std::string::npos)
+      << handle.error_message();
+  EXPECT_EQ(handle.error_message(), kExecuteFailed);
+  EXPECT_EQ(updates->error_message(), handle.error_message());
+}
+
 TEST(FailureTest, FailureOnLeadingPrefillChunksEndsGeneration) {
   FakeExecutor executor;
   executor.fail_batches_from(0);
@@ -820,7 +840,7 @@ TEST(FailureTest, FailureOnLeadingPrefillChunksEndsGeneration) {
   GenerationHandle handle = generate(session, tokens(10), config(1), updates);
   ASSERT_TRUE(updates->wait());
   handle.wait();
-  EXPECT_EQ(handle.error_message(), "executor failed to execute the batch");
+  EXPECT_EQ(handle.error_message(), kExecuteFailed);
   EXPECT_EQ(updates->error_message(), handle.error_message());
   EXPECT_EQ(updates->terminal_calls(), 1);
   const std::vector<ExecutedInput> seen = executor.executed();
@@ -842,7 +862,7 @@ TEST(FailureTest, ExecutorFailurePoisonsTheSession) {
   ASSERT_TRUE(first->wait());
   first_handle.wait();
   EXPECT_EQ(first_handle.finish_reason(), FinishReason::kFailed);
-  EXPECT_EQ(first_handle.error_message(), "executor failed to execute the batch");
+  EXPECT_EQ(first_handle.error_message(), kExecuteFailed);
 
   executor.fail_batches_from(-1);
   auto second = std::make_shared<Updates>();

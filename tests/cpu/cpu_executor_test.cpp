@@ -75,7 +75,8 @@ TEST_P(CpuExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   b.inputs.push_back(
       make_input(src, std::make_shared<const std::vector<Token>>(p.ids), 0, p.ids.size(), 0, true));
   BatchOutput o;
-  ASSERT_TRUE(e->execute(b, o)) << e->last_error();
+  const Status prefill = e->execute(b, o);
+  ASSERT_TRUE(prefill.ok()) << prefill.to_string();
   ASSERT_EQ(o.outputs[0]->tokens[0], p.greedy[0]);
   const int64_t cells_before = e->kv_metrics().cells_in_use;
 
@@ -91,7 +92,8 @@ TEST_P(CpuExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
     d.inputs.push_back(make_input(
         *child, std::make_shared<const std::vector<Token>>(std::vector<Token>{got.back()}), 0, 1,
         pos++, true));
-    ASSERT_TRUE(e->execute(d, o)) << e->last_error();
+    const Status s = e->execute(d, o);
+    ASSERT_TRUE(s.ok()) << s.to_string();
     got.push_back(o.outputs[0]->tokens[0]);
   }
   EXPECT_EQ(got, p.greedy);
@@ -213,9 +215,11 @@ TEST_F(CpuExecutorCreateTest, ATokenOutsideTheVocabularyFailsTheBatchAndChangesN
   b.inputs.push_back(make_input(
       a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 32000}), 0, 2, 0, true));
   BatchOutput o;
-  EXPECT_FALSE(e->execute(b, o));
-  EXPECT_NE(e->last_error().find("outside the vocabulary [0, 32000)"), std::string::npos)
-      << e->last_error();
+  const Status s = e->execute(b, o);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("CpuExecutor: ", 0), 0u) << s.to_string();
+  EXPECT_NE(s.message().find("outside the vocabulary [0, 32000)"), std::string::npos)
+      << s.to_string();
   EXPECT_EQ(e->kv_metrics().cells_in_use, 0);
 }
 
@@ -227,8 +231,9 @@ TEST_F(CpuExecutorCreateTest, AGapInASessionFailsTheBatch) {
   b.inputs.push_back(make_input(
       a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 2}), 0, 2, 5, true));
   BatchOutput o;
-  EXPECT_FALSE(e->execute(b, o));
-  EXPECT_FALSE(e->last_error().empty());
+  const Status s = e->execute(b, o);
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(s.message().empty());
 }
 
 }  // namespace

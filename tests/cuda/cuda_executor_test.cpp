@@ -195,7 +195,8 @@ TEST_P(CudaExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   b.inputs.push_back(testing::make_input(src, std::make_shared<const std::vector<Token>>(p.ids), 0,
                                          p.ids.size(), 0, true));
   BatchOutput o;
-  ASSERT_TRUE(e->execute(b, o)) << e->last_error();
+  const Status executed = e->execute(b, o);
+  ASSERT_TRUE(executed.ok()) << executed.to_string();
   const int64_t cells = e->kv_metrics().cells_in_use;
   std::optional<SessionId> child = e->clone(src, static_cast<Position>(p.ids.size()));
   ASSERT_TRUE(child.has_value());
@@ -207,7 +208,8 @@ TEST_P(CudaExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   while (got.size() < p.greedy.size()) {
     BatchInput d;
     d.inputs.push_back(testing::single_token(*child, got.back(), pos++));
-    ASSERT_TRUE(e->execute(d, o)) << e->last_error();
+    const Status executed = e->execute(d, o);
+    ASSERT_TRUE(executed.ok()) << executed.to_string();
     got.push_back(o.outputs[0]->tokens[0]);
   }
   EXPECT_EQ(got, p.greedy);
@@ -275,7 +277,8 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
         Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
         ASSERT_TRUE(e.ok()) << e.status().to_string();
         EXPECT_EQ(cuda::programmatic_launch_enabled(), pdl);
-        ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+        const Status init = (*e)->initialize();
+        ASSERT_TRUE(init.ok()) << init.to_string();
         by_switch[pdl ? 1 : 0] = testing::drive_outputs(**e, prompts, 5, 16, params);
         if (graphs) {
           EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
@@ -305,7 +308,8 @@ TEST_P(CudaExecutorFixtureTest, PrefillGemmWarmUpChangesNoTokenAndNoLogprob) {
       o.warm_prefill_gemms = warm;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       // Steps of 9-16 rows go to cuBLASLt in either precision: at least one kernel.
       if (warm) {
         EXPECT_GT((*e)->warmed_prefill_kernels(), 0);
@@ -353,7 +357,8 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
       o.capture_graphs_at_start = c != 3;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
       EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
       // One note per captured bucket, naming the placement (timed: both times and the
@@ -400,7 +405,8 @@ TEST_P(CudaExecutorFixtureTest, L2PrefetchChangesNoTokenAndNoLogprob) {
       o.l2_prefetch = choices[c];
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
       EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
       const std::vector<std::string> notes = (*e)->decode_graph_notes();
@@ -456,7 +462,8 @@ TEST_P(CudaExecutorFixtureTest, EarlyAfterCublasChangesNoTokenAndNoLogprob) {
       o.early_triggers = c == 3 ? TimedChoice::kTimed : TimedChoice::kOff;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
       EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
       const std::vector<std::string> notes = (*e)->decode_graph_notes();
@@ -600,7 +607,8 @@ TEST_F(CudaExecutorTest, TwoBf16ExecutorsInOneProcessGiveTheSameLogprobsBitForBi
   for (auto& outputs : got) {
     auto e = make(w_, 8, 128, 16, CudaPrecision::kBF16);
     ASSERT_TRUE(e->options().tune_gemm);
-    ASSERT_TRUE(e->initialize()) << e->last_error();
+    const Status init = e->initialize();
+    ASSERT_TRUE(init.ok()) << init.to_string();
     outputs = testing::drive_outputs(*e, prompts, 6, 12, params);
   }
   EXPECT_FALSE(describe_tuned_gemms().empty());
