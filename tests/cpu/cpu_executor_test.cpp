@@ -24,13 +24,14 @@ std::shared_ptr<const ModelWeights> load_weights(const Fixture& f) {
 
 std::unique_ptr<CpuExecutor> make(std::shared_ptr<const ModelWeights> w, int32_t sessions,
                                   int32_t tokens, int32_t width) {
+  ExecutorLimits l;
+  l.max_sessions = sessions;
+  l.max_session_tokens = tokens;
+  l.step_width = width;
   CpuExecutorOptions o;
-  o.max_sessions = sessions;
-  o.max_session_tokens = tokens;
-  o.step_width = width;
   o.initial_cells = 16;
   o.num_threads = 2;
-  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(std::move(w), o);
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(std::move(w), l, o);
   CELLM_CHECK_MSG(e.ok(), e.status().to_string());
   return std::move(*e);
 }
@@ -173,37 +174,40 @@ class CpuExecutorCreateTest : public ::testing::Test {
 };
 
 TEST_F(CpuExecutorCreateTest, RefusesLimitsThePoolCannotHold) {
-  CpuExecutorOptions o;
-  o.max_sessions = 8;
-  o.max_session_tokens = 64;
-  o.max_cells = 512;
-  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, o);
+  ExecutorLimits l;
+  l.max_sessions = 8;
+  l.max_session_tokens = 64;
+  l.max_cells = 512;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, l, {});
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("must be below max_cells 512"), std::string::npos)
       << e.status().message();
-  o.max_cells = 513;
-  EXPECT_TRUE(CpuExecutor::create(weights_, o).ok());
+  l.max_cells = 513;
+  EXPECT_TRUE(CpuExecutor::create(weights_, l, {}).ok());
 }
 
 TEST_F(CpuExecutorCreateTest, RefusesABudgetPastTheModelsContext) {
-  CpuExecutorOptions o;
-  o.max_sessions = 1;
-  o.max_session_tokens = 513;
-  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, o);
+  ExecutorLimits l;
+  l.max_sessions = 1;
+  l.max_session_tokens = 513;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, l, {});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("exceeds the model's context of 512"), std::string::npos)
       << e.status().message();
 }
 
 TEST_F(CpuExecutorCreateTest, RefusesNonPositiveLimitsAndAMissingModel) {
+  ExecutorLimits l;
+  l.max_sessions = 0;
+  EXPECT_EQ(CpuExecutor::create(weights_, l, {}).status().code(), StatusCode::kInvalidArgument);
+  l = ExecutorLimits{};
+  l.step_width = 0;
+  EXPECT_EQ(CpuExecutor::create(weights_, l, {}).status().code(), StatusCode::kInvalidArgument);
   CpuExecutorOptions o;
-  o.max_sessions = 0;
-  EXPECT_EQ(CpuExecutor::create(weights_, o).status().code(), StatusCode::kInvalidArgument);
-  o = CpuExecutorOptions{};
-  o.step_width = 0;
-  EXPECT_EQ(CpuExecutor::create(weights_, o).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(CpuExecutor::create(nullptr, CpuExecutorOptions{}).status().message().find("no model"),
+  o.num_threads = -1;
+  EXPECT_EQ(CpuExecutor::create(weights_, {}, o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(CpuExecutor::create(nullptr, {}, {}).status().message().find("no model"),
             std::string::npos);
 }
 

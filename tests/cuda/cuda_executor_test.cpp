@@ -93,11 +93,11 @@ TEST_P(CudaExecutorFixtureTest, F32EqualsTheCpuExecutor) {
   const Fixture f = testing::load_fixture(GetParam());
   auto w = load_weights(f);
   auto gpu = make(w, 8, 128, 16, CudaPrecision::kF32);
-  CpuExecutorOptions co;
+  ExecutorLimits co;
   co.max_sessions = 8;
   co.max_session_tokens = 128;
   co.step_width = 16;
-  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co).value());
+  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co, {}).value());
   const auto prompts = prompts_of(f);
   EXPECT_EQ(drive(*gpu, prompts, 7, 24), drive(*cpu, prompts, 7, 24));
 }
@@ -110,11 +110,11 @@ TEST_P(CudaExecutorFixtureTest, F32LogprobsEqualTheCpuExecutors) {
   constexpr float kTolerance = 1e-3f;
   const Fixture f = testing::load_fixture(GetParam());
   auto w = load_weights(f);
-  CpuExecutorOptions co;
+  ExecutorLimits co;
   co.max_sessions = 8;
   co.max_session_tokens = 128;
   co.step_width = 16;
-  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co).value());
+  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co, {}).value());
   const auto prompts = prompts_of(f);
   std::vector<SamplingParams> params(prompts.size());
   for (size_t i = 0; i < params.size(); ++i) {

@@ -153,13 +153,14 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
         "--executor cpu");
 #endif
   }
+  ExecutorLimits l;
+  l.max_sessions = limits.max_sessions;
+  l.max_session_tokens = limits.max_session_tokens;
+  l.step_width = limits.step_width;
   CpuExecutorOptions o;
-  o.max_sessions = limits.max_sessions;
-  o.max_session_tokens = limits.max_session_tokens;
-  o.step_width = limits.step_width;
   o.num_threads = limits.num_threads;
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> e,
-                         CpuExecutor::create(std::move(weights), o));
+                         CpuExecutor::create(std::move(weights), l, o));
   return std::unique_ptr<Executor>(std::move(e));
 }
 
