@@ -1,4 +1,4 @@
-// PrefixCache and PromptCapture (study §2.7, §8.8, §9) on the Runner over the
+// PrefixCache and PromptCapture on the Runner over the
 // HistoryExecutor: its predictions hash the whole committed history read back
 // from the cell pool, so a continuation from a restored prefix equals the
 // oracle's (the continuation computed without any cache) only if the restore

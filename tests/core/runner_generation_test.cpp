@@ -1,5 +1,5 @@
 // Runner: generations, deltas and positions, speculative outputs and executor
-// failures (study §8.7).
+// failures.
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -1,4 +1,4 @@
-// Runner: handles, sessions, lifetime and executor initialization (study §8.7).
+// Runner: handles, sessions, lifetime and executor initialization.
 #include <gtest/gtest.h>
 
 #include <future>
