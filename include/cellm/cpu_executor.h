@@ -15,13 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "cellm/cell_pool.h"
 #include "cellm/executor.h"
 #include "cellm/model_weights.h"
-#include "cellm/session_table.h"
 #include "cellm/status.h"
 
 namespace cellm {
+
+class CellPool;
+class SessionTable;
 
 namespace cpu {
 class CpuForward;
@@ -29,12 +30,8 @@ class KvStore;
 class ThreadPool;
 }  // namespace cpu
 
+// The CPU executor's own options; the session geometry is ExecutorLimits.
 struct CpuExecutorOptions {
-  int32_t max_sessions = 8;           // resident sessions: active, snapshots and clones
-  int32_t max_session_tokens = 1024;  // per-session budget of positions
-  // Cells in the pool; 0 = max_sessions * max_session_tokens + 1 (the capacity rule).
-  int32_t max_cells = 0;
-  int32_t step_width = 256;     // W: the most tokens one forward takes
   int32_t initial_cells = 256;  // KV rows allocated at first; grows geometrically
   int32_t num_threads = 0;      // kernel threads; 0 = every hardware thread
 };
@@ -45,10 +42,11 @@ class CpuExecutor final : public Executor {
   // "CpuExecutor: " and name the numbers): a model is given; session limits are
   // positive and their product fits int32; max_session_tokens <= the model's
   // context (max_position_embeddings); step_width and initial_cells are
-  // positive; step_width <= max_cells; the capacity rule
+  // positive; max_cells >= 0; step_width <= max_cells; the capacity rule
   // max_sessions * max_session_tokens < max_cells (one cell stays a scratch row);
   // num_threads >= 0.
   static Result<std::unique_ptr<CpuExecutor>> create(std::shared_ptr<const ModelWeights> weights,
+                                                     const ExecutorLimits& limits,
                                                      const CpuExecutorOptions& options);
   ~CpuExecutor() override;
 
@@ -58,27 +56,30 @@ class CpuExecutor final : public Executor {
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
-  bool execute(const BatchInput& batch, BatchOutput& out) override;
+  // Errors start with "CpuExecutor: " and name the cause (a malformed batch, a
+  // token outside the vocabulary, a full cell pool).
+  Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
 
+  // max_cells resolved (never 0).
+  const ExecutorLimits& limits() const { return limits_; }
+  // initial_cells clamped to max_cells.
   const CpuExecutorOptions& options() const { return options_; }
   const ModelConfig& config() const { return weights_->config(); }
-  // The message of the last failed execute(), for logs; empty if none failed.
-  const std::string& last_error() const { return last_error_; }
 
  private:
-  CpuExecutor(std::shared_ptr<const ModelWeights> weights, const CpuExecutorOptions& options);
-  bool fail(std::string message);
+  CpuExecutor(std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
+              const CpuExecutorOptions& options);
 
   std::shared_ptr<const ModelWeights> weights_;
+  ExecutorLimits limits_;
   CpuExecutorOptions options_;
-  CellPool pool_;
-  SessionTable sessions_;
+  std::unique_ptr<CellPool> pool_;
+  std::unique_ptr<SessionTable> sessions_;
   std::unique_ptr<cpu::ThreadPool> threads_;
   std::unique_ptr<cpu::KvStore> kv_;
   std::unique_ptr<cpu::CpuForward> forward_;
   std::vector<float> logits_;  // [selected rows, vocab] of the current forward
-  std::string last_error_;
 };
 
 }  // namespace cellm

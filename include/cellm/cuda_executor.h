@@ -171,21 +171,22 @@ class CudaExecutor final : public Executor {
   ~CudaExecutor() override;
 
   // Captures the decode graphs when capture_graphs_at_start (see the options);
-  // false, with last_error() set, when that fails.
-  bool initialize() override;
+  // an Internal error naming the cause when that fails.
+  Status initialize() override;
   size_t preferred_batch_tokens() const override;
   std::optional<SessionId> open_session() override;
   void close_session(SessionId id) override;
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
-  bool execute(const BatchInput& batch, BatchOutput& out) override;
+  Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
 
   const CudaExecutorOptions& options() const;
   // The limits it was created with, max_cells resolved (never 0).
   const ExecutorLimits& limits() const;
-  // The message of the last failed execute(), for logs; empty if none failed.
+  // The message of the last failure (execute(), initialize() or a clone's copy), for
+  // logs; empty if the last batch succeeded.
   const std::string& last_error() const;
   // Forwards run so far, by method: decode graph replays, eager decodes, prefills.
   struct MethodCalls {

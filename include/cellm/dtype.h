@@ -1,8 +1,13 @@
-// DType: the element types of model tensors that cellm reads and computes with.
-// Plain value vocabulary shared by the model loader and every executor.
+// DType and TensorView: the element types of model tensors that cellm reads and
+// computes with, and a non-owning view of one tensor's bytes. Plain value
+// vocabulary shared by the model loader and every executor; public because
+// ModelWeights hands out TensorViews and ModelWeights::random takes a DType.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace cellm {
 
@@ -37,5 +42,20 @@ constexpr const char* to_string(DType dtype) {
   }
   return "unknown";
 }
+
+// One tensor's bytes, row-major, non-owning.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;  // numel() * dtype_size_bytes(dtype)
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
 
 }  // namespace cellm

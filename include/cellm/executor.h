@@ -23,6 +23,7 @@
 #include <optional>
 
 #include "cellm/metrics.h"
+#include "cellm/status.h"
 #include "cellm/types.h"
 
 namespace cellm {
@@ -42,9 +43,9 @@ class Executor {
  public:
   virtual ~Executor() = default;
 
-  // One-time setup on the engine thread before anything else. false: the runner
-  // admits no work and every open is refused.
-  virtual bool initialize() { return true; }
+  // One-time setup on the engine thread before anything else. An error: the runner
+  // admits no work, every open is refused and Runner::initialize_status() holds it.
+  virtual Status initialize() { return Status::Ok(); }
 
   // Tokens per step for one pass over the weights; 0 = no preference. Sizes the
   // scheduler's batch budget.
@@ -70,8 +71,9 @@ class Executor {
                             std::optional<uint64_t> seed) = 0;
 
   // Runs one batch: resizes out.outputs to the input count and answers every
-  // input (nullopt iff produce_output is unset). false fails the whole batch.
-  virtual bool execute(const BatchInput& batch, BatchOutput& out) = 0;
+  // input (nullopt iff produce_output is unset). An error fails the whole batch;
+  // its message becomes part of every affected generation's error.
+  virtual Status execute(const BatchInput& batch, BatchOutput& out) = 0;
 
   // KV-cache occupancy; sampled by the runner on the engine thread after steps.
   virtual KvMetrics kv_metrics() const { return {}; }

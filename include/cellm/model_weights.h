@@ -24,14 +24,16 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cellm/dtype.h"
 #include "cellm/model_config.h"
-#include "cellm/safetensors.h"
 #include "cellm/status.h"
 
 namespace cellm {
+
+class SafetensorsCheckpoint;
 
 // One decoder layer. q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim.
 struct LayerWeights {
@@ -57,10 +59,6 @@ class ModelWeights {
   // Reads `dir`/config.json and the safetensors of `dir` (single or sharded) and
   // binds every weight. Errors name the file or tensor and the problem.
   static Result<ModelWeights> load(const std::filesystem::path& dir);
-  // Binds the weights of an opened checkpoint to `config`; `source` names the
-  // checkpoint (its folder) in errors.
-  static Result<ModelWeights> from_checkpoint(ModelConfig config, SafetensorsCheckpoint checkpoint,
-                                              const std::string& source);
   // Random weights with the config's real shapes, all of `dtype`, in one owned slab
   // of about num_parameters() * dtype size bytes (16 GB for the 8b preset in
   // BF16: it allocates all of it). Deterministic in `seed` whatever the thread
@@ -90,6 +88,11 @@ class ModelWeights {
   };
 
  private:
+  // Binds the weights of an opened checkpoint to `config`; `source` names the
+  // checkpoint (its folder) in errors.
+  static Result<ModelWeights> from_checkpoint(ModelConfig config, SafetensorsCheckpoint checkpoint,
+                                              const std::string& source);
+
   ModelWeights(ModelConfig config, std::shared_ptr<const void> storage)
       : config_(std::move(config)), storage_(std::move(storage)) {}
 

@@ -166,6 +166,10 @@ class Runner {
   EngineMetrics metrics() const;
   // The executor's KV metrics as sampled after the latest step.
   KvMetrics kv_metrics() const;
+  // The executor's initialize() result: Ok while it runs and after it succeeds;
+  // its error once it failed (every open is then refused, so a caller whose open
+  // settled as nullopt reads the cause here).
+  Status initialize_status() const;
   // Tasks queued in the scheduler now.
   size_t queued_tasks() const;
 

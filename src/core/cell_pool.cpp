@@ -1,4 +1,4 @@
-#include "cellm/cell_pool.h"
+#include "core/cell_pool.h"
 
 #include <algorithm>
 #include <functional>

@@ -5,7 +5,7 @@
 #include <exception>
 #include <utility>
 
-#include "runner_core.h"
+#include "core/runner_core.h"
 
 namespace cellm {
 
@@ -220,6 +220,10 @@ EngineMetrics Runner::metrics() const {
 
 KvMetrics Runner::kv_metrics() const {
   return core_->kv_metrics();
+}
+
+Status Runner::initialize_status() const {
+  return core_->initialize_status();
 }
 
 size_t Runner::queued_tasks() const {

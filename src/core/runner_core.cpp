@@ -1,10 +1,10 @@
-#include "runner_core.h"
-
-#include "cellm/sampler.h"
+#include "core/runner_core.h"
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -125,6 +125,11 @@ EngineMetrics RunnerCore::metrics() const {
   return published_metrics_;
 }
 
+Status RunnerCore::initialize_status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return init_status_;
+}
+
 KvMetrics RunnerCore::kv_metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   return published_kv_;
@@ -136,8 +141,21 @@ KvMetrics RunnerCore::kv_metrics() const {
 void RunnerCore::engine_main() {
   tls_engine = this;
   const int64_t t_init = now_us();
-  initialized_ = executor_.initialize();
+  Status init;
+  try {
+    init = executor_.initialize();
+  } catch (const std::exception& e) {
+    init = Internal(std::string("executor initialize() threw: ") + e.what());
+  } catch (...) {
+    init = Internal("executor initialize() threw");
+  }
   metrics_.init_us = now_us() - t_init;
+  initialized_ = init.ok();
+  {
+    // Published before any open is answered, so a refused open can read why.
+    std::lock_guard<std::mutex> lock(mu_);
+    init_status_ = std::move(init);
+  }
   publish_engine_state(initialized_);
   if (!initialized_) request_stop();
 
@@ -394,11 +412,13 @@ bool RunnerCore::execute_one_batch() {
 
   BatchInput batch = to_batch_input(tasks);
   BatchOutput out;
-  bool ok = false;
+  Status executed;
   try {
-    ok = executor_.execute(batch, out);
+    executed = executor_.execute(batch, out);
+  } catch (const std::exception& e) {
+    executed = Internal(std::string("executor threw: ") + e.what());
   } catch (...) {
-    ok = false;
+    executed = Internal("executor threw");
   }
   const int64_t t_end = now_us();
   const int64_t latency = t_end - t_start;
@@ -430,9 +450,17 @@ bool RunnerCore::execute_one_batch() {
     metrics_.prefill_only_latency_sum_us += latency;
   }
 
-  if (!ok || out.outputs.size() != batch.inputs.size()) {
+  if (!executed.ok()) {
     metrics_.steps_failed++;
-    fail_batch(batch, ok ? kMsgIncomplete : kMsgExecuteFailed);
+    // The executor's cause travels with the runner's message.
+    fail_batch(batch, executed.message().empty()
+                          ? std::string(kMsgExecuteFailed)
+                          : std::string(kMsgExecuteFailed) + ": " + executed.message());
+    return true;
+  }
+  if (out.outputs.size() != batch.inputs.size()) {
+    metrics_.steps_failed++;
+    fail_batch(batch, kMsgIncomplete);
     return true;
   }
   metrics_.decode_tokens_total += decode_tokens;

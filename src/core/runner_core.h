@@ -147,6 +147,7 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
 
   EngineMetrics metrics() const;
   KvMetrics kv_metrics() const;
+  Status initialize_status() const;
   size_t queued_tasks() const { return scheduler_->num_queued(); }
 
  private:
@@ -203,6 +204,7 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
   std::atomic<bool> stop_requested_{false};  // written under mu_
   EngineMetrics published_metrics_;          // guarded by mu_
   KvMetrics published_kv_;                   // guarded by mu_
+  Status init_status_;                       // guarded by mu_; the executor's initialize()
 
   std::mutex join_mu_;  // serializes external shutdown() callers
   std::thread engine_;  // guarded by join_mu_ after start()

@@ -1,4 +1,4 @@
-#include "cellm/session_table.h"
+#include "core/session_table.h"
 
 #include <limits>
 #include <random>

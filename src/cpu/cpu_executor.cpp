@@ -1,11 +1,12 @@
 #include "cellm/cpu_executor.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <limits>
 #include <utility>
 
-#include "cellm/step_plan.h"
+#include "core/cell_pool.h"
+#include "core/session_table.h"
+#include "core/step_plan.h"
 #include "cpu/cpu_forward.h"
 #include "cpu/kernels/thread_pool.h"
 #include "cpu/kv_store.h"
@@ -17,27 +18,27 @@ std::string prefixed(const std::string& message) {
   return "CpuExecutor: " + message;
 }
 
-Status validate(const ModelWeights* weights, const CpuExecutorOptions& o) {
+Status validate(const ModelWeights* weights, const ExecutorLimits& l, const CpuExecutorOptions& o) {
   if (weights == nullptr) return InvalidArgument(prefixed("no model was given"));
-  CELLM_RETURN_IF_ERROR(validate_session_limits("CpuExecutor", o.max_sessions, o.max_session_tokens,
+  CELLM_RETURN_IF_ERROR(validate_session_limits("CpuExecutor", l.max_sessions, l.max_session_tokens,
                                                 weights->config().max_position_embeddings()));
-  if (o.step_width <= 0 || o.initial_cells <= 0) {
-    return InvalidArgument(prefixed("step_width " + std::to_string(o.step_width) +
+  if (l.step_width <= 0 || o.initial_cells <= 0) {
+    return InvalidArgument(prefixed("step_width " + std::to_string(l.step_width) +
                                     " and initial_cells " + std::to_string(o.initial_cells) +
                                     " must be positive"));
   }
-  if (o.max_cells < 0) {
-    return InvalidArgument(prefixed("max_cells " + std::to_string(o.max_cells) +
+  if (l.max_cells < 0) {
+    return InvalidArgument(prefixed("max_cells " + std::to_string(l.max_cells) +
                                     " must be positive (or 0 for the default)"));
   }
-  const int64_t sessions_cells = int64_t{o.max_sessions} * o.max_session_tokens;
-  const int64_t max_cells = o.max_cells == 0 ? sessions_cells + 1 : o.max_cells;
-  if (o.step_width > max_cells) {
-    return InvalidArgument(prefixed("step_width " + std::to_string(o.step_width) +
+  const int64_t sessions_cells = int64_t{l.max_sessions} * l.max_session_tokens;
+  const int64_t max_cells = l.max_cells == 0 ? sessions_cells + 1 : l.max_cells;
+  if (l.step_width > max_cells) {
+    return InvalidArgument(prefixed("step_width " + std::to_string(l.step_width) +
                                     " exceeds max_cells " + std::to_string(max_cells)));
   }
   CELLM_RETURN_IF_ERROR(
-      validate_capacity("CpuExecutor", o.max_sessions, o.max_session_tokens, max_cells));
+      validate_capacity("CpuExecutor", l.max_sessions, l.max_session_tokens, max_cells));
   if (o.num_threads < 0) {
     return InvalidArgument(
         prefixed("num_threads " + std::to_string(o.num_threads) + " must be >= 0"));
@@ -45,91 +46,97 @@ Status validate(const ModelWeights* weights, const CpuExecutorOptions& o) {
   return Status::Ok();
 }
 
-CpuExecutorOptions resolved(CpuExecutorOptions o) {
-  if (o.max_cells == 0) o.max_cells = o.max_sessions * o.max_session_tokens + 1;
-  o.initial_cells = std::min(o.initial_cells, o.max_cells);
+ExecutorLimits resolved(ExecutorLimits l) {
+  if (l.max_cells == 0) l.max_cells = l.max_sessions * l.max_session_tokens + 1;
+  return l;
+}
+
+CpuExecutorOptions resolved(CpuExecutorOptions o, const ExecutorLimits& l) {
+  o.initial_cells = std::min(o.initial_cells, l.max_cells);
   return o;
 }
 
 }  // namespace
 
 Result<std::unique_ptr<CpuExecutor>> CpuExecutor::create(
-    std::shared_ptr<const ModelWeights> weights, const CpuExecutorOptions& options) {
-  CELLM_RETURN_IF_ERROR(validate(weights.get(), options));
-  return std::unique_ptr<CpuExecutor>(new CpuExecutor(std::move(weights), resolved(options)));
+    std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
+    const CpuExecutorOptions& options) {
+  CELLM_RETURN_IF_ERROR(validate(weights.get(), limits, options));
+  const ExecutorLimits l = resolved(limits);
+  return std::unique_ptr<CpuExecutor>(new CpuExecutor(std::move(weights), l, resolved(options, l)));
 }
 
-CpuExecutor::CpuExecutor(std::shared_ptr<const ModelWeights> weights,
+CpuExecutor::CpuExecutor(std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
                          const CpuExecutorOptions& options)
     : weights_(std::move(weights)),
+      limits_(limits),
       options_(options),
-      pool_(options.max_cells - 1),
-      sessions_(pool_, options.max_sessions, options.max_session_tokens,
-                static_cast<int32_t>(weights_->config().vocab_size())) {
+      pool_(std::make_unique<CellPool>(limits.max_cells - 1)),
+      sessions_(
+          std::make_unique<SessionTable>(*pool_, limits.max_sessions, limits.max_session_tokens,
+                                         static_cast<int32_t>(weights_->config().vocab_size()))) {
   const ModelConfig& c = weights_->config();
   threads_ = std::make_unique<cpu::ThreadPool>(options_.num_threads);
-  kv_ = std::make_unique<cpu::KvStore>(c.num_layers(), c.kv_dim(), options_.max_cells,
+  kv_ = std::make_unique<cpu::KvStore>(c.num_layers(), c.kv_dim(), limits_.max_cells,
                                        options_.initial_cells);
-  forward_ = std::make_unique<cpu::CpuForward>(weights_, *threads_, options_.step_width);
+  forward_ = std::make_unique<cpu::CpuForward>(weights_, *threads_, limits_.step_width);
 }
 
 CpuExecutor::~CpuExecutor() = default;
 
 size_t CpuExecutor::preferred_batch_tokens() const {
-  return static_cast<size_t>(options_.step_width);
+  return static_cast<size_t>(limits_.step_width);
 }
 
 std::optional<SessionId> CpuExecutor::open_session() {
-  return sessions_.open();
+  return sessions_->open();
 }
 
 void CpuExecutor::close_session(SessionId id) {
-  sessions_.close(id);
+  sessions_->close(id);
 }
 
 std::optional<SessionId> CpuExecutor::clone(SessionId source, Position upto) {
-  return sessions_.clone(source, upto);
+  return sessions_->clone(source, upto);
 }
 
 void CpuExecutor::set_sampling(SessionId id, const SamplingParams& params,
                                std::optional<uint64_t> seed) {
-  sessions_.set_sampling(id, params, seed);
+  sessions_->set_sampling(id, params, seed);
 }
 
-bool CpuExecutor::fail(std::string message) {
-  last_error_ = prefixed(message);
-  std::fprintf(stderr, "%s\n", last_error_.c_str());
-  return false;
-}
-
-bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
-  last_error_.clear();
+Status CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   out.outputs.assign(batch.inputs.size(), std::nullopt);
-  Result<PackedStep> packed_or = sessions_.pack(batch);
-  if (!packed_or.ok()) return fail(packed_or.status().to_string());
+  Result<PackedStep> packed_or = sessions_->pack(batch);
+  if (!packed_or.ok()) {
+    return Status(packed_or.status().code(), prefixed(packed_or.status().message()));
+  }
   const PackedStep& packed = *packed_or;
   const int64_t vocab = weights_->config().vocab_size();
-  if (Status s = check_tokens_in_vocab(packed, vocab); !s.ok()) return fail(s.message());
+  if (Status s = check_tokens_in_vocab(packed, vocab); !s.ok()) {
+    return Status(s.code(), prefixed(s.message()));
+  }
 
   const auto total = static_cast<int>(packed.tokens.size());
   std::vector<std::span<const CellId>> seq_cells;
   // The CPU forward takes any width from 1 to W, so every piece of the plan is
   // one forward (a lone tail token is a one-row forward).
-  for (const StepSlice& slice : plan_slices(total, options_.step_width, 1)) {
+  for (const StepSlice& slice : plan_slices(total, limits_.step_width, 1)) {
     const auto off = static_cast<size_t>(slice.offset);
     const auto len = static_cast<size_t>(slice.length);
     std::span<const SeqId> seq_ids(packed.seq_ids.data() + off, len);
-    kv_->ensure_rows(std::min<int64_t>(options_.max_cells, pool_.used_end() + slice.length));
-    std::optional<StepPlacement> placement = pool_.declare_step(seq_ids);
+    kv_->ensure_rows(std::min<int64_t>(limits_.max_cells, pool_->used_end() + slice.length));
+    std::optional<StepPlacement> placement = pool_->declare_step(seq_ids);
     if (!placement)
-      return fail("the cell pool refused a slice of " + std::to_string(len) + " tokens (" +
-                  std::to_string(pool_.free_cells()) + " free cells)");
+      return OutOfResources(prefixed("the cell pool refused a slice of " + std::to_string(len) +
+                                     " tokens (" + std::to_string(pool_->free_cells()) +
+                                     " free cells)"));
     for (size_t r = 0; r < len; ++r) {
       CELLM_CHECK_MSG(placement->positions[r] == packed.positions[off + r],
                       "pool placement disagrees with the packed positions");
     }
     seq_cells.clear();
-    for (size_t r = 0; r < len; ++r) seq_cells.push_back(pool_.cells_of(seq_ids[r]));
+    for (size_t r = 0; r < len; ++r) seq_cells.push_back(pool_->cells_of(seq_ids[r]));
 
     // Only rows that answer an input need logits (select_rows' padding row is
     // for programs that always produce one; the CPU forward does not).
@@ -151,21 +158,23 @@ bool CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       const Position next = packed.positions[off + static_cast<size_t>(rows.selector[s])] + 1;
       std::span<const float> row(logits_.data() + s * static_cast<size_t>(vocab),
                                  static_cast<size_t>(vocab));
-      std::optional<SampledToken> sampled = sessions_.sample_with_logprobs(sid, row, next);
-      if (!sampled) return fail("session " + std::to_string(sid) + " has no sampling policy");
+      std::optional<SampledToken> sampled = sessions_->sample_with_logprobs(sid, row, next);
+      if (!sampled) {
+        return InvalidState(prefixed("session " + std::to_string(sid) + " has no sampling policy"));
+      }
       Output output{sid, {sampled->token}, {}};
       if (sampled->logprobs) output.logprobs.push_back(std::move(*sampled->logprobs));
       out.outputs[input] = std::move(output);
     }
   }
-  return true;
+  return Status::Ok();
 }
 
 KvMetrics CpuExecutor::kv_metrics() const {
   KvMetrics m;
-  m.cells_capacity = pool_.capacity();
-  m.cells_in_use = pool_.used_cells();
-  m.used_end = pool_.used_end();
+  m.cells_capacity = pool_->capacity();
+  m.cells_in_use = pool_->used_cells();
+  m.used_end = pool_->used_end();
   m.rows_allocated = kv_->rows();
   m.allocated_bytes = kv_->allocated_bytes();
   m.bytes_per_cell = kv_->bytes_per_cell();

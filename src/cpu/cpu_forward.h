@@ -19,9 +19,9 @@
 #include <span>
 #include <vector>
 
-#include "cellm/cell_pool.h"
 #include "cellm/model_weights.h"
 #include "cellm/types.h"
+#include "core/cell_pool.h"
 #include "cpu/kernels/thread_pool.h"
 #include "cpu/kv_store.h"
 

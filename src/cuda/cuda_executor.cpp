@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "cellm/cell_pool.h"
-#include "cellm/session_table.h"
-#include "cellm/step_plan.h"
+#include "core/cell_pool.h"
+#include "core/session_table.h"
+#include "core/step_plan.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_forward.h"
 #include "cuda/gemm_tuning.h"
@@ -611,7 +611,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
 CudaExecutor::CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl) : impl_(std::move(impl)) {}
 CudaExecutor::~CudaExecutor() = default;
 
-bool CudaExecutor::initialize() {
+Status CudaExecutor::initialize() {
   const CudaExecutorOptions& o = impl_->options_;
   const auto t0 = std::chrono::steady_clock::now();
   bool ok = true;
@@ -621,7 +621,7 @@ bool CudaExecutor::initialize() {
   if (ok && o.warm_prefill_gemms) ok = impl_->warm_prefill_gemms();
   impl_->initialize_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return ok;
+  return ok ? Status::Ok() : Internal(impl_->last_error_);
 }
 
 size_t CudaExecutor::preferred_batch_tokens() const {
@@ -658,8 +658,8 @@ void CudaExecutor::set_sampling(SessionId id, const SamplingParams& params,
   impl_->sessions_.set_sampling(id, params, seed);
 }
 
-bool CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
-  return impl_->execute(batch, out);
+Status CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
+  return impl_->execute(batch, out) ? Status::Ok() : Internal(impl_->last_error_);
 }
 
 KvMetrics CudaExecutor::kv_metrics() const {

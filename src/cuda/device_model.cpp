@@ -6,7 +6,7 @@
 #include <functional>
 
 #include "cellm/dtype.h"
-#include "cellm/half.h"
+#include "model/half.h"
 
 namespace cellm::cuda {
 namespace {

@@ -30,13 +30,8 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
         "--executor cpu");
 #endif
   }
-  CpuExecutorOptions o = options.cpu;
-  o.max_sessions = limits.max_sessions;
-  o.max_session_tokens = limits.max_session_tokens;
-  o.max_cells = limits.max_cells;
-  o.step_width = limits.step_width;
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> e,
-                         CpuExecutor::create(std::move(weights), o));
+                         CpuExecutor::create(std::move(weights), limits, options.cpu));
   return std::unique_ptr<Executor>(std::move(e));
 }
 

@@ -11,7 +11,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "cellm/half.h"
+#include "model/half.h"
+#include "model/safetensors.h"
 
 namespace cellm {
 namespace {

@@ -1,4 +1,4 @@
-#include "cellm/safetensors.h"
+#include "model/safetensors.h"
 
 #include <algorithm>
 #include <limits>

@@ -65,6 +65,8 @@ Result<std::unique_ptr<Job>> ServeEngine::start(JobSpec spec, Admission::Ticket 
   } else {
     std::optional<Session> session = runner_.open_session_async().get();
     if (!session) {
+      const Status init = runner_.initialize_status();
+      if (!init.ok()) return OutOfResources("the executor failed to start: " + init.message());
       return OutOfResources("no session is available (the executor is at capacity or stopping)");
     }
     first.session = std::move(*session);

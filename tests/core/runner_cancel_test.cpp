@@ -1,4 +1,4 @@
-// Runner: cancellation and shutdown (study §8.7).
+// Runner: cancellation and shutdown.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Runner: clone_async (study §5.2 item 11, §8.7 Clone).
+// Runner: clone_async.
 #include <gtest/gtest.h>
 
 #include <future>

@@ -1,5 +1,5 @@
-// Runner: engine and generation metrics as the runner fills them (study §7,
-// §8.7 Engine metrics), and the derived values and reports of metrics.h.
+// Runner: engine and generation metrics as the runner fills them, and the
+// derived values and reports of metrics.h.
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -1,4 +1,4 @@
-// Runner: handles, sessions, lifetime and executor initialization (study §8.7).
+// Runner: handles, sessions, lifetime and executor initialization.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -234,7 +234,7 @@ TEST(InitializeTest, RunsOnceBeforeAnythingElseIsAskedOfTheExecutor) {
 
 TEST(InitializeTest, FailureStopsTheRunnerAndRefusesSessions) {
   FakeExecutor executor;
-  executor.set_initialize_result(false);
+  executor.set_initialize_result(Internal("FakeExecutor: no device"));
   Fixture fixture(executor);
   auto refused = fixture.runner.open_session_async();
   EXPECT_FALSE(settle(refused).has_value());
@@ -244,9 +244,28 @@ TEST(InitializeTest, FailureStopsTheRunnerAndRefusesSessions) {
   EXPECT_EQ(fixture.runner.metrics().sessions_refused, 0);
 }
 
+TEST(InitializeTest, AFailuresTextReachesWhoeverIsRefused) {
+  FakeExecutor executor;
+  executor.set_initialize_result(InvalidState("FakeExecutor: no device"));
+  Fixture fixture(executor);
+  auto refused = fixture.runner.open_session_async();
+  EXPECT_FALSE(settle(refused).has_value());
+  const Status init = fixture.runner.initialize_status();
+  EXPECT_EQ(init.code(), StatusCode::kInvalidState);
+  EXPECT_EQ(init.message(), "FakeExecutor: no device");
+}
+
+TEST(InitializeTest, ASuccessReadsOk) {
+  FakeExecutor executor;
+  Fixture fixture(executor);
+  auto opened = fixture.runner.open_session_async();
+  ASSERT_TRUE(settle(opened).has_value());
+  EXPECT_TRUE(fixture.runner.initialize_status().ok());
+}
+
 TEST(InitializeTest, FailureDoesNotStrandAQueuedOpen) {
   FakeExecutor executor;
-  executor.set_initialize_result(false);
+  executor.set_initialize_result(Internal("FakeExecutor: no device"));
   executor.hold_initialize();  // the opens queue behind initialize()
   Fixture fixture(executor);
   std::vector<std::future<std::optional<Session>>> opens;

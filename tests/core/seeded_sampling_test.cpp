@@ -1,4 +1,4 @@
-// Seeded sampling through the whole stack (DESIGN §7 Sampling, §9.5): Runner +
+// Seeded sampling through the whole stack: Runner +
 // DecodeFirstScheduler + HistoryExecutor (real CellPool, SessionTable and
 // sampler). The draw for a token is keyed by (seed, position), so a seeded
 // generation gives the same tokens whatever shares its batches.

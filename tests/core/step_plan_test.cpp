@@ -1,4 +1,4 @@
-#include "cellm/step_plan.h"
+#include "core/step_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -24,13 +24,14 @@ std::shared_ptr<const ModelWeights> load_weights(const Fixture& f) {
 
 std::unique_ptr<CpuExecutor> make(std::shared_ptr<const ModelWeights> w, int32_t sessions,
                                   int32_t tokens, int32_t width) {
+  ExecutorLimits l;
+  l.max_sessions = sessions;
+  l.max_session_tokens = tokens;
+  l.step_width = width;
   CpuExecutorOptions o;
-  o.max_sessions = sessions;
-  o.max_session_tokens = tokens;
-  o.step_width = width;
   o.initial_cells = 16;
   o.num_threads = 2;
-  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(std::move(w), o);
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(std::move(w), l, o);
   CELLM_CHECK_MSG(e.ok(), e.status().to_string());
   return std::move(*e);
 }
@@ -75,7 +76,8 @@ TEST_P(CpuExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   b.inputs.push_back(
       make_input(src, std::make_shared<const std::vector<Token>>(p.ids), 0, p.ids.size(), 0, true));
   BatchOutput o;
-  ASSERT_TRUE(e->execute(b, o)) << e->last_error();
+  const Status prefill = e->execute(b, o);
+  ASSERT_TRUE(prefill.ok()) << prefill.to_string();
   ASSERT_EQ(o.outputs[0]->tokens[0], p.greedy[0]);
   const int64_t cells_before = e->kv_metrics().cells_in_use;
 
@@ -91,7 +93,8 @@ TEST_P(CpuExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
     d.inputs.push_back(make_input(
         *child, std::make_shared<const std::vector<Token>>(std::vector<Token>{got.back()}), 0, 1,
         pos++, true));
-    ASSERT_TRUE(e->execute(d, o)) << e->last_error();
+    const Status s = e->execute(d, o);
+    ASSERT_TRUE(s.ok()) << s.to_string();
     got.push_back(o.outputs[0]->tokens[0]);
   }
   EXPECT_EQ(got, p.greedy);
@@ -171,37 +174,40 @@ class CpuExecutorCreateTest : public ::testing::Test {
 };
 
 TEST_F(CpuExecutorCreateTest, RefusesLimitsThePoolCannotHold) {
-  CpuExecutorOptions o;
-  o.max_sessions = 8;
-  o.max_session_tokens = 64;
-  o.max_cells = 512;
-  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, o);
+  ExecutorLimits l;
+  l.max_sessions = 8;
+  l.max_session_tokens = 64;
+  l.max_cells = 512;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, l, {});
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("must be below max_cells 512"), std::string::npos)
       << e.status().message();
-  o.max_cells = 513;
-  EXPECT_TRUE(CpuExecutor::create(weights_, o).ok());
+  l.max_cells = 513;
+  EXPECT_TRUE(CpuExecutor::create(weights_, l, {}).ok());
 }
 
 TEST_F(CpuExecutorCreateTest, RefusesABudgetPastTheModelsContext) {
-  CpuExecutorOptions o;
-  o.max_sessions = 1;
-  o.max_session_tokens = 513;
-  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, o);
+  ExecutorLimits l;
+  l.max_sessions = 1;
+  l.max_session_tokens = 513;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, l, {});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("exceeds the model's context of 512"), std::string::npos)
       << e.status().message();
 }
 
 TEST_F(CpuExecutorCreateTest, RefusesNonPositiveLimitsAndAMissingModel) {
+  ExecutorLimits l;
+  l.max_sessions = 0;
+  EXPECT_EQ(CpuExecutor::create(weights_, l, {}).status().code(), StatusCode::kInvalidArgument);
+  l = ExecutorLimits{};
+  l.step_width = 0;
+  EXPECT_EQ(CpuExecutor::create(weights_, l, {}).status().code(), StatusCode::kInvalidArgument);
   CpuExecutorOptions o;
-  o.max_sessions = 0;
-  EXPECT_EQ(CpuExecutor::create(weights_, o).status().code(), StatusCode::kInvalidArgument);
-  o = CpuExecutorOptions{};
-  o.step_width = 0;
-  EXPECT_EQ(CpuExecutor::create(weights_, o).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(CpuExecutor::create(nullptr, CpuExecutorOptions{}).status().message().find("no model"),
+  o.num_threads = -1;
+  EXPECT_EQ(CpuExecutor::create(weights_, {}, o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(CpuExecutor::create(nullptr, {}, {}).status().message().find("no model"),
             std::string::npos);
 }
 
@@ -213,9 +219,11 @@ TEST_F(CpuExecutorCreateTest, ATokenOutsideTheVocabularyFailsTheBatchAndChangesN
   b.inputs.push_back(make_input(
       a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 32000}), 0, 2, 0, true));
   BatchOutput o;
-  EXPECT_FALSE(e->execute(b, o));
-  EXPECT_NE(e->last_error().find("outside the vocabulary [0, 32000)"), std::string::npos)
-      << e->last_error();
+  const Status s = e->execute(b, o);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("CpuExecutor: ", 0), 0u) << s.to_string();
+  EXPECT_NE(s.message().find("outside the vocabulary [0, 32000)"), std::string::npos)
+      << s.to_string();
   EXPECT_EQ(e->kv_metrics().cells_in_use, 0);
 }
 
@@ -227,8 +235,9 @@ TEST_F(CpuExecutorCreateTest, AGapInASessionFailsTheBatch) {
   b.inputs.push_back(make_input(
       a, std::make_shared<const std::vector<Token>>(std::vector<Token>{1, 2}), 0, 2, 5, true));
   BatchOutput o;
-  EXPECT_FALSE(e->execute(b, o));
-  EXPECT_FALSE(e->last_error().empty());
+  const Status s = e->execute(b, o);
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(s.message().empty());
 }
 
 }  // namespace

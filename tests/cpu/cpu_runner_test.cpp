@@ -9,13 +9,15 @@ namespace {
 
 Result<std::unique_ptr<Executor>> make_cpu(std::shared_ptr<const ModelWeights> weights,
                                            int32_t sessions, int32_t tokens, int32_t width) {
+  ExecutorLimits limits;
+  limits.max_sessions = sessions;
+  limits.max_session_tokens = tokens;
+  limits.step_width = width;
   CpuExecutorOptions options;
-  options.max_sessions = sessions;
-  options.max_session_tokens = tokens;
-  options.step_width = width;
   options.initial_cells = 64;  // grows while the test runs
   options.num_threads = 2;
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> e, CpuExecutor::create(weights, options));
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> e,
+                         CpuExecutor::create(weights, limits, options));
   return std::unique_ptr<Executor>(std::move(e));
 }
 

@@ -56,7 +56,8 @@ inline std::vector<std::vector<Output>> drive_outputs(
   std::vector<std::vector<Output>> out(prompts.size());
   std::vector<Position> pos(prompts.size());
   BatchOutput o;
-  EXPECT_TRUE(e.execute(first, o));
+  const Status prefill = e.execute(first, o);
+  EXPECT_TRUE(prefill.ok()) << prefill.to_string();
   size_t k = 0;
   for (size_t i = 0; i < first.inputs.size(); ++i) {
     if (!first.inputs[i].produce_output) continue;
@@ -72,7 +73,8 @@ inline std::vector<std::vector<Output>> drive_outputs(
       const Token next = forced ? (*forced)[i][step - 1] : out[i].back().tokens.at(0);
       b.inputs.push_back(single_token(sids[i], next, pos[i]));
     }
-    EXPECT_TRUE(e.execute(b, o));
+    const Status s = e.execute(b, o);
+    EXPECT_TRUE(s.ok()) << s.to_string();
     for (size_t i = 0; i < prompts.size(); ++i) {
       if (!o.outputs[i]) return out;
       out[i].push_back(*o.outputs[i]);

@@ -39,7 +39,7 @@ class GatedExecutor final : public Executor {
     open_ = true;
     cv_.notify_all();
   }
-  bool initialize() override { return inner_.initialize(); }
+  Status initialize() override { return inner_.initialize(); }
   size_t preferred_batch_tokens() const override { return inner_.preferred_batch_tokens(); }
   std::optional<SessionId> open_session() override { return inner_.open_session(); }
   void close_session(SessionId id) override { inner_.close_session(id); }
@@ -50,7 +50,7 @@ class GatedExecutor final : public Executor {
                     std::optional<uint64_t> seed) override {
     inner_.set_sampling(id, params, seed);
   }
-  bool execute(const BatchInput& batch, BatchOutput& out) override {
+  Status execute(const BatchInput& batch, BatchOutput& out) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return open_; });

@@ -94,11 +94,11 @@ TEST_P(CudaExecutorFixtureTest, F32EqualsTheCpuExecutor) {
   const Fixture f = testing::load_fixture(GetParam());
   auto w = load_weights(f);
   auto gpu = make(w, 8, 128, 16, CudaPrecision::kF32);
-  CpuExecutorOptions co;
+  ExecutorLimits co;
   co.max_sessions = 8;
   co.max_session_tokens = 128;
   co.step_width = 16;
-  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co).value());
+  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co, {}).value());
   const auto prompts = prompts_of(f);
   EXPECT_EQ(drive(*gpu, prompts, 7, 24), drive(*cpu, prompts, 7, 24));
 }
@@ -111,11 +111,11 @@ TEST_P(CudaExecutorFixtureTest, F32LogprobsEqualTheCpuExecutors) {
   constexpr float kTolerance = 1e-3f;
   const Fixture f = testing::load_fixture(GetParam());
   auto w = load_weights(f);
-  CpuExecutorOptions co;
+  ExecutorLimits co;
   co.max_sessions = 8;
   co.max_session_tokens = 128;
   co.step_width = 16;
-  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co).value());
+  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, co, {}).value());
   const auto prompts = prompts_of(f);
   std::vector<SamplingParams> params(prompts.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -196,7 +196,8 @@ TEST_P(CudaExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   b.inputs.push_back(testing::make_input(src, std::make_shared<const std::vector<Token>>(p.ids), 0,
                                          p.ids.size(), 0, true));
   BatchOutput o;
-  ASSERT_TRUE(e->execute(b, o)) << e->last_error();
+  const Status executed = e->execute(b, o);
+  ASSERT_TRUE(executed.ok()) << executed.to_string();
   const int64_t cells = e->kv_metrics().cells_in_use;
   std::optional<SessionId> child = e->clone(src, static_cast<Position>(p.ids.size()));
   ASSERT_TRUE(child.has_value());
@@ -208,7 +209,8 @@ TEST_P(CudaExecutorFixtureTest, ACloneDecodesFromTheSharedPrefix) {
   while (got.size() < p.greedy.size()) {
     BatchInput d;
     d.inputs.push_back(testing::single_token(*child, got.back(), pos++));
-    ASSERT_TRUE(e->execute(d, o)) << e->last_error();
+    const Status executed = e->execute(d, o);
+    ASSERT_TRUE(executed.ok()) << executed.to_string();
     got.push_back(o.outputs[0]->tokens[0]);
   }
   EXPECT_EQ(got, p.greedy);
@@ -281,7 +283,8 @@ TEST_P(CudaExecutorFixtureTest, ProgrammaticLaunchChangesNoTokenAndNoLogprob) {
         Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
         ASSERT_TRUE(e.ok()) << e.status().to_string();
         EXPECT_EQ(cuda::programmatic_launch_enabled(), pdl);
-        ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+        const Status init = (*e)->initialize();
+        ASSERT_TRUE(init.ok()) << init.to_string();
         by_switch[pdl ? 1 : 0] = testing::drive_outputs(**e, prompts, 5, 16, params);
         if (graphs) {
           EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
@@ -311,7 +314,8 @@ TEST_P(CudaExecutorFixtureTest, PrefillGemmWarmUpChangesNoTokenAndNoLogprob) {
       o.warm_prefill_gemms = warm;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       // Steps of 9-16 rows go to cuBLASLt in either precision: at least one kernel.
       if (warm) {
         EXPECT_GT((*e)->warmed_prefill_kernels(), 0);
@@ -359,7 +363,8 @@ TEST_P(CudaExecutorFixtureTest, EarlyTriggersChangeNoTokenAndNoLogprob) {
       o.capture_graphs_at_start = c != 3;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
       EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
       // One note per captured bucket, naming the placement (timed: both times and the
@@ -406,7 +411,8 @@ TEST_P(CudaExecutorFixtureTest, L2PrefetchChangesNoTokenAndNoLogprob) {
       o.tuning.l2_prefetch = choices[c];
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
       EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
       const std::vector<std::string> notes = (*e)->decode_graph_notes();
@@ -462,7 +468,8 @@ TEST_P(CudaExecutorFixtureTest, EarlyAfterCublasChangesNoTokenAndNoLogprob) {
       o.tuning.early_triggers = c == 3 ? TimedChoice::kTimed : TimedChoice::kOff;
       Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w, small_limits(), o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
-      ASSERT_TRUE((*e)->initialize()) << (*e)->last_error();
+      const Status init = (*e)->initialize();
+      ASSERT_TRUE(init.ok()) << init.to_string();
       outputs[c] = testing::drive_outputs(**e, prompts, 5, 16, params);
       EXPECT_GT((*e)->method_calls().decode_graph_replays, 0);
       const std::vector<std::string> notes = (*e)->decode_graph_notes();
@@ -610,7 +617,8 @@ TEST_F(CudaExecutorTest, TwoBf16ExecutorsInOneProcessGiveTheSameLogprobsBitForBi
   for (auto& outputs : got) {
     auto e = make(w_, 8, 128, 16, CudaPrecision::kBF16);
     ASSERT_TRUE(e->options().tune_gemm);
-    ASSERT_TRUE(e->initialize()) << e->last_error();
+    const Status init = e->initialize();
+    ASSERT_TRUE(init.ok()) << init.to_string();
     outputs = testing::drive_outputs(*e, prompts, 6, 12, params);
   }
   EXPECT_FALSE(describe_tuned_gemms().empty());

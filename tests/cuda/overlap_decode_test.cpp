@@ -42,7 +42,10 @@ std::unique_ptr<CudaExecutor> make(const Fixture& f, bool overlap, CudaPrecision
   Result<std::unique_ptr<CudaExecutor>> e =
       CudaExecutor::create(std::make_shared<const ModelWeights>(std::move(*w)), l, o);
   CELLM_CHECK_MSG(e.ok(), e.status().to_string());
-  if (at_start) CELLM_CHECK((*e)->initialize());
+  if (at_start) {
+    const Status init = (*e)->initialize();
+    CELLM_CHECK_MSG(init.ok(), init.to_string());
+  }
   return std::move(*e);
 }
 
@@ -79,7 +82,8 @@ class Script {
     }
     for (size_t i : decodes) b.inputs.push_back(single_token(sids_[i], next_[i], pos_[i]));
     BatchOutput o;
-    ASSERT_TRUE(e_.execute(b, o)) << e_.last_error();
+    const Status executed = e_.execute(b, o);
+    ASSERT_TRUE(executed.ok()) << executed.to_string();
     ASSERT_EQ(o.outputs.size(), b.inputs.size());
     std::vector<size_t> order = prefills;
     order.insert(order.end(), decodes.begin(), decodes.end());

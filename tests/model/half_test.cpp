@@ -1,4 +1,4 @@
-#include "cellm/half.h"
+#include "model/half.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cellm/half.h"
+#include "model/half.h"
 
 namespace cellm::testing {
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "cellm/half.h"
+#include "model/half.h"
 #include "model_test_files.h"
 
 namespace cellm {

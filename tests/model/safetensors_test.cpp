@@ -1,4 +1,4 @@
-#include "cellm/safetensors.h"
+#include "model/safetensors.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "cellm/half.h"
+#include "model/half.h"
 #include "model_test_files.h"
 
 namespace cellm {

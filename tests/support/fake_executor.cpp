@@ -25,9 +25,9 @@ std::string describe(const BatchInput& batch) {
 
 // --- configuration ---
 
-void FakeExecutor::set_initialize_result(bool ok) {
+void FakeExecutor::set_initialize_result(Status result) {
   std::lock_guard<std::mutex> lock(mu_);
-  initialize_result_ = ok;
+  initialize_result_ = std::move(result);
 }
 
 void FakeExecutor::set_capacity(int max_open_sessions) {
@@ -197,7 +197,7 @@ Token FakeExecutor::next_token(SessionId sid, Position p) {
   return token_at(sid, p);
 }
 
-bool FakeExecutor::initialize() {
+Status FakeExecutor::initialize() {
   std::unique_lock<std::mutex> lock(mu_);
   call_threads_.insert(std::this_thread::get_id());
   initialize_entered_ = true;
@@ -268,7 +268,7 @@ void FakeExecutor::set_sampling(SessionId id, const SamplingParams& params,
   sampling_[id] = SamplingInstall{params, seed};
 }
 
-bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
+Status FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   int64_t index = 0;
   std::function<void(int64_t, const BatchInput&)> hook;
   {
@@ -298,7 +298,7 @@ bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !held_; });
   in_execute_ = false;
-  if (fail_from_ >= 0 && index >= fail_from_) return false;
+  if (fail_from_ >= 0 && index >= fail_from_) return Internal(kFailedBatchMessage);
 
   // A session's inputs in one batch are chunks in order, each starting where
   // the previous ended, and only the last may want output.
@@ -320,13 +320,13 @@ bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
     auto it = sessions_.find(in.sid);
     if (it == sessions_.end()) {
       violations_.push_back("execute on closed session " + std::to_string(in.sid));
-      return false;
+      return InvalidState(violations_.back());
     }
     if (sampling_.count(in.sid) == 0) executed_without_sampling_ = true;
     std::vector<Token>& history = it->second;
     if (in.start() < 0 || static_cast<size_t>(in.start()) > history.size()) {
       violations_.push_back("gap in session " + std::to_string(in.sid));
-      return false;
+      return InvalidArgument(violations_.back());
     }
     history.resize(static_cast<size_t>(in.start()));  // rewind (no-op when appending)
     for (size_t k = 0; k < in.size; ++k) history.push_back(in.token(k));
@@ -375,7 +375,7 @@ bool FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       out.outputs.pop_back();
     }
   }
-  return true;
+  return Status::Ok();
 }
 
 KvMetrics FakeExecutor::kv_metrics() const {

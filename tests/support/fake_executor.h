@@ -67,15 +67,19 @@ class FakeExecutor : public Executor {
     return TokenLogprobs{logprob, {{token, logprob}}};
   }
 
+  // The error of a batch failed by fail_batches_from().
+  static constexpr const char* kFailedBatchMessage = "FakeExecutor: the batch fails as configured";
+
   // --- configuration (any thread) ---
-  void set_initialize_result(bool ok);
+  // What initialize() returns (Ok by default).
+  void set_initialize_result(Status result);
   void set_capacity(int max_open_sessions);  // counts clones too
   void set_clone_supported(bool supported);
   void set_clone_throws(bool throws);
   void set_tokens_per_output(int n);
   // Tokens produced for `sid`, in order, before the default rule applies.
   void script_tokens(SessionId sid, std::vector<Token> tokens);
-  // execute() calls with index >= `index` return false; -1 never.
+  // execute() calls with index >= `index` fail with kFailedBatchMessage; -1 never.
   void fail_batches_from(int64_t index);
   // Malformed answers for execute() calls with index >= `from_batch`.
   void set_malformation(Malformation m, int64_t from_batch = 0);
@@ -111,13 +115,13 @@ class FakeExecutor : public Executor {
   std::set<std::thread::id> call_threads() const;
 
   // --- Executor ---
-  bool initialize() override;
+  Status initialize() override;
   std::optional<SessionId> open_session() override;
   void close_session(SessionId id) override;
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
-  bool execute(const BatchInput& batch, BatchOutput& out) override;
+  Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
 
  private:
@@ -127,7 +131,7 @@ class FakeExecutor : public Executor {
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  bool initialize_result_ = true;
+  Status initialize_result_;
   int capacity_ = 1 << 20;
   bool clone_supported_ = true;
   bool clone_throws_ = false;

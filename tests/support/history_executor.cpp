@@ -5,7 +5,7 @@
 #include <new>
 #include <utility>
 
-#include "cellm/step_plan.h"
+#include "core/step_plan.h"
 
 namespace cellm::testing {
 namespace {
@@ -214,9 +214,9 @@ void HistoryExecutor::set_sampling(SessionId id, const SamplingParams& params,
   table_.set_sampling(id, params, seed);
 }
 
-bool HistoryExecutor::fail(std::string message) {
-  errors_.push_back(std::move(message));
-  return false;
+Status HistoryExecutor::fail(std::string message) {
+  errors_.push_back(message);
+  return Internal("HistoryExecutor: " + message);
 }
 
 std::vector<Token> HistoryExecutor::read_history(SeqId seq, Position end) const {
@@ -232,7 +232,7 @@ std::vector<Token> HistoryExecutor::read_history(SeqId seq, Position end) const 
   return tokens;
 }
 
-bool HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
+Status HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !held_; });
   const int64_t index = n_batches_++;
@@ -284,7 +284,7 @@ bool HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
     }
   }
   pool_.check_invariants();
-  return true;
+  return Status::Ok();
 }
 
 KvMetrics HistoryExecutor::kv_metrics() const {

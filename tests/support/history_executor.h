@@ -42,9 +42,9 @@
 #include <string>
 #include <vector>
 
-#include "cellm/cell_pool.h"
 #include "cellm/executor.h"
-#include "cellm/session_table.h"
+#include "core/cell_pool.h"
+#include "core/session_table.h"
 
 namespace cellm::testing {
 
@@ -119,11 +119,11 @@ class HistoryExecutor : public Executor {
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
-  bool execute(const BatchInput& batch, BatchOutput& out) override;
+  Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
 
  private:
-  bool fail(std::string message);  // REQUIRES: mu_ held
+  Status fail(std::string message);  // REQUIRES: mu_ held
   // Committed tokens of `seq` at positions [0, end). REQUIRES: mu_ held.
   std::vector<Token> read_history(SeqId seq, Position end) const;
 

@@ -197,7 +197,10 @@ Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const Eng
   std::vector<Session> sessions;
   for (int64_t i = 0; i < b; ++i) {
     std::optional<Session> s = runner.open_session_async().get();
-    if (!s) return OutOfResources("the executor refused session " + std::to_string(i));
+    if (!s) {
+      CELLM_RETURN_IF_ERROR(runner.initialize_status());
+      return OutOfResources("the executor refused session " + std::to_string(i));
+    }
     sessions.push_back(std::move(*s));
   }
   std::mt19937_64 rng(seed);
@@ -282,6 +285,7 @@ Result<LoadRow> load_one(const std::shared_ptr<const LoadedModel>& model,
   // The runner answers its first command once the executor is initialized (on CUDA, the
   // decode graphs captured and the GEMMs tuned: seconds): the clock starts after it.
   if (!runner.open_session_async().get()) {
+    CELLM_RETURN_IF_ERROR(runner.initialize_status());
     return OutOfResources("the executor refused a session before the load");
   }
   const int64_t t0 = now_us();

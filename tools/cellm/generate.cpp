@@ -281,7 +281,9 @@ int run_generate(int argc, const char* const* argv) {
            running + starting.size() < static_cast<size_t>(limits.max_sessions)) {
       std::optional<Session> session = runner.open_session_async().get();
       if (!session) {
-        start_error = "the executor refused to open a session";
+        const Status init = runner.initialize_status();
+        start_error = init.ok() ? "the executor refused to open a session"
+                                : "the executor failed to start: " + init.message();
         break;
       }
       const size_t i = next + starting.size();

@@ -1,6 +1,6 @@
 // Attention over KV cells, and the write of a step's K/V rows into their cells.
 //
-// KV storage of one layer (DESIGN.md §4): k_cells and v_cells are
+// KV storage of one layer: k_cells and v_cells are
 // [max_cells, n_kv_heads, head_dim] f32; cell c holds the K (V) of one token.
 // A sequence is an ordered cell list: cells[i] holds the token at position i.
 //

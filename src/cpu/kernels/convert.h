@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "cellm/dtype.h"
-#include "cellm/half.h"
+#include "model/half.h"
 
 namespace cellm::cpu {
 

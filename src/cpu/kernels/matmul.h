@@ -13,8 +13,8 @@
 //     tiles ahead prefetched into L2 (memory-bound: ~90% of DRAM read bandwidth);
 //   m >= 5: each W tile [64 rows, 512 columns] is widened once into a per-thread
 //     f32 buffer (the next one prefetched) and shared by all rows of x in 4x4
-//     register tiles (compute-bound: ~170-180 GFLOP/s on 2 Zen 4 cores, on par
-//     with OpenBLAS sgemm on pre-widened weights, so no BLAS is used).
+//     register tiles (compute-bound: on par with OpenBLAS sgemm on pre-widened
+//     weights, so no BLAS is used).
 // Thread-safety: reentrant; runs on `pool` and returns when y is complete.
 #pragma once
 

@@ -12,10 +12,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cellm/cell_pool.h"
 #include "cellm/sampler.h"
 #include "cellm/status.h"
 #include "cellm/types.h"
+#include "core/cell_pool.h"
 
 namespace cellm {
 

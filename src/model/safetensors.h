@@ -30,21 +30,6 @@
 
 namespace cellm {
 
-// One tensor's bytes, row-major, non-owning.
-struct TensorView {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  const void* data = nullptr;
-  size_t nbytes = 0;  // numel() * dtype_size_bytes(dtype)
-
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  }
-};
-
 // "[2048, 128256]".
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
