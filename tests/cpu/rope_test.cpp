@@ -9,6 +9,7 @@
 
 #include "cpu/kernels/reference.h"
 #include "kernel_test_util.h"
+#include "model/rope.h"
 #include "rope_golden.h"
 
 namespace cellm::cpu {
@@ -28,15 +29,16 @@ TEST(RopeInvFreqTest, DefaultThetaMatchesTransformersBitForBit) {
 }
 
 TEST(RopeInvFreqTest, Llama31ScalingMatchesTransformersBitForBit) {
-  const Llama3RopeScaling llama3{.factor = 8.0,
-                                 .low_freq_factor = 1.0,
-                                 .high_freq_factor = 4.0,
-                                 .original_max_position_embeddings = 8192.0};
+  const RopeScaling llama3{.type = RopeScalingType::kLlama3,
+                           .factor = 8.0,
+                           .low_freq_factor = 1.0,
+                           .high_freq_factor = 4.0,
+                           .original_max_position_embeddings = 8192};
   EXPECT_EQ(rope_inv_freq(500000.0, 128, llama3), from_bits(kLlama31InvFreqBits));
 }
 
 TEST(RopeInvFreqTest, Llama3KeepsHighFrequenciesAndDividesLowOnesByTheFactor) {
-  const Llama3RopeScaling llama3{};
+  const RopeScaling llama3{.type = RopeScalingType::kLlama3, .factor = 8.0};
   const std::vector<float> plain = rope_inv_freq(500000.0, 128);
   const std::vector<float> scaled = rope_inv_freq(500000.0, 128, llama3);
   ASSERT_EQ(plain.size(), 64u);
@@ -72,7 +74,8 @@ TEST(RopeTest, QAndKHeadsMatchTheReferenceAtPerRowPositions) {
       std::vector<int32_t> pos(static_cast<size_t>(m));
       for (int64_t r = 0; r < m; ++r)
         pos[static_cast<size_t>(r)] = static_cast<int32_t>((r * 977) % 5000);
-      const std::vector<float> inv_freq = rope_inv_freq(500000.0, hd, Llama3RopeScaling{});
+      const std::vector<float> inv_freq =
+          rope_inv_freq(500000.0, hd, RopeScaling{.type = RopeScalingType::kLlama3, .factor = 8.0});
       std::vector<float> want_q = q, want_k = k;
       for (int64_t r = 0; r < m; ++r) {
         reference::rope_row(want_q.data() + r * nh * hd, nh, hd, pos[r], inv_freq);

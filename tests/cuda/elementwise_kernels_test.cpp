@@ -36,6 +36,7 @@
 #include "cuda/kernels/swiglu.h"
 #include "device_test_util.h"
 #include "gpu_test.h"
+#include "model/rope.h"
 
 namespace cellm::cuda {
 namespace {
@@ -348,8 +349,9 @@ TYPED_TEST(RopeKernelTest, RotatesTheQAndKHeadsLikeTheCpuTwinAndNothingElse) {
   for (const int64_t hd : kHeadDims) {
     for (const bool llama3 : {false, true}) {
       const std::vector<float> inv_freq =
-          llama3 ? cpu::rope_inv_freq(500000.0, hd, cpu::Llama3RopeScaling{})
-                 : cpu::rope_inv_freq(10000.0, hd);
+          llama3 ? rope_inv_freq(500000.0, hd,
+                                 RopeScaling{.type = RopeScalingType::kLlama3, .factor = 8.0})
+                 : rope_inv_freq(10000.0, hd);
       const DeviceArray<float> dev_inv_freq(inv_freq);
       for (const int64_t m : kRowCounts) {
         SCOPED_TRACE("head_dim=" + std::to_string(hd) + " m=" + std::to_string(m) +
@@ -589,7 +591,7 @@ TEST(KernelGraphCaptureTest, LaunchersRecordIntoAGraphAndReplayLikeEagerLaunches
   const std::vector<int32_t> tokens = {3, 39, 0};
   const std::vector<int32_t> positions = {0, 7, 9999};
   const std::vector<int32_t> rows = {2, 0};
-  const std::vector<float> inv_freq = cpu::rope_inv_freq(10000.0, kHeadDim);
+  const std::vector<float> inv_freq = rope_inv_freq(10000.0, kHeadDim);
   const std::vector<float> table = random_values<B>(rng, kVocab * kD);
   const std::vector<float> delta = random_values<B>(rng, kM * kD);
   const std::vector<float> weight = random_values<B>(rng, kD);

@@ -7,6 +7,7 @@
 // GQA and equal head counts, rows 1, 7 and 300, positions up to 100000 (precise
 // cosf/sinf's slow path), with and without the table.
 #include "cuda/kernels/rope_kv_write.h"
+#include "model/rope.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -84,8 +85,9 @@ StepInputs<T> make_inputs(const Shape& s, bool llama3, uint32_t seed) {
   std::iota(all_cells.begin(), all_cells.end(), 0);
   std::shuffle(all_cells.begin(), all_cells.end(), rng);
   in.cells.assign(all_cells.begin(), all_cells.begin() + s.n_rows);
-  in.inv_freq = llama3 ? cpu::rope_inv_freq(500000.0, s.head_dim, cpu::Llama3RopeScaling{})
-                       : cpu::rope_inv_freq(10000.0, s.head_dim);
+  in.inv_freq = llama3 ? rope_inv_freq(500000.0, s.head_dim,
+                                       RopeScaling{.type = RopeScalingType::kLlama3, .factor = 8.0})
+                       : rope_inv_freq(10000.0, s.head_dim);
   in.k_pool.resize(static_cast<size_t>(s.max_cells() * s.kv_dim()));
   in.v_pool.resize(in.k_pool.size());
   for (size_t i = 0; i < in.k_pool.size(); ++i) {

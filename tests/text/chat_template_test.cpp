@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "text_test_files.h"
+#include "support/temp_dir.h"
 
 namespace cellm {
 namespace {

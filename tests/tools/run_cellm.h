@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.h"
+
 extern char** environ;
 
 namespace cellm::testing {
@@ -131,26 +133,6 @@ inline CellmRun run_cellm(const std::vector<std::string>& args) {
   }
   return run;
 }
-
-// A fresh directory under the system temp dir, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "cellm_tools_XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

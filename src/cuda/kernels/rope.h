@@ -7,7 +7,7 @@
 //   x[j + half] = x[j + half] * c + x[j] * s
 // with each product rounded to f32 before the sum (no FMA contraction), as torch's
 // q * cos + rotate_half(q) * sin. CPU twin: cpu::rope (src/cpu/kernels/rope.h); build
-// inv_freq with cpu::rope_inv_freq.
+// inv_freq with rope_inv_freq (model/rope.h).
 //
 // Launchers enqueue on `stream`, never allocate or synchronise (safe inside CUDA graph
 // capture), and return the launch error (cudaErrorInvalidValue for bad arguments).

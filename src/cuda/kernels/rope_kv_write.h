@@ -21,7 +21,7 @@
 //            kv_dim = n_kv_heads * head_dim.
 //   k_pool, v_pool  [max_cells, n_kv_heads, head_dim] of T: one layer's KV storage.
 //   positions, cells, row_seq  [n_rows] int32; inv_freq [head_dim / 2] f32
-//            (cpu::rope_inv_freq).
+//            (rope_inv_freq, model/rope.h).
 //   table    int32 [n_table_rows, table_stride], shared by all layers (the executor
 //            passes it on layer 0 only).
 //

@@ -1,26 +1,27 @@
-// Files for the text tests: a temporary folder removed with everything in it, and
-// a whole-file writer (tokenizer_config.json and friends written by the tests).
+// Test files: a fresh temporary folder removed with everything in it, and a
+// whole-file writer. Shared by every suite that writes model, tokenizer or
+// template files for a test.
 #pragma once
 
-#include <unistd.h>
+#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
 #include <gtest/gtest.h>
 
 namespace cellm::testing {
 
-// A fresh folder under the system temp dir, removed with everything in it.
+// A fresh folder under the system temp dir (mkdtemp: unique across processes and
+// threads), removed with everything in it.
 class TempDir {
  public:
   TempDir() {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("cellm_text_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cellm_test_XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
   }
   ~TempDir() {
     std::error_code ec;
