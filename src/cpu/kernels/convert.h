@@ -1,5 +1,5 @@
 // Typed views of weights and tables, and the scalar conversions between bf16,
-// f16 and f32 (from include/cellm/half.h). Kernels keep 16-bit weights 16-bit in memory and widen
+// f16 and f32 (from model/half.h). Kernels keep 16-bit weights 16-bit in memory and widen
 // them to f32 as they load them (simd.h has the vector forms); these scalar forms are the reference
 // for those and serve tails and tests.
 //
@@ -33,7 +33,7 @@ struct TypedPtr {
   DType dtype = DType::kF32;
 };
 
-// The scalar conversions are the model layer's (include/cellm/half.h).
+// The scalar conversions are the model layer's (model/half.h).
 using cellm::bf16_to_f32;
 using cellm::f16_to_f32;
 using cellm::f32_to_bf16;
