@@ -4,6 +4,7 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <unordered_map>
 
 #include "cellm/status.h"
 
@@ -54,6 +55,8 @@ std::optional<SeqId> CellPool::seq_clone(SeqId src, Position upto) {
   const SeqId child = seq_new();  // may reallocate seqs_: index it afresh below
   const std::vector<CellId>& src_cells = seqs_[src].cells;
   std::vector<CellId> shared(src_cells.begin(), src_cells.begin() + upto);
+  // Every shared cell already has src as an owner, so none is cached-only and
+  // the cached-only count does not change.
   for (CellId cell : shared) ++refcount_[cell];
   seqs_[child].cells = std::move(shared);
   return child;
@@ -62,6 +65,8 @@ std::optional<SeqId> CellPool::seq_clone(SeqId src, Position upto) {
 void CellPool::seq_rm(SeqId seq) {
   if (!seq_live(seq)) return;
   Sequence& s = seqs_[seq];
+  outstanding_ -= outstanding_of(s);
+  s.limit = 0;
   for (CellId cell : s.cells) release_cell(cell);
   std::vector<CellId>().swap(s.cells);
   s.live = false;
@@ -71,10 +76,23 @@ void CellPool::seq_rm(SeqId seq) {
 
 bool CellPool::rewind(SeqId seq, Position p) {
   if (!seq_live(seq) || p < 0 || p > pos(seq)) return false;
-  std::vector<CellId>& cells = seqs_[seq].cells;
-  for (size_t i = static_cast<size_t>(p); i < cells.size(); ++i) release_cell(cells[i]);
-  cells.resize(static_cast<size_t>(p));
+  Sequence& s = seqs_[seq];
+  outstanding_ -= outstanding_of(s);
+  for (size_t i = static_cast<size_t>(p); i < s.cells.size(); ++i) release_cell(s.cells[i]);
+  s.cells.resize(static_cast<size_t>(p));
+  outstanding_ += outstanding_of(s);  // the rewound positions are reserved again
+  clamp_outstanding(s);
   return true;
+}
+
+void CellPool::clamp_outstanding(Sequence& s) {
+  const int64_t room = int64_t{free_cells()} + cached_only_;
+  if (outstanding_ <= room) return;
+  const int64_t excess = outstanding_ - room;
+  // Before the rewind outstanding <= room held, so the excess is at most what
+  // this sequence just gained and its limit stays >= its length.
+  s.limit -= excess;
+  outstanding_ -= excess;
 }
 
 Position CellPool::pos(SeqId seq) const {
@@ -88,10 +106,27 @@ std::span<const CellId> CellPool::cells_of(SeqId seq) const {
 }
 
 std::optional<StepPlacement> CellPool::declare_step(std::span<const SeqId> seq_ids) {
-  if (seq_ids.size() > static_cast<size_t>(free_cells())) return std::nullopt;
   for (SeqId seq : seq_ids) {
     if (!seq_live(seq)) return std::nullopt;
   }
+  const auto n = static_cast<int64_t>(seq_ids.size());
+  // Tokens within their sequence's reservation are already counted in
+  // outstanding_; the rest need unreserved room.
+  int64_t reserved_use = 0;
+  if (outstanding_ > 0) {
+    std::unordered_map<SeqId, int64_t> taken;
+    for (SeqId seq : seq_ids) {
+      int64_t& t = taken[seq];
+      if (t < outstanding_of(seqs_[seq])) {
+        ++t;
+        ++reserved_use;
+      }
+    }
+  }
+  if (n - reserved_use > unreserved_cells()) return std::nullopt;
+  if (n > free_cells() && reclaimer_) reclaimer_(n - free_cells());
+  if (n > free_cells()) return std::nullopt;
+  outstanding_ -= reserved_use;
   StepPlacement placement;
   placement.cells.reserve(seq_ids.size());
   placement.positions.reserve(seq_ids.size());
@@ -105,6 +140,69 @@ std::optional<StepPlacement> CellPool::declare_step(std::span<const SeqId> seq_i
     placement.positions.push_back(position);
   }
   return placement;
+}
+
+bool CellPool::hold(CellId cell) {
+  CELLM_CHECK_MSG(cell >= 0 && cell < capacity_cells_, "cell " + std::to_string(cell));
+  if (refcount_[cell] == 0 || held_[cell]) return false;
+  // The cell has another owner, so it does not become cached-only.
+  held_[cell] = 1;
+  ++refcount_[cell];
+  ++held_count_;
+  return true;
+}
+
+bool CellPool::unhold(CellId cell) {
+  CELLM_CHECK_MSG(cell >= 0 && cell < capacity_cells_, "cell " + std::to_string(cell));
+  if (!held_[cell]) return false;
+  held_[cell] = 0;
+  --held_count_;
+  if (refcount_[cell] == 1) --cached_only_;
+  if (--refcount_[cell] == 0) free_cell(cell);
+  return true;
+}
+
+bool CellPool::held(CellId cell) const {
+  CELLM_CHECK_MSG(cell >= 0 && cell < capacity_cells_, "cell " + std::to_string(cell));
+  return held_[cell] != 0;
+}
+
+bool CellPool::seq_attach(SeqId seq, std::span<const CellId> cells) {
+  if (!seq_live(seq) || !seqs_[seq].cells.empty()) return false;
+  int64_t pinned = 0;
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const CellId cell = cells[i];
+    if (cell < 0 || cell >= capacity_cells_ || refcount_[cell] == 0 ||
+        position_[cell] != static_cast<Position>(i)) {
+      return false;
+    }
+    if (held_[cell] && refcount_[cell] == 1) ++pinned;
+  }
+  Sequence& s = seqs_[seq];
+  const int64_t before = outstanding_of(s);
+  const int64_t after = std::max<int64_t>(0, s.limit - static_cast<int64_t>(cells.size()));
+  if (outstanding_ - before + after > int64_t{free_cells()} + cached_only_ - pinned) return false;
+  for (CellId cell : cells) {
+    if (held_[cell] && refcount_[cell] == 1) --cached_only_;
+    ++refcount_[cell];
+  }
+  s.cells.assign(cells.begin(), cells.end());
+  outstanding_ += after - before;
+  return true;
+}
+
+bool CellPool::set_reservation(SeqId seq, int64_t n) {
+  if (!seq_live(seq) || n < 0) return false;
+  Sequence& s = seqs_[seq];
+  const int64_t current = outstanding_of(s);
+  if (n > unreserved_cells() + current) return false;
+  s.limit = static_cast<int64_t>(s.cells.size()) + n;
+  outstanding_ += n - current;
+  return true;
+}
+
+int64_t CellPool::reservation(SeqId seq) const {
+  return seq_live(seq) ? outstanding_of(seqs_[seq]) : 0;
 }
 
 int32_t CellPool::refcount(CellId cell) const {
@@ -122,7 +220,11 @@ void CellPool::clear() {
   used_cells_ = 0;
   used_end_ = 0;
   num_live_seqs_ = 0;
+  held_count_ = 0;
+  cached_only_ = 0;
+  outstanding_ = 0;
   refcount_.assign(capacity_cells_, 0);
+  held_.assign(capacity_cells_, 0);
   position_.assign(capacity_cells_, 0);
   seqs_.clear();
   free_seq_ids_.clear();
@@ -142,7 +244,14 @@ CellId CellPool::take_lowest_free_cell() {
 
 void CellPool::release_cell(CellId cell) {
   CELLM_CHECK(refcount_[cell] > 0);
-  if (--refcount_[cell] > 0) return;
+  if (--refcount_[cell] > 0) {
+    if (refcount_[cell] == 1 && held_[cell]) ++cached_only_;
+    return;
+  }
+  free_cell(cell);
+}
+
+void CellPool::free_cell(CellId cell) {
   heap_push(free_cells_, cell);
   --used_cells_;
   // Each step down passes a cell that an earlier take stepped over: amortized O(1).
@@ -153,17 +262,21 @@ void CellPool::check_invariants() const {
   const auto cap = static_cast<size_t>(capacity_cells_);
   CELLM_CHECK(refcount_.size() == cap);
   CELLM_CHECK(position_.size() == cap);
+  CELLM_CHECK(held_.size() == cap);
 
   // Refcounts are the number of list entries naming each cell; positions match.
   std::vector<int32_t> owners(cap, 0);
   int32_t live = 0;
+  int64_t outstanding = 0;
   for (size_t s = 0; s < seqs_.size(); ++s) {
     const Sequence& seq = seqs_[s];
     if (!seq.live) {
       CELLM_CHECK_MSG(seq.cells.empty(), "dead sequence " + std::to_string(s) + " holds cells");
+      CELLM_CHECK_MSG(seq.limit == 0, "dead sequence " + std::to_string(s) + " has a reservation");
       continue;
     }
     ++live;
+    outstanding += outstanding_of(seq);
     for (size_t i = 0; i < seq.cells.size(); ++i) {
       const CellId cell = seq.cells[i];
       CELLM_CHECK_MSG(cell >= 0 && cell < capacity_cells_,
@@ -179,7 +292,11 @@ void CellPool::check_invariants() const {
 
   int32_t used = 0;
   int32_t end = 0;
+  int32_t held = 0;
+  int32_t cached_only = 0;
   for (size_t c = 0; c < cap; ++c) {
+    CELLM_CHECK(held_[c] == 0 || held_[c] == 1);
+    owners[c] += held_[c];
     CELLM_CHECK_MSG(refcount_[c] == owners[c], "cell " + std::to_string(c) + " has refcount " +
                                                    std::to_string(refcount_[c]) + " but " +
                                                    std::to_string(owners[c]) + " owners");
@@ -187,9 +304,23 @@ void CellPool::check_invariants() const {
       ++used;
       end = static_cast<int32_t>(c) + 1;
     }
+    held += held_[c];
+    if (held_[c] && refcount_[c] == 1) ++cached_only;
   }
   CELLM_CHECK(used == used_cells_);
   CELLM_CHECK(end == used_end_);
+  CELLM_CHECK_MSG(held == held_count_, "held count " + std::to_string(held_count_) + " but " +
+                                           std::to_string(held) + " held cells");
+  CELLM_CHECK_MSG(cached_only == cached_only_, "cached-only count " + std::to_string(cached_only_) +
+                                                   " but " + std::to_string(cached_only) +
+                                                   " such cells");
+  CELLM_CHECK_MSG(outstanding == outstanding_, "outstanding " + std::to_string(outstanding_) +
+                                                   " but the reservations sum to " +
+                                                   std::to_string(outstanding));
+  CELLM_CHECK_MSG(outstanding_ <= int64_t{free_cells()} + cached_only_,
+                  "outstanding " + std::to_string(outstanding_) + " exceeds free " +
+                      std::to_string(free_cells()) + " + cached-only " +
+                      std::to_string(cached_only_));
 
   // The free set is exactly the unowned cells, once each.
   CELLM_CHECK(std::is_heap(free_cells_.begin(), free_cells_.end(), std::greater<CellId>()));
