@@ -137,7 +137,7 @@ class CellPool {
   std::optional<Position> cell_position(CellId cell) const;
 
   // Removes every sequence, hold and reservation and frees every cell. The
-  // reclaimer stays.
+  // reclaimer stays; a cache holding cells must be cleared first.
   void clear();
 
   // Aborts (CELLM_CHECK) if the bookkeeping is inconsistent: refcounts equal the
