@@ -1,5 +1,7 @@
 #include "core/session_table.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <limits>
 #include <random>
 #include <string>
@@ -39,7 +41,7 @@ SliceRows select_rows(const PackedStep& step, int32_t offset, int32_t length) {
 }
 
 SessionTable::SessionTable(CellPool& pool, int32_t max_sessions, int32_t max_session_tokens,
-                           int32_t vocab_size)
+                           int32_t vocab_size, bool prefix_cache)
     : pool_(pool),
       max_sessions_(max_sessions),
       max_session_tokens_(max_session_tokens),
@@ -47,20 +49,90 @@ SessionTable::SessionTable(CellPool& pool, int32_t max_sessions, int32_t max_ses
   CELLM_CHECK(max_sessions > 0);
   CELLM_CHECK(max_session_tokens > 0);
   CELLM_CHECK(vocab_size > 0);
+  if (prefix_cache) {
+    cache_ = std::make_unique<RadixCache>(pool_);
+    pool_.set_reclaimer([this](int64_t need) { return cache_->evict(need); });
+  }
+}
+
+SessionTable::~SessionTable() {
+  if (cache_) {
+    pool_.set_reclaimer({});
+    cache_.reset();
+  }
 }
 
 std::optional<SessionId> SessionTable::open() {
   if (size() >= max_sessions_) return std::nullopt;
   const SessionId sid = next_sid_++;
-  sessions_.emplace(sid, Entry{pool_.seq_new(), std::nullopt});
+  sessions_.emplace(sid, Entry{pool_.seq_new(), std::nullopt, {}, false});
   return sid;
 }
 
 void SessionTable::close(SessionId sid) {
   auto it = sessions_.find(sid);
   if (it == sessions_.end()) return;
+  if (cache_) cache_history(it->second);
   pool_.seq_rm(it->second.seq);
   sessions_.erase(it);
+}
+
+void SessionTable::cache_history(const Entry& entry) {
+  if (entry.tainted) return;
+  const size_t n = std::min(entry.tokens.size(), static_cast<size_t>(pool_.pos(entry.seq)));
+  const std::span<const Token> tokens(entry.tokens);
+  cache_->insert(tokens.first(n), pool_.cells_of(entry.seq).first(n));
+}
+
+void SessionTable::note_committed(SessionId sid, Position position, Token token) {
+  auto it = sessions_.find(sid);
+  if (!cache_ || it == sessions_.end() || it->second.tainted) return;
+  Entry& entry = it->second;
+  if (position < 0 || static_cast<size_t>(position) > entry.tokens.size()) {
+    taint(sid);
+    return;
+  }
+  entry.tokens.resize(static_cast<size_t>(position));
+  entry.tokens.push_back(token);
+}
+
+void SessionTable::taint(SessionId sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  it->second.tainted = true;
+  std::vector<Token>().swap(it->second.tokens);
+}
+
+Position SessionTable::attach_prefix(SessionId sid, std::span<const Token> tokens,
+                                     int64_t max_pin) {
+  auto it = sessions_.find(sid);
+  if (!cache_ || it == sessions_.end() || pool_.pos(it->second.seq) != 0) return 0;
+  Entry& entry = it->second;
+  // Pinning no more than the unreserved room keeps every reservation whole.
+  const int64_t pin = std::min(max_pin, pool_.unreserved_cells());
+  const std::vector<CellId> cells = cache_->match(tokens, max_session_tokens_, pin);
+  if (cells.empty() || !pool_.seq_attach(entry.seq, cells)) return 0;
+  entry.tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(cells.size()));
+  entry.tainted = false;
+  return static_cast<Position>(cells.size());
+}
+
+bool SessionTable::release_cells(SessionId sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return false;
+  Entry& entry = it->second;
+  if (cache_) cache_history(entry);
+  const bool rewound = pool_.rewind(entry.seq, 0);
+  CELLM_CHECK(rewound);
+  entry.tokens.clear();
+  entry.tainted = false;
+  return true;
+}
+
+std::span<const Token> SessionTable::history(SessionId sid) const {
+  auto it = sessions_.find(sid);
+  if (!cache_ || it == sessions_.end() || it->second.tainted) return {};
+  return it->second.tokens;
 }
 
 std::optional<SessionId> SessionTable::clone(SessionId src, Position upto) {
@@ -72,7 +144,13 @@ std::optional<SessionId> SessionTable::clone(SessionId src, Position upto) {
   const std::optional<SeqId> seq = pool_.seq_clone(it->second.seq, upto);
   if (!seq) return std::nullopt;
   const SessionId sid = next_sid_++;
-  sessions_.emplace(sid, Entry{*seq, std::nullopt});
+  Entry entry{*seq, std::nullopt, {}, false};
+  if (cache_) {
+    const Entry& source = it->second;
+    entry.tainted = source.tainted || source.tokens.size() < static_cast<size_t>(upto);
+    if (!entry.tainted) entry.tokens.assign(source.tokens.begin(), source.tokens.begin() + upto);
+  }
+  sessions_.emplace(sid, std::move(entry));
   return sid;
 }
 
@@ -172,6 +250,16 @@ Result<PackedStep> SessionTable::pack(const BatchInput& batch) {
     const bool rewound = pool_.rewind(seq, position);
     CELLM_CHECK_MSG(rewound, "a checked rewind of sequence " + std::to_string(seq) + " to " +
                                  std::to_string(position) + " failed");
+  }
+  if (cache_) {
+    for (const Input& in : batch.inputs) {
+      Entry& entry = sessions_.at(in.sid);
+      const auto start = static_cast<size_t>(in.start());
+      if (entry.tokens.size() < start) taint(in.sid);  // a hole: the history is unknown
+      if (entry.tainted) continue;
+      entry.tokens.resize(start);
+      for (size_t t = 0; t < in.size; ++t) entry.tokens.push_back(in.token(t));
+    }
   }
   return step;
 }

@@ -2,10 +2,16 @@
 // sessions to pool sequences, packs a batch onto one token axis, holds each
 // session's sampling policy, and samples rows.
 //
+// With the prefix cache on, it also keeps each session's committed tokens and a
+// RadixCache of the cells of closed and released sessions, which an empty
+// session can attach (attach_prefix) instead of recomputing them. The pool's
+// reclaimer then evicts from that cache when a step is short of cells.
+//
 // Thread-safety: none; owned by an executor and called on the engine thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -16,6 +22,7 @@
 #include "cellm/status.h"
 #include "cellm/types.h"
 #include "core/cell_pool.h"
+#include "core/radix_cache.h"
 
 namespace cellm {
 
@@ -64,12 +71,19 @@ struct SampledToken {
 class SessionTable {
  public:
   // REQUIRES: max_sessions > 0, max_session_tokens > 0, vocab_size > 0.
-  SessionTable(CellPool& pool, int32_t max_sessions, int32_t max_session_tokens,
-               int32_t vocab_size);
+  // prefix_cache turns on the history, the cache and the pool's reclaimer.
+  SessionTable(CellPool& pool, int32_t max_sessions, int32_t max_session_tokens, int32_t vocab_size,
+               bool prefix_cache = false);
+  // Drops the cache's holds and the pool's reclaimer; the sessions' sequences
+  // stay in the pool.
+  ~SessionTable();
+  SessionTable(const SessionTable&) = delete;
+  SessionTable& operator=(const SessionTable&) = delete;
 
   // A new empty session; nullopt at max_sessions. Ids start at 1, never reused.
   std::optional<SessionId> open();
-  // Removes the session's sequence; unknown ids are ignored.
+  // Removes the session's sequence; unknown ids are ignored. With the prefix
+  // cache on, its committed tokens and their cells are cached first.
   void close(SessionId sid);
   // A new session holding src's committed [0, upto); nullopt if src is unknown,
   // upto is outside [0, min(pos(src), max_session_tokens)], or the table is full.
@@ -78,7 +92,9 @@ class SessionTable {
   // REQUIRES: validate_sampling(params).ok() (callers validate user requests).
   void set_sampling(SessionId sid, const SamplingParams& params, std::optional<uint64_t> seed);
 
-  // Validates every input, then applies any rewinds, then flattens. Errors:
+  // Validates every input, then applies any rewinds, then flattens; with the
+  // prefix cache on, the inputs' tokens then replace each session's history
+  // from their start on. Errors:
   // InvalidArgument (unknown session, empty or out-of-buffer slice, a gap, an
   // overlap, a restart from 0), OutOfResources (a slice ending past
   // max_session_tokens). On error nothing changed. Does not declare cells.
@@ -105,6 +121,31 @@ class SessionTable {
   // True if the session's policy has num_logprobs > 0.
   bool wants_logprobs(SessionId sid) const;
 
+  // Prefix cache verbs; without the cache they do nothing (attach_prefix
+  // returns 0, release_cells only rewinds).
+  //
+  // Records that `token` was committed at `position` by a path that bypasses
+  // pack() (a step run ahead); the history is cut there. A position past the
+  // history's end taints the session.
+  void note_committed(SessionId sid, Position position, Token token);
+  // After a failed execute: none of the session's tokens will be cached.
+  void taint(SessionId sid);
+  // On an empty session: shares the cells of the longest cached prefix of
+  // `tokens` (at most max_session_tokens, pinning at most max_pin cached-only
+  // cells and never what the pool's reservations count on) and returns its
+  // length, the position the session continues at. 0 if the session is
+  // unknown or not empty.
+  Position attach_prefix(SessionId sid, std::span<const Token> tokens, int64_t max_pin);
+  // Caches the session's committed tokens, then rewinds it to 0: its cells go
+  // to the cache (or back to the pool) while the id, the sampling policy and
+  // its seed stay. Its reservation stays too. false if the session is unknown.
+  bool release_cells(SessionId sid);
+  // The committed tokens the cache would take from the session; empty if it is
+  // unknown, tainted, or the cache is off.
+  std::span<const Token> history(SessionId sid) const;
+  RadixCache* prefix_cache() { return cache_.get(); }
+  const RadixCache* prefix_cache() const { return cache_.get(); }
+
   std::optional<SeqId> seq_of(SessionId sid) const;
   const SamplingPolicy* policy_of(SessionId sid) const;  // nullptr if none
   int32_t size() const { return static_cast<int32_t>(sessions_.size()); }
@@ -118,7 +159,12 @@ class SessionTable {
   struct Entry {
     SeqId seq = 0;
     std::optional<SamplingPolicy> policy;
+    std::vector<Token> tokens;  // committed history (prefix cache only)
+    bool tainted = false;       // the history is unknown: cache nothing
   };
+
+  // Inserts the entry's committed tokens [0, min(history, pos)) into the cache.
+  void cache_history(const Entry& entry);
 
   CellPool& pool_;
   int32_t max_sessions_;
@@ -126,6 +172,7 @@ class SessionTable {
   int32_t vocab_size_;
   SessionId next_sid_ = 1;
   std::unordered_map<SessionId, Entry> sessions_;
+  std::unique_ptr<RadixCache> cache_;  // null when the prefix cache is off
   std::vector<float> sample_scratch_;
   std::vector<float> logprob_scratch_;
 };
