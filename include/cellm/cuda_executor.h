@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,13 @@ class CudaExecutor final : public Executor {
                     std::optional<uint64_t> seed) override;
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
+  KvBudget kv_budget() const override;
+  // Shares a cached prefix's cells and writes them into the session's row of the
+  // device cell table (waits for the stream: a step ahead finishes first).
+  Position attach_prefix(SessionId id, std::span<const Token> tokens) override;
+  // Both settle a step queued ahead that holds the session first.
+  bool release_cells(SessionId id) override;
+  bool reserve(SessionId id, int64_t cells) override;
 
   const CudaExecutorOptions& options() const;
   // The limits it was created with, max_cells resolved (never 0).
