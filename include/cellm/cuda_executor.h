@@ -5,8 +5,9 @@
 // K/V live on the device in the cell layout: per layer K and V are
 // [max_cells, n_kv_heads, head_dim], allocated once; a per-sequence cell table
 // on the device (row = pool sequence, column = position) is updated in place by
-// each step's K/V write, and a clone copies only its table prefix (cells are
-// shared, never copied).
+// each step's K/V write, a clone copies only its table prefix, and a cached
+// prefix attached to a session (ExecutorLimits::prefix_cache) is written into its
+// row from the host (cells are shared, never copied).
 //
 // execute() routes a batch of single-token decodes of distinct sessions to the
 // batched `decode` method: one CUDA graph per batch-size bucket (1, 2, 4, 8, 16,

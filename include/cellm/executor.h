@@ -39,7 +39,8 @@ struct ExecutorLimits {
   int32_t max_cells = 0;              // KV cells; 0 = max_sessions * max_session_tokens + 1
   int32_t step_width = 256;           // W: the most tokens one forward takes
   // Keep the cells of closed and released sessions in a prefix cache that
-  // attach_prefix() can share with a new session; evicted when a step is short.
+  // attach_prefix() can share with a new session. Cached cells nobody shares are
+  // evicted when a step is short of cells, so the capacity rule still holds.
   bool prefix_cache = false;
 };
 
