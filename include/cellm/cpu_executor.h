@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ namespace cellm {
 
 class CellPool;
 class SessionTable;
+struct PackedStep;
 
 namespace cpu {
 class CpuForward;
@@ -60,6 +62,10 @@ class CpuExecutor final : public Executor {
   // token outside the vocabulary, a full cell pool).
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
+  KvBudget kv_budget() const override;
+  Position attach_prefix(SessionId id, std::span<const Token> tokens) override;
+  bool release_cells(SessionId id) override;
+  bool reserve(SessionId id, int64_t cells) override;
 
   // max_cells resolved (never 0).
   const ExecutorLimits& limits() const { return limits_; }
@@ -70,6 +76,8 @@ class CpuExecutor final : public Executor {
  private:
   CpuExecutor(std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
               const CpuExecutorOptions& options);
+  // execute() after a successful pack.
+  Status run_packed(const BatchInput& batch, const PackedStep& packed, BatchOutput& out);
 
   std::shared_ptr<const ModelWeights> weights_;
   ExecutorLimits limits_;

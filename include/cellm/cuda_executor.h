@@ -5,8 +5,9 @@
 // K/V live on the device in the cell layout: per layer K and V are
 // [max_cells, n_kv_heads, head_dim], allocated once; a per-sequence cell table
 // on the device (row = pool sequence, column = position) is updated in place by
-// each step's K/V write, and a clone copies only its table prefix (cells are
-// shared, never copied).
+// each step's K/V write, a clone copies only its table prefix, and a cached
+// prefix attached to a session (ExecutorLimits::prefix_cache) is written into its
+// row from the host (cells are shared, never copied).
 //
 // execute() routes a batch of single-token decodes of distinct sessions to the
 // batched `decode` method: one CUDA graph per batch-size bucket (1, 2, 4, 8, 16,
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -181,6 +183,13 @@ class CudaExecutor final : public Executor {
                     std::optional<uint64_t> seed) override;
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
+  KvBudget kv_budget() const override;
+  // Shares a cached prefix's cells and writes them into the session's row of the
+  // device cell table (waits for the stream: a step ahead finishes first).
+  Position attach_prefix(SessionId id, std::span<const Token> tokens) override;
+  // Both settle a step queued ahead that holds the session first.
+  bool release_cells(SessionId id) override;
+  bool reserve(SessionId id, int64_t cells) override;
 
   const CudaExecutorOptions& options() const;
   // The limits it was created with, max_cells resolved (never 0).

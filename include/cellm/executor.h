@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "cellm/metrics.h"
 #include "cellm/status.h"
@@ -37,6 +38,20 @@ struct ExecutorLimits {
   int32_t max_session_tokens = 1024;  // positions one session may hold
   int32_t max_cells = 0;              // KV cells; 0 = max_sessions * max_session_tokens + 1
   int32_t step_width = 256;           // W: the most tokens one forward takes
+  // Keep the cells of closed and released sessions in a prefix cache that
+  // attach_prefix() can share with a new session. Cached cells nobody shares are
+  // evicted when a step is short of cells, so the capacity rule still holds.
+  bool prefix_cache = false;
+};
+
+// What the KV pool can still give, for admission and preemption policies.
+// capacity 0 = unknown (a test double): policies stay off.
+struct KvBudget {
+  int64_t capacity = 0;     // cells the pool may ever hand out
+  int64_t free = 0;         // cells nobody owns (CUDA: with the step queued ahead's)
+  int64_t cached = 0;       // cells only the prefix cache holds (reclaimable)
+  int64_t reserved = 0;     // reserved cells not yet taken
+  int64_t max_context = 0;  // positions one session may hold
 };
 
 class Executor {
@@ -77,6 +92,38 @@ class Executor {
 
   // KV-cache occupancy; sampled by the runner on the engine thread after steps.
   virtual KvMetrics kv_metrics() const { return {}; }
+
+  // The pool's room now; all zero when unknown.
+  virtual KvBudget kv_budget() const { return {}; }
+
+  // On an empty session: shares the cells of the longest cached prefix of
+  // `tokens` (with the prefix cache on) and returns its length, the position the
+  // session continues at; its sampling policy is untouched. 0 when nothing is
+  // cached, the session is unknown or not empty, or there is no cache.
+  virtual Position attach_prefix(SessionId id, std::span<const Token> tokens) {
+    (void)id;
+    (void)tokens;
+    return 0;
+  }
+
+  // Preemption: caches the session's committed tokens (with the prefix cache on)
+  // and empties it; the id, its sampling policy (seed included) and its
+  // reservation stay. false if unknown or unsupported (the default: this
+  // executor cannot preempt).
+  virtual bool release_cells(SessionId id) {
+    (void)id;
+    return false;
+  }
+
+  // Reserves room for the session to grow by `cells` more cells, so no step of
+  // it runs out; 0 drops the reservation. false (nothing changes) if the session
+  // is unknown or the pool cannot promise that much. The default promises
+  // nothing and refuses nothing.
+  virtual bool reserve(SessionId id, int64_t cells) {
+    (void)id;
+    (void)cells;
+    return true;
+  }
 };
 
 }  // namespace cellm

@@ -37,13 +37,13 @@ struct GenerationMetrics {
   int64_t itl_min_us = std::numeric_limits<int64_t>::max();  // no samples yet
   int64_t itl_max_us = 0;
 
-  int64_t ttft_us() const;          // first token - submit
-  int64_t queue_wait_us() const;    // first step - submit
-  int64_t prefill_span_us() const;  // first token - first step
-  int64_t decode_span_us() const;   // end - first token
-  int64_t e2e_us() const;           // end - submit
-  double itl_mean_us() const;       // 0 without samples
-  int64_t min_itl_us() const;       // 0 without samples
+  int64_t ttft_us() const;                // first token - submit
+  int64_t queue_wait_us() const;          // first step - submit
+  int64_t prefill_span_us() const;        // first token - first step
+  int64_t decode_span_us() const;         // end - first token
+  int64_t e2e_us() const;                 // end - submit
+  double itl_mean_us() const;             // 0 without samples
+  int64_t min_itl_us() const;             // 0 without samples
   double decode_tokens_per_sec() const;   // itl_count / itl_sum (inf if sum 0, count > 0)
   double prefill_tokens_per_sec() const;  // prompt tokens / prefill span
 };
@@ -97,8 +97,8 @@ struct EngineMetrics {
   int64_t t_last_step_us = 0;
   int64_t init_us = 0;  // executor initialize(); outside the wall time
 
-  int64_t wall_us() const;  // last step - first step
-  double idle_fraction() const;  // 1 - step latency / wall
+  int64_t wall_us() const;             // last step - first step
+  double idle_fraction() const;        // 1 - step latency / wall
   int64_t model_input_tokens() const;  // decode + prefill tokens
   int64_t total_tokens() const;        // prompt + generated
   double mean_step_tokens() const;
@@ -109,7 +109,7 @@ struct EngineMetrics {
   double mean_decode_step_sessions() const;      // decode sessions / steps
   double mean_step_sessions() const;             // (decode + prefill sessions) / steps
   double admitted_ratio() const;                 // decode sessions / ready
-  int64_t mixed_steps() const;  // steps_with_decode + steps_with_prefill - steps
+  int64_t mixed_steps() const;                   // steps_with_decode + steps_with_prefill - steps
   int64_t decode_only_steps() const;
   int64_t prefill_only_steps() const;
   double mean_decode_only_step_us() const;
@@ -124,13 +124,19 @@ struct EngineMetrics {
 
 // The KV cache as an executor reports it.
 struct KvMetrics {
-  int64_t cells_capacity = 0;   // cells the pool may ever hand out
-  int64_t cells_in_use = 0;     // cells owned by at least one session
-  int64_t used_end = 0;         // every occupied cell lies below this
-  int64_t rows_allocated = 0;   // cells backed by storage now
-  int64_t allocated_bytes = 0;  // KV storage bytes, all layers, K and V
-  int64_t bytes_per_cell = 0;   // one token's K and V over all layers
-  int64_t growth_count = 0;     // storage growths so far
+  int64_t cells_capacity = 0;     // cells the pool may ever hand out
+  int64_t cells_in_use = 0;       // cells owned by at least one session
+  int64_t cells_cached = 0;       // cells only the prefix cache holds
+  int64_t cells_reserved = 0;     // reserved cells not yet taken
+  int64_t used_end = 0;           // every occupied cell lies below this
+  int64_t rows_allocated = 0;     // cells backed by storage now
+  int64_t allocated_bytes = 0;    // KV storage bytes, all layers, K and V
+  int64_t bytes_per_cell = 0;     // one token's K and V over all layers
+  int64_t growth_count = 0;       // storage growths so far
+  int64_t prefix_lookups = 0;     // attach_prefix calls with the prefix cache on
+  int64_t prefix_hits = 0;        // those that attached at least one token
+  int64_t prefix_hit_tokens = 0;  // tokens attached (not recomputed)
+  int64_t evicted_cells = 0;      // cached cells evicted for a step short of cells
 };
 
 std::string format_report(const GenerationMetrics& m);

@@ -157,11 +157,17 @@ void write(Writer& w, const EngineMetrics& m) {
 void write(Writer& w, const KvMetrics& m) {
   w.i("cells_capacity", m.cells_capacity);
   w.i("cells_in_use", m.cells_in_use);
+  w.i("cells_cached", m.cells_cached);
+  w.i("cells_reserved", m.cells_reserved);
   w.i("used_end", m.used_end);
   w.i("rows_allocated", m.rows_allocated);
   w.i("allocated_bytes", m.allocated_bytes);
   w.i("bytes_per_cell", m.bytes_per_cell);
   w.i("growth_count", m.growth_count);
+  w.i("prefix_lookups", m.prefix_lookups);
+  w.i("prefix_hits", m.prefix_hits);
+  w.i("prefix_hit_tokens", m.prefix_hit_tokens);
+  w.i("evicted_cells", m.evicted_cells);
 }
 
 template <typename M>

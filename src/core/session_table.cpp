@@ -110,8 +110,11 @@ Position SessionTable::attach_prefix(SessionId sid, std::span<const Token> token
   Entry& entry = it->second;
   // Pinning no more than the unreserved room keeps every reservation whole.
   const int64_t pin = std::min(max_pin, pool_.unreserved_cells());
+  ++stats_.lookups;
   const std::vector<CellId> cells = cache_->match(tokens, max_session_tokens_, pin);
   if (cells.empty() || !pool_.seq_attach(entry.seq, cells)) return 0;
+  ++stats_.hits;
+  stats_.hit_tokens += static_cast<int64_t>(cells.size());
   entry.tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(cells.size()));
   entry.tainted = false;
   return static_cast<Position>(cells.size());
@@ -133,6 +136,34 @@ std::span<const Token> SessionTable::history(SessionId sid) const {
   auto it = sessions_.find(sid);
   if (!cache_ || it == sessions_.end() || it->second.tainted) return {};
   return it->second.tokens;
+}
+
+bool SessionTable::reserve(SessionId sid, int64_t cells) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return false;
+  return pool_.set_reservation(it->second.seq, cells);
+}
+
+KvBudget SessionTable::kv_budget(int64_t in_flight) const {
+  KvBudget b;
+  b.capacity = pool_.capacity();
+  b.free = int64_t{pool_.free_cells()} + in_flight;
+  b.cached = pool_.cached_only_cells();
+  b.reserved = pool_.reserved_cells();
+  b.max_context = max_session_tokens_;
+  return b;
+}
+
+void SessionTable::fill_kv_metrics(KvMetrics& m, int64_t in_flight) const {
+  m.cells_capacity = pool_.capacity();
+  m.cells_in_use = int64_t{pool_.used_cells()} - pool_.cached_only_cells() - in_flight;
+  m.cells_cached = pool_.cached_only_cells();
+  m.cells_reserved = pool_.reserved_cells();
+  m.used_end = pool_.used_end();
+  m.prefix_lookups = stats_.lookups;
+  m.prefix_hits = stats_.hits;
+  m.prefix_hit_tokens = stats_.hit_tokens;
+  m.evicted_cells = cache_ ? cache_->evicted_cells() : 0;
 }
 
 std::optional<SessionId> SessionTable::clone(SessionId src, Position upto) {

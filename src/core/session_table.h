@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cellm/executor.h"
+#include "cellm/metrics.h"
 #include "cellm/sampler.h"
 #include "cellm/status.h"
 #include "cellm/types.h"
@@ -143,6 +145,25 @@ class SessionTable {
   // The committed tokens the cache would take from the session; empty if it is
   // unknown, tainted, or the cache is off.
   std::span<const Token> history(SessionId sid) const;
+  // Reserves room for the session to grow by `cells` (CellPool::set_reservation;
+  // 0 drops it). false (nothing changes) if unknown or refused.
+  bool reserve(SessionId sid, int64_t cells);
+
+  // attach_prefix calls with the cache on, those that attached something, and
+  // the tokens they attached.
+  struct PrefixStats {
+    int64_t lookups = 0;
+    int64_t hits = 0;
+    int64_t hit_tokens = 0;
+  };
+  const PrefixStats& prefix_stats() const { return stats_; }
+  // The pool's room (Executor::kv_budget); `in_flight` cells the pool counts as
+  // used that no session owns yet (a step queued ahead) count as free.
+  KvBudget kv_budget(int64_t in_flight = 0) const;
+  // Fills KvMetrics' pool and cache fields: capacity, in use (owned by a
+  // session: neither cache-only nor in flight), cached, reserved, used_end and
+  // the prefix counters. The storage fields are the executor's.
+  void fill_kv_metrics(KvMetrics& m, int64_t in_flight = 0) const;
   RadixCache* prefix_cache() { return cache_.get(); }
   const RadixCache* prefix_cache() const { return cache_.get(); }
 
@@ -173,6 +194,7 @@ class SessionTable {
   SessionId next_sid_ = 1;
   std::unordered_map<SessionId, Entry> sessions_;
   std::unique_ptr<RadixCache> cache_;  // null when the prefix cache is off
+  PrefixStats stats_;
   std::vector<float> sample_scratch_;
   std::vector<float> logprob_scratch_;
 };

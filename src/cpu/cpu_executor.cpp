@@ -72,9 +72,9 @@ CpuExecutor::CpuExecutor(std::shared_ptr<const ModelWeights> weights, const Exec
       limits_(limits),
       options_(options),
       pool_(std::make_unique<CellPool>(limits.max_cells - 1)),
-      sessions_(
-          std::make_unique<SessionTable>(*pool_, limits.max_sessions, limits.max_session_tokens,
-                                         static_cast<int32_t>(weights_->config().vocab_size()))) {
+      sessions_(std::make_unique<SessionTable>(
+          *pool_, limits.max_sessions, limits.max_session_tokens,
+          static_cast<int32_t>(weights_->config().vocab_size()), limits.prefix_cache)) {
   const ModelConfig& c = weights_->config();
   threads_ = std::make_unique<cpu::ThreadPool>(options_.num_threads);
   kv_ = std::make_unique<cpu::KvStore>(c.num_layers(), c.kv_dim(), limits_.max_cells,
@@ -109,9 +109,19 @@ Status CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   out.outputs.assign(batch.inputs.size(), std::nullopt);
   Result<PackedStep> packed_or = sessions_->pack(batch);
   if (!packed_or.ok()) {
+    // pack changes nothing on error: the sessions' histories still hold.
     return Status(packed_or.status().code(), prefixed(packed_or.status().message()));
   }
-  const PackedStep& packed = *packed_or;
+  Status s = run_packed(batch, *packed_or, out);
+  if (!s.ok()) {
+    // Some of the batch's cells may not hold what the histories say: cache none of them.
+    for (const Input& in : batch.inputs) sessions_->taint(in.sid);
+  }
+  return s;
+}
+
+Status CpuExecutor::run_packed(const BatchInput& batch, const PackedStep& packed,
+                               BatchOutput& out) {
   const int64_t vocab = weights_->config().vocab_size();
   if (Status s = check_tokens_in_vocab(packed, vocab); !s.ok()) {
     return Status(s.code(), prefixed(s.message()));
@@ -172,14 +182,28 @@ Status CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
 
 KvMetrics CpuExecutor::kv_metrics() const {
   KvMetrics m;
-  m.cells_capacity = pool_->capacity();
-  m.cells_in_use = pool_->used_cells();
-  m.used_end = pool_->used_end();
+  sessions_->fill_kv_metrics(m);
   m.rows_allocated = kv_->rows();
   m.allocated_bytes = kv_->allocated_bytes();
   m.bytes_per_cell = kv_->bytes_per_cell();
   m.growth_count = kv_->growth_count();
   return m;
+}
+
+KvBudget CpuExecutor::kv_budget() const {
+  return sessions_->kv_budget();
+}
+
+Position CpuExecutor::attach_prefix(SessionId id, std::span<const Token> tokens) {
+  return sessions_->attach_prefix(id, tokens, std::numeric_limits<int64_t>::max());
+}
+
+bool CpuExecutor::release_cells(SessionId id) {
+  return sessions_->release_cells(id);
+}
+
+bool CpuExecutor::reserve(SessionId id, int64_t cells) {
+  return sessions_->reserve(id, cells);
 }
 
 }  // namespace cellm

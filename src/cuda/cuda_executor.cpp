@@ -78,7 +78,7 @@ class ExecutorImpl {
         options_(options),
         pool_(limits.max_cells - 1),
         sessions_(pool_, limits.max_sessions, limits.max_session_tokens,
-                  static_cast<int32_t>(weights_->config().vocab_size())),
+                  static_cast<int32_t>(weights_->config().vocab_size()), limits.prefix_cache),
         engine_(std::move(engine)) {}
 
   std::shared_ptr<const ModelWeights> weights_;
@@ -384,6 +384,13 @@ class ExecutorImpl {
     if (ahead_row_of(sid)) drop_ahead();
   }
 
+  // Empties a session whose attached cells never reached the device table: it
+  // caches nothing (the cells stay cached for others) and goes back to position 0.
+  void release_cells_of(SessionId sid) {
+    sessions_.taint(sid);
+    sessions_.release_cells(sid);
+  }
+
   // A session closing leaves the step ahead: its row stays on the device (its cells go
   // back to the pool with the rest of the session's, reused only by steps queued after
   // this one) and the step stays good for the other sessions.
@@ -408,6 +415,8 @@ class ExecutorImpl {
         step.live[r] = false;
       }
     }
+    // The batch's tokens went in without pack(): record them in the histories.
+    for (const Input& in : batch.inputs) sessions_.note_committed(in.sid, in.start(), in.token(0));
     ++calls_.decode_steps_ahead_used;
     ahead_policy_.used();
     ++stable_run_;
@@ -659,14 +668,47 @@ void CudaExecutor::set_sampling(SessionId id, const SamplingParams& params,
 }
 
 Status CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
-  return impl_->execute(batch, out) ? Status::Ok() : Internal(impl_->last_error_);
+  if (impl_->execute(batch, out)) return Status::Ok();
+  // The batch's cells may not hold what its sessions' histories say: cache none of them.
+  for (const Input& in : batch.inputs) impl_->sessions_.taint(in.sid);
+  return Internal(impl_->last_error_);
+}
+
+KvBudget CudaExecutor::kv_budget() const {
+  // The step ahead's cells are free to the next batch: it uses them or gives them back.
+  return impl_->sessions_.kv_budget(impl_->ahead_cells());
+}
+
+Position CudaExecutor::attach_prefix(SessionId id, std::span<const Token> tokens) {
+  // An empty session holds no row of the step ahead (release_cells settled it).
+  const Position n =
+      impl_->sessions_.attach_prefix(id, tokens, std::numeric_limits<int64_t>::max());
+  if (n == 0) return 0;
+  const SeqId seq = *impl_->sessions_.seq_of(id);
+  // In stream order after a step ahead that may still write the row of a closed
+  // session that had this sequence id.
+  const Status s = impl_->engine_->write_table_row(seq, impl_->pool_.cells_of(seq));
+  if (!s.ok()) {
+    impl_->release_cells_of(id);
+    impl_->fail_cuda(s);
+    return 0;
+  }
+  return n;
+}
+
+bool CudaExecutor::release_cells(SessionId id) {
+  impl_->settle_for(id);
+  return impl_->sessions_.release_cells(id);
+}
+
+bool CudaExecutor::reserve(SessionId id, int64_t cells) {
+  impl_->settle_for(id);
+  return impl_->sessions_.reserve(id, cells);
 }
 
 KvMetrics CudaExecutor::kv_metrics() const {
   KvMetrics m;
-  m.cells_capacity = impl_->pool_.capacity();
-  m.cells_in_use = impl_->pool_.used_cells() - impl_->ahead_cells();
-  m.used_end = impl_->pool_.used_end();
+  impl_->sessions_.fill_kv_metrics(m, impl_->ahead_cells());
   m.rows_allocated = impl_->limits_.max_cells;
   m.allocated_bytes = impl_->engine_->kv_allocated_bytes();
   m.bytes_per_cell = impl_->engine_->kv_bytes_per_cell();

@@ -227,6 +227,26 @@ Status CudaForward<T>::copy_table_prefix(int32_t dst, int32_t src, int32_t upto)
 }
 
 template <typename T>
+Status CudaForward<T>::write_table_row(int32_t seq, std::span<const int32_t> cells) {
+  if (cells.empty()) return Status::Ok();
+  const size_t width = static_cast<size_t>(dims_.max_session_tokens);
+  CELLM_CHECK_MSG(cells.size() <= width, "a cell-table row of " + std::to_string(cells.size()) +
+                                             " cells is wider than the table");
+  if (row_host_.get() == nullptr) {
+    CELLM_ASSIGN_OR_RETURN(row_host_, PinnedBuffer::allocate(width * sizeof(int32_t)));
+  }
+  // The staging is free: every earlier write ended in sync().
+  auto* staged = static_cast<int32_t*>(row_host_.get());
+  std::copy(cells.begin(), cells.end(), staged);
+  int32_t* t = table_.as<int32_t>();
+  CELLM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(t + static_cast<size_t>(seq) * width, staged, cells.size() * sizeof(int32_t),
+                      cudaMemcpyHostToDevice, stream_.get()),
+      "writing a cell-table row");
+  return sync();
+}
+
+template <typename T>
 Status CudaForward<T>::set_timing(bool on) {
   if (on && timing_start_.get() == nullptr) {
     CELLM_ASSIGN_OR_RETURN(timing_start_, Event::create());
@@ -308,6 +328,7 @@ Status CudaForward<T>::finish_run() {
   template std::span<const float> CudaForward<T>::host_logits(size_t) const;              \
   template Result<int64_t> CudaForward<T>::warm_products();                               \
   template Status CudaForward<T>::copy_table_prefix(int32_t, int32_t, int32_t);           \
+  template Status CudaForward<T>::write_table_row(int32_t, std::span<const int32_t>);     \
   template Status CudaForward<T>::set_timing(bool);                                       \
   template Status CudaForward<T>::reserve_host_logits(std::span<const int32_t>, int32_t); \
   template Status CudaForward<T>::enqueue_logits_copy(std::span<const int32_t>);          \

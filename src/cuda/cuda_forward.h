@@ -118,6 +118,11 @@ class ForwardEngine {
   virtual Result<int64_t> warm_products() = 0;
   // Copies the cell-table prefix [0, upto) of row `src` into row `dst` (clone).
   virtual Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) = 0;
+  // Writes `cells` into the cell-table row `seq` at positions [0, cells.size()) (a
+  // cached prefix attached to a session) through pinned staging, in stream order
+  // after every step queued before it, and waits for it.
+  // REQUIRES: cells.size() <= max_session_tokens.
+  virtual Status write_table_row(int32_t seq, std::span<const int32_t> cells) = 0;
 
   // Device-time measurement: when on, each run records an event before its first
   // and after its last stream operation, and last_device_ms() is the time between

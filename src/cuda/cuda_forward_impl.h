@@ -137,6 +137,7 @@ class CudaForward final : public ForwardEngine {
   std::span<const float> host_logits(size_t k) const override;
   Result<int64_t> warm_products() override;
   Status copy_table_prefix(int32_t dst, int32_t src, int32_t upto) override;
+  Status write_table_row(int32_t seq, std::span<const int32_t> cells) override;
   Status set_timing(bool on) override;
   double last_device_ms() const override { return last_device_ms_; }
 
@@ -271,6 +272,7 @@ class CudaForward final : public ForwardEngine {
   Event slot_start_[kSlots];  // device time of each slot's queued step, when timing
   Event slot_end_[kSlots];
   PinnedBuffer logits_host_;  // [rows asked for, vocab] f32: raw logits after a run
+  PinnedBuffer row_host_;     // [max_session_tokens] int32: write_table_row's staging
   size_t n_host_logit_rows_ = 0;
   bool timing_ = false;
   Event timing_start_, timing_end_;

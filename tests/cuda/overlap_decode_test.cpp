@@ -6,7 +6,9 @@
 // session pausing (part: the others' rows are used) and resuming, a token other than the
 // sampled one, a rewind, a clone, a close (the closed session's row is left padded in the
 // steps after it), a new policy, a session asking for logprobs, a prefill arriving; and
-// an executor destroyed with a step still queued leaves the device healthy.
+// an executor destroyed with a step still queued leaves the device healthy. With the prefix
+// cache on, releasing a session the step ahead holds settles the step first, and the
+// session resumes from its cached cells.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -28,13 +30,15 @@ using testing::single_token;
 // each bucket warms and captures in its first two steps, between steps that may have run
 // from either staging slot.
 std::unique_ptr<CudaExecutor> make(const Fixture& f, bool overlap, CudaPrecision precision,
-                                   bool at_start, bool adaptive = false) {
+                                   bool at_start, bool adaptive = false,
+                                   bool prefix_cache = false) {
   Result<ModelWeights> w = ModelWeights::load(f.dir);
   CELLM_CHECK_MSG(w.ok(), w.status().to_string());
   ExecutorLimits l;
   l.max_sessions = 8;
   l.max_session_tokens = 96;
   l.step_width = 16;
+  l.prefix_cache = prefix_cache;
   CudaExecutorOptions o;
   o.precision = precision;
   o.overlap_decode = overlap;
@@ -69,6 +73,7 @@ class Script {
     pos_.push_back(0);
     next_.push_back(0);
     prompts_.push_back(prompt);
+    history_.emplace_back();
     return sids_.size() - 1;
   }
 
@@ -90,6 +95,9 @@ class Script {
     for (size_t k = 0; k < order.size(); ++k) {
       ASSERT_TRUE(o.outputs[k].has_value());
       const size_t i = order[k];
+      std::vector<Token>& h = history_[i];
+      h.resize(static_cast<size_t>(pos_[i]));
+      for (size_t t = 0; t < b.inputs[k].size; ++t) h.push_back(b.inputs[k].token(t));
       pos_[i] += static_cast<Position>(b.inputs[k].size);
       next_[i] = o.outputs[k]->tokens.at(0);
       t_.outputs.push_back(*o.outputs[k]);
@@ -98,7 +106,10 @@ class Script {
   }
 
   void feed(size_t i, Token t) { next_[i] = t; }
-  void rewind(size_t i, Position p) { pos_[i] = p; }
+  void rewind(size_t i, Position p) {
+    pos_[i] = p;
+    history_[i].resize(static_cast<size_t>(p));
+  }
   size_t clone(size_t i) {
     std::optional<SessionId> child = e_.clone(sids_[i], pos_[i]);
     CELLM_CHECK(child.has_value());
@@ -106,11 +117,21 @@ class Script {
     pos_.push_back(pos_[i]);
     next_.push_back(next_[i]);
     prompts_.push_back({});
+    history_.push_back(history_[i]);
     t_.cells_in_use.push_back(e_.kv_metrics().cells_in_use);
     return sids_.size() - 1;
   }
   void close(size_t i) {
     e_.close_session(sids_[i]);
+    t_.cells_in_use.push_back(e_.kv_metrics().cells_in_use);
+  }
+  // Releases session i's cells to the prefix cache (the only cached ones) and attaches
+  // them back: it continues where it was, with its policy.
+  void release_and_attach(size_t i) {
+    ASSERT_TRUE(e_.release_cells(sids_[i]));
+    EXPECT_EQ(e_.kv_metrics().cells_cached, pos_[i]);
+    EXPECT_EQ(e_.attach_prefix(sids_[i], history_[i]), pos_[i]);
+    EXPECT_EQ(e_.kv_metrics().cells_cached, 0);
     t_.cells_in_use.push_back(e_.kv_metrics().cells_in_use);
   }
   void set_sampling(size_t i, const SamplingParams& p, uint64_t seed) {
@@ -124,6 +145,7 @@ class Script {
   std::vector<Position> pos_;
   std::vector<Token> next_;
   std::vector<std::vector<Token>> prompts_;
+  std::vector<std::vector<Token>> history_;  // committed tokens of each session
   Transcript t_;
 };
 
@@ -248,6 +270,34 @@ TEST(OverlapDecodeAdaptiveTest, BatchesThatKeepChangingSoonStopTheStepsAhead) {
       EXPECT_EQ(e->method_calls().decode_steps_ahead_used, 9);
       EXPECT_EQ(e->method_calls().decode_steps_ahead_dropped, 1);
     }
+  }
+  expect_same(got[true], got[false]);
+}
+
+// A session released while the step ahead holds it: the step is settled (dropped), the
+// tokens the steps ahead committed are in the session's history, so all of it is cached
+// and attached back, and the outputs after it are those of an executor without the overlap.
+TEST(OverlapDecodePrefixTest, ReleasingASessionTheStepAheadHoldsSettlesItAndResumes) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const Fixture f = testing::load_fixture("llama3-tiny");
+  std::map<bool, Transcript> got;
+  for (bool overlap : {false, true}) {
+    auto e = make(f, overlap, CudaPrecision::kF32, /*at_start=*/true, /*adaptive=*/false,
+                  /*prefix_cache=*/true);
+    Script s(*e);
+    const size_t a = s.open(SamplingParams{}, 0, f.prompts[0].ids);
+    const size_t b = s.open(sampled(0.8f, 0.9f), 7, f.prompts[1].ids);
+    s.step({}, {a, b});
+    for (int k = 0; k < 5; ++k) s.step({a, b});
+    const CudaExecutor::MethodCalls before = e->method_calls();
+    s.release_and_attach(a);
+    const CudaExecutor::MethodCalls after = e->method_calls();
+    if (overlap) {
+      EXPECT_GT(before.decode_steps_ahead_used, 0);
+      EXPECT_EQ(after.decode_steps_ahead_dropped, before.decode_steps_ahead_dropped + 1);
+    }
+    for (int k = 0; k < 5; ++k) s.step({a, b});
+    got[overlap] = s.transcript();
   }
   expect_same(got[true], got[false]);
 }

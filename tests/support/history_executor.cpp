@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <new>
 #include <utility>
 
@@ -31,7 +32,8 @@ int32_t resolved_cells(const HistoryExecutorOptions& o) {
 HistoryExecutor::HistoryExecutor(const HistoryExecutorOptions& options)
     : options_(options),
       pool_(resolved_cells(options) - 1),
-      table_(pool_, options.max_sessions, options.max_session_tokens, options.vocab_size),
+      table_(pool_, options.max_sessions, options.max_session_tokens, options.vocab_size,
+             options.prefix_cache),
       cell_token_(static_cast<size_t>(pool_.capacity()), 0) {
   CELLM_CHECK(options.step_width > 0);
 }
@@ -259,6 +261,7 @@ Status HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
     const std::span<const SeqId> seq_ids(packed.seq_ids.data() + off, len);
     const std::optional<StepPlacement> placement = pool_.declare_step(seq_ids);
     if (!placement) {
+      for (const Input& in : batch.inputs) table_.taint(in.sid);
       return fail("the cell pool refused a forward of " + std::to_string(len) + " tokens (" +
                   std::to_string(pool_.free_cells()) + " free cells)");
     }
@@ -277,7 +280,10 @@ Status HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       const std::vector<Token> seen = read_history(packed.seq_ids[flat], next);
       const std::vector<float> row = logits_for(seen, options_.vocab_size);
       std::optional<SampledToken> sampled = table_.sample_with_logprobs(sid, row, next);
-      if (!sampled) return fail("session " + std::to_string(sid) + " has no sampling policy");
+      if (!sampled) {
+        for (const Input& in : batch.inputs) table_.taint(in.sid);
+        return fail("session " + std::to_string(sid) + " has no sampling policy");
+      }
       Output output{sid, {sampled->token}, {}};
       if (sampled->logprobs) output.logprobs.push_back(std::move(*sampled->logprobs));
       out.outputs[input] = std::move(output);
@@ -290,13 +296,35 @@ Status HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
 KvMetrics HistoryExecutor::kv_metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   KvMetrics m;
-  m.cells_capacity = pool_.capacity();
-  m.cells_in_use = pool_.used_cells();
-  m.used_end = pool_.used_end();
+  table_.fill_kv_metrics(m);
   m.rows_allocated = pool_.capacity();
   m.bytes_per_cell = static_cast<int64_t>(sizeof(Token));
   m.allocated_bytes = m.rows_allocated * m.bytes_per_cell;
   return m;
+}
+
+KvBudget HistoryExecutor::kv_budget() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_.kv_budget();
+}
+
+Position HistoryExecutor::attach_prefix(SessionId id, std::span<const Token> tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Position n = table_.attach_prefix(id, tokens, std::numeric_limits<int64_t>::max());
+  pool_.check_invariants();
+  return n;
+}
+
+bool HistoryExecutor::release_cells(SessionId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool released = table_.release_cells(id);
+  pool_.check_invariants();
+  return released;
+}
+
+bool HistoryExecutor::reserve(SessionId id, int64_t cells) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_.reserve(id, cells);
 }
 
 }  // namespace cellm::testing

@@ -57,6 +57,8 @@ struct HistoryExecutorOptions {
   // Cells in the pool; 0 = max_sessions * max_session_tokens + 1 (the capacity
   // rule). One cell stays a scratch row, as in the real executors.
   int32_t max_cells = 0;
+  // The SessionTable's prefix cache (attach_prefix, release_cells keep cells).
+  bool prefix_cache = false;
 };
 
 // One input as execute() saw it.
@@ -121,6 +123,10 @@ class HistoryExecutor : public Executor {
                     std::optional<uint64_t> seed) override;
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
+  KvBudget kv_budget() const override;
+  Position attach_prefix(SessionId id, std::span<const Token> tokens) override;
+  bool release_cells(SessionId id) override;
+  bool reserve(SessionId id, int64_t cells) override;
 
  private:
   Status fail(std::string message);  // REQUIRES: mu_ held
