@@ -85,8 +85,9 @@ void SessionTable::cache_history(const Entry& entry) {
 }
 
 void SessionTable::note_committed(SessionId sid, Position position, Token token) {
+  if (!cache_) return;
   auto it = sessions_.find(sid);
-  if (!cache_ || it == sessions_.end() || it->second.tainted) return;
+  if (it == sessions_.end() || it->second.tainted) return;
   Entry& entry = it->second;
   if (position < 0 || static_cast<size_t>(position) > entry.tokens.size()) {
     taint(sid);

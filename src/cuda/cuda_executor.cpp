@@ -415,8 +415,12 @@ class ExecutorImpl {
         step.live[r] = false;
       }
     }
-    // The batch's tokens went in without pack(): record them in the histories.
-    for (const Input& in : batch.inputs) sessions_.note_committed(in.sid, in.start(), in.token(0));
+    // The batch's tokens went in without pack(): record them in the histories (only the
+    // prefix cache keeps histories, so a step without it pays no lookup per row).
+    if (sessions_.prefix_cache() != nullptr) {
+      for (const Input& in : batch.inputs)
+        sessions_.note_committed(in.sid, in.start(), in.token(0));
+    }
     ++calls_.decode_steps_ahead_used;
     ahead_policy_.used();
     ++stable_run_;
