@@ -82,12 +82,9 @@ Result<Engine> Engine::create(std::shared_ptr<const LoadedModel> model,
   return engine;
 }
 
-Engine::Engine(Engine&& other) noexcept
-    : model_(std::move(other.model_)),
-      kind_(other.kind_),
-      limits_(other.limits_),
-      executor_(std::move(other.executor_)),
-      runner_(std::move(other.runner_)) {}
+// Members go in reverse order of declaration: the runner before the executor it drives.
+Engine::Engine(Engine&& other) noexcept = default;
+Engine::~Engine() = default;
 
 Engine& Engine::operator=(Engine&& other) noexcept {
   if (this != &other) {
@@ -99,11 +96,6 @@ Engine& Engine::operator=(Engine&& other) noexcept {
     limits_ = other.limits_;
   }
   return *this;
-}
-
-Engine::~Engine() {
-  runner_.reset();
-  executor_.reset();
 }
 
 const Tokenizer* Engine::tokenizer() const {
