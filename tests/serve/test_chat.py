@@ -131,3 +131,40 @@ def test_a_model_without_a_chat_template_answers_400(server):
     with pytest.raises(openai.BadRequestError) as e:
         chat(server, model="kjv-small", max_tokens=4)
     assert e.value.body["code"] == "no_chat_template"
+
+
+# Fields cellm does not implement, each answered with a 400 that names it.
+UNSUPPORTED_CHAT = [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("tool_choice", "auto"),
+    ("response_format", {"type": "json_object"}),
+    ("repetition_penalty", 1.1),
+    ("min_tokens", 2),
+    ("stop_token_ids", [1]),
+    ("chat_template_kwargs", {"enable_thinking": False}),
+    ("guided_json", {"type": "object"}),
+    ("no_such_field", 1),
+]
+
+
+@pytest.mark.parametrize("name,value", UNSUPPORTED_CHAT)
+def test_an_unimplemented_field_answers_400_naming_it(chat_server, name, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(chat_server, model=model_id(chat_server), max_tokens=2, extra_body={name: value})
+    assert e.value.body["param"] == name
+    assert name in e.value.body["message"]
+
+
+def test_message_keys_the_server_cannot_render_answer_400(chat_server):
+    for extra in [{"tool_calls": []}, {"tool_call_id": "x"}, {"name": "alice"}]:
+        key = next(iter(extra))
+        messages = [{"role": "user", "content": "hi", **extra}]
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(chat_server, model=model_id(chat_server), messages=messages, max_tokens=2)
+        assert e.value.body["param"] == "messages[0]." + key
+
+
+def test_bookkeeping_fields_are_accepted(chat_server):
+    r = chat(chat_server, model=model_id(chat_server), max_tokens=2, temperature=0,
+             extra_body={"metadata": {"run": "a"}, "store": False, "user": "u"})
+    assert r.choices[0].message.role == "assistant"

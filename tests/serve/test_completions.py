@@ -156,3 +156,13 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache(server):
     assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
     assert after["cellm_prefix_cache_hits_total"] >= before["cellm_prefix_cache_hits_total"] + 1
     assert after["cellm_prefix_cache_lookups_total"] >= before["cellm_prefix_cache_lookups_total"] + 2
+
+
+@pytest.mark.parametrize("name,value", [("messages", []), ("repetition_penalty", 1.2),
+                                        ("response_format", {"type": "json_object"}),
+                                        ("max_completion_tokens", 3), ("metadata", {}),
+                                        ("no_such_field", True)])
+def test_fields_outside_the_completions_allowlist_answer_400_naming_them(server, name, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(server, max_tokens=2, extra_body={name: value})
+    assert e.value.body["param"] == name

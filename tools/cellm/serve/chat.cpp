@@ -70,6 +70,14 @@ ApiResult<std::vector<ChatMessage>> parse_messages(const json& body) {
     const json& m = (*it)[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return invalid_field(param, "'" + param + "' must be an object");
+    // A message's other keys (tool_calls, tool_call_id, name, ...) would reach the
+    // template as nothing: refused rather than dropped.
+    for (const auto& [key, value] : m.items()) {
+      if (key != "role" && key != "content") {
+        return invalid_field(param + "." + key,
+                             "'" + param + "." + key + "' is not supported on this server");
+      }
+    }
     auto role = m.find("role");
     if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
       return invalid_field(param + ".role", "'" + param + ".role' must be a non-empty string");

@@ -120,6 +120,74 @@ ApiResult<std::vector<std::string>> read_stop(const json& body) {
   return stops;
 }
 
+// Every top-level field a request may carry, per endpoint. A field the server
+// implements is read by the parsers below; a field that cannot change the answer
+// (who sent it, metadata for the client's own records) is accepted and ignored;
+// any other field, a known one cellm does not implement or one nobody defines,
+// is refused with a 400 naming it, as OpenAI's API refuses unrecognized
+// arguments. Nothing changes the answer silently.
+enum FieldUse : uint8_t { kRead, kIgnored };
+constexpr uint8_t kOnCompletions = 1;
+constexpr uint8_t kOnChat = 2;
+constexpr uint8_t kOnBoth = kOnCompletions | kOnChat;
+
+struct KnownField {
+  const char* name;
+  uint8_t endpoints;
+  FieldUse use;
+};
+
+constexpr KnownField kKnownFields[] = {
+    {"model", kOnBoth, kRead},
+    {"max_tokens", kOnBoth, kRead},
+    {"temperature", kOnBoth, kRead},
+    {"top_p", kOnBoth, kRead},
+    {"top_k", kOnBoth, kRead},
+    {"min_p", kOnBoth, kRead},
+    {"seed", kOnBoth, kRead},
+    {"stop", kOnBoth, kRead},
+    {"n", kOnBoth, kRead},
+    {"best_of", kOnBoth, kRead},
+    {"stream", kOnBoth, kRead},
+    {"stream_options", kOnBoth, kRead},
+    {"ignore_eos", kOnBoth, kRead},
+    {"logprobs", kOnBoth, kRead},
+    {"presence_penalty", kOnBoth, kRead},   // 0 only, see refuse_unsupported
+    {"frequency_penalty", kOnBoth, kRead},  // 0 only
+    {"logit_bias", kOnBoth, kRead},         // empty only
+    {"user", kOnBoth, kRead},
+    {"prompt", kOnCompletions, kRead},
+    {"echo", kOnCompletions, kRead},
+    {"suffix", kOnCompletions, kRead},  // refused when present
+    {"messages", kOnChat, kRead},
+    {"max_completion_tokens", kOnChat, kRead},
+    {"top_logprobs", kOnChat, kRead},
+    // The client's own bookkeeping: no effect on what is generated.
+    {"metadata", kOnChat, kIgnored},
+    {"store", kOnChat, kIgnored},
+    {"prompt_cache_key", kOnChat, kIgnored},  // a hint; every prefix is cached anyway
+    {"safety_identifier", kOnChat, kIgnored},
+};
+
+std::optional<ApiError> refuse_unknown_fields(const json& body, Endpoint endpoint) {
+  const uint8_t here = endpoint == Endpoint::kChat ? kOnChat : kOnCompletions;
+  for (const auto& [name, value] : body.items()) {
+    bool known = false;
+    for (const KnownField& f : kKnownFields) {
+      if (name == f.name && (f.endpoints & here) != 0) {
+        known = true;
+        break;
+      }
+    }
+    if (!known) {
+      const std::string where =
+          endpoint == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions";
+      return invalid_field(name, "'" + name + "' is not supported by " + where + " on this server");
+    }
+  }
+  return std::nullopt;
+}
+
 // Fields that would change the answer and that cellm does not implement.
 std::optional<ApiError> refuse_unsupported(const json& body) {
   for (const char* name : {"presence_penalty", "frequency_penalty"}) {
@@ -158,6 +226,7 @@ ApiResult<json> parse_json_body(const std::string& body) {
 ApiResult<GenerationFields> parse_generation_fields(const json& body, const RequestLimits& limits,
                                                     Endpoint endpoint) {
   GenerationFields f;
+  if (auto e = refuse_unknown_fields(body, endpoint)) return *e;
   if (auto e = refuse_unsupported(body)) return *e;
   SERVE_TRY(f.model, read_string(body, "model"));
 

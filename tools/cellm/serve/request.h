@@ -1,7 +1,9 @@
 // Request bodies of the OpenAI-compatible endpoints, parsed and validated once
 // into plain structs. Every error is a 400 ApiError whose `param` names the
-// field. Fields cellm does not implement are refused when they would change the
-// answer (a non-zero presence_penalty, a logit_bias) and ignored otherwise.
+// field. Each endpoint has an allowlist: a field cellm does not implement, or
+// one nobody defines, is refused (a non-zero presence_penalty, a logit_bias,
+// `tools`, `foo`); only fields that cannot change the answer (`metadata`,
+// `store`) are accepted and ignored.
 #pragma once
 
 #include <cstdint>
