@@ -235,8 +235,11 @@ def test_sigterm_cancels_in_flight_generations_and_exits_0(start_server):
         try:
             stream = client(s).completions.create(model="kjv-small", prompt=PROMPT, max_tokens=240,
                                                   extra_body={"ignore_eos": True}, stream=True)
-            for _ in stream:
+            for chunk in stream:
                 got_first.set()
+                for c in chunk.choices:
+                    if c.finish_reason:
+                        outcome.setdefault("reasons", set()).add(c.finish_reason)
             outcome["ended"] = True
         except Exception as e:  # the connection may end abruptly
             outcome["error"] = repr(e)
@@ -250,4 +253,7 @@ def test_sigterm_cancels_in_flight_generations_and_exits_0(start_server):
     assert time.monotonic() - t0 < 10
     t.join(10)
     assert outcome
+    # Only OpenAI's finish reasons reach a client: the cancelled stream ends with an
+    # error event (the client raises), never with finish_reason "cancelled".
+    assert outcome.get("reasons", set()) <= {"stop", "length"}, outcome
     assert any("SIGTERM: stopping" in line for line in s.log)

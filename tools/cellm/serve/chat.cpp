@@ -113,6 +113,28 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<Token>& tokens,
 
 }  // namespace
 
+ApiResult<std::vector<Token>> chat_prompt(const ServeContext& ctx, const ChatEndpoint& endpoint,
+                                          const json& body, bool add_generation_prompt) {
+  ApiResult<std::vector<ChatMessage>> messages = parse_messages(body);
+  if (auto* e = std::get_if<ApiError>(&messages)) return *e;
+  if (!endpoint.chat_template.ok()) {
+    return ApiError{400,
+                    "this model has no usable chat template (" +
+                        endpoint.chat_template.status().message() + "); use /v1/completions",
+                    "invalid_request_error", "messages", "no_chat_template"};
+  }
+  Result<std::string> rendered = endpoint.chat_template->render(
+      std::get<std::vector<ChatMessage>>(messages), add_generation_prompt);
+  if (!rendered.ok()) {
+    return invalid_field("messages",
+                         "the chat template refused the messages: " + rendered.status().message());
+  }
+  // The template writes the special tokens (BOS included) itself.
+  std::vector<Token> prompt = ctx.tokenizer.encode(*rendered, /*add_special_tokens=*/false);
+  if (prompt.empty()) return invalid_field("messages", "the messages render to no tokens");
+  return prompt;
+}
+
 void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const httplib::Request& req,
                  httplib::Response& res) {
   ApiResult<json> body_or = parse_json_body(req.body);
@@ -123,27 +145,10 @@ void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const ht
   if (auto* e = std::get_if<ApiError>(&fields_or)) return send_error(res, *e);
   const GenerationFields& fields = std::get<GenerationFields>(fields_or);
   if (auto e = check_model(ctx, fields.model)) return send_error(res, *e);
-  ApiResult<std::vector<ChatMessage>> messages = parse_messages(body);
-  if (auto* e = std::get_if<ApiError>(&messages)) return send_error(res, *e);
-
-  if (!endpoint.chat_template.ok()) {
-    return send_error(
-        res, ApiError{400,
-                      "this model has no usable chat template (" +
-                          endpoint.chat_template.status().message() + "); use /v1/completions",
-                      "invalid_request_error", "messages", "no_chat_template"});
-  }
-  Result<std::string> rendered =
-      endpoint.chat_template->render(std::get<std::vector<ChatMessage>>(messages),
-                                     /*add_generation_prompt=*/true);
-  if (!rendered.ok()) {
-    return send_error(res, invalid_field("messages", "the chat template refused the messages: " +
-                                                         rendered.status().message()));
-  }
-  // The template writes the special tokens (BOS included) itself.
-  std::vector<Token> prompt = ctx.tokenizer.encode(*rendered, /*add_special_tokens=*/false);
-  if (prompt.empty())
-    return send_error(res, invalid_field("messages", "the messages render to no tokens"));
+  ApiResult<std::vector<Token>> prompt_or =
+      chat_prompt(ctx, endpoint, body, /*add_generation_prompt=*/true);
+  if (auto* e = std::get_if<ApiError>(&prompt_or)) return send_error(res, *e);
+  std::vector<Token> prompt = std::move(std::get<std::vector<Token>>(prompt_or));
   if (prompt.size() >= static_cast<size_t>(ctx.limits.max_session_tokens)) {
     return send_error(res, *check_session_budget(prompt.size(), 1, ctx.limits));
   }
@@ -205,9 +210,7 @@ void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const ht
 
   CollectSink sink(peer, fields.n);
   const JobSummary summary = run_logged(*job, sink);
-  if (std::string error = sink.first_error(); !error.empty()) {
-    return send_error(res, ApiError{500, "generation failed: " + error, "server_error", "", ""});
-  }
+  if (std::optional<ApiError> e = sink.failure()) return send_error(res, *e);
   json choices = json::array();
   for (size_t i = 0; i < sink.choices().size(); ++i) {
     const CollectedChoice& c = sink.choices()[i];

@@ -24,7 +24,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "args.h"
@@ -53,6 +55,12 @@ const std::vector<FlagSpec> kFlags = {
     {"max-queued-requests", "N", "requests that may wait for a session; more get 429 (default 64)"},
     {"prefix-cache-entries", "N", "prompt snapshots kept for prefix reuse; 0 = off (default 16)"},
     {"api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/ endpoints"},
+    {"served-model-name", "NAMES",
+     "the model's name in /v1/models and requests; a comma-separated list gives aliases "
+     "(default: the model folder's name)"},
+    {"chat-template", "FILE", "a Jinja chat template to use instead of the model's"},
+    {"allowed-origins", "LIST",
+     "CORS: comma-separated origins browsers may call from, or * for any (default: none)"},
     {"step-width", "W", "tokens per forward (default 256)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
@@ -65,8 +73,8 @@ constexpr size_t kMaxBodyBytes = 4 << 20;
 
 // Known routes keep the path label of the request counter bounded.
 std::string path_label(const std::string& path) {
-  for (const char* known :
-       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
+  for (const char* known : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                            "/metrics", "/tokenize", "/detokenize"}) {
     if (path == known) return path;
   }
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -83,6 +91,9 @@ struct Flags {
   int32_t max_queued = 64;
   int32_t prefix_entries = 16;
   std::optional<std::string> api_key;
+  std::vector<std::string> served_names;
+  std::optional<std::string> chat_template_file;
+  std::vector<std::string> allowed_origins;
   int32_t step_width = 256;
   int32_t threads = 0;
   bool cuda_graphs = true;
@@ -115,10 +126,63 @@ Result<Flags> read_flags(const Args& args) {
     if (key->empty()) return InvalidArgument("--api-key must not be empty");
     f.api_key = *key;
   }
+  auto list = [&](const char* flag) -> Result<std::vector<std::string>> {
+    std::vector<std::string> items;
+    const std::optional<std::string> value = args.get(flag);
+    if (!value) return items;
+    size_t start = 0;
+    while (true) {
+      const size_t comma = value->find(',', start);
+      std::string item = value->substr(start, comma - start);
+      if (item.empty()) {
+        return InvalidArgument(std::string("--") + flag + " has an empty item in '" + *value + "'");
+      }
+      items.push_back(std::move(item));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return items;
+  };
+  CELLM_ASSIGN_OR_RETURN(f.served_names, list("served-model-name"));
+  CELLM_ASSIGN_OR_RETURN(f.allowed_origins, list("allowed-origins"));
+  f.chat_template_file = args.get("chat-template");
   ModelSource source;
   source.path = args.get("model").value_or("");
   CELLM_ASSIGN_OR_RETURN(f.model_dir, resolve_model_folder(source));
   return f;
+}
+
+// CORS: a request from an allowed origin may read the answer.
+void allow_origin(const std::vector<std::string>& allowed, const httplib::Request& req,
+                  httplib::Response& res) {
+  if (allowed.empty() || !req.has_header("Origin")) return;
+  const std::string origin = req.get_header_value("Origin");
+  for (const std::string& a : allowed) {
+    if (a == "*" || a == origin) {
+      res.set_header("Access-Control-Allow-Origin", a == "*" ? "*" : origin);
+      res.set_header("Vary", "Origin");
+      return;
+    }
+  }
+}
+
+// A chat template from a file, with the tokenizer's BOS and EOS strings as its
+// bos_token and eos_token.
+Result<ChatTemplate> load_chat_template_file(const std::string& path, const Tokenizer& tokenizer) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("--chat-template: cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto token_text = [&](std::optional<Token> id) {
+    return id ? tokenizer.id_to_token(*id).value_or("") : std::string();
+  };
+  const std::vector<Token>& eos = tokenizer.eos_ids();
+  Result<ChatTemplate> t =
+      ChatTemplate::parse(text.str(), token_text(tokenizer.bos_id()),
+                          token_text(eos.empty() ? std::nullopt : std::optional<Token>(eos[0])));
+  if (!t.ok())
+    return Status(t.status().code(), "--chat-template " + path + ": " + t.status().message());
+  return t;
 }
 
 // SIGINT/SIGTERM are blocked in every thread and taken by one waiter thread;
@@ -160,7 +224,7 @@ int run_serve(int argc, const char* const* argv) {
   if (wants_help(argc, argv)) {
     std::printf("%s", format_help(usage,
                                   "Serves the model over HTTP with OpenAI's API: /v1/completions, "
-                                  "/v1/chat/completions, /v1/models, "
+                                  "/v1/chat/completions, /v1/models, /tokenize, /detokenize, "
                                   "/health, /metrics.",
                                   kFlags)
                           .c_str());
@@ -205,9 +269,25 @@ int run_serve(int argc, const char* const* argv) {
 
   ServeContext ctx;
   ctx.model_dir = flags.model_dir;
-  ctx.model_id = std::filesystem::path(flags.model_dir).lexically_normal().filename().string();
-  if (ctx.model_id.empty()) {
-    ctx.model_id = std::filesystem::path(flags.model_dir).parent_path().filename().string();
+  if (!flags.served_names.empty()) {
+    ctx.model_id = flags.served_names[0];
+    ctx.model_aliases.assign(flags.served_names.begin() + 1, flags.served_names.end());
+  } else {
+    ctx.model_id = std::filesystem::path(flags.model_dir).lexically_normal().filename().string();
+    if (ctx.model_id.empty()) {
+      ctx.model_id = std::filesystem::path(flags.model_dir).parent_path().filename().string();
+    }
+  }
+  std::vector<std::string> not_applied;
+  Result<GenerationDefaults> defaults = read_generation_defaults(
+      (std::filesystem::path(flags.model_dir) / "generation_config.json").string(), not_applied);
+  if (!defaults.ok()) return fail(cmd, defaults.status());
+  ctx.limits.defaults = *defaults;
+  for (const std::string& name : not_applied) {
+    std::fprintf(stderr,
+                 "cellm serve: warning: generation_config.json sets %s, which this server does "
+                 "not apply; requests that send it get 400\n",
+                 name.c_str());
   }
   ctx.created_unix = unix_now();
   ctx.limits.max_n = flags.max_sessions;
@@ -232,7 +312,19 @@ int run_serve(int argc, const char* const* argv) {
 
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     request_log() = RequestLog{now_us(), 0, 0, false};
-    if (ctx.api_key && req.path.rfind("/v1/", 0) == 0) {
+    allow_origin(flags.allowed_origins, req, res);
+    if (req.method == "OPTIONS") {
+      // A CORS preflight: answered here, before the API key is asked for.
+      res.status = 204;
+      if (res.has_header("Access-Control-Allow-Origin")) {
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (ctx.api_key &&
+        (req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize")) {
       const std::string expected = "Bearer " + *ctx.api_key;
       if (req.get_header_value("Authorization") != expected) {
         send_error(res, ApiError{401, "Incorrect or missing API key", "invalid_request_error", "",
@@ -278,8 +370,13 @@ int run_serve(int argc, const char* const* argv) {
   svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_completions(ctx, req, res);
   });
-  const std::shared_ptr<const ChatEndpoint> chat =
+  std::shared_ptr<const ChatEndpoint> chat =
       make_chat_endpoint(engine->chat_template(), engine->chat_template_status());
+  if (flags.chat_template_file) {
+    Result<ChatTemplate> custom = load_chat_template_file(*flags.chat_template_file, tokenizer);
+    if (!custom.ok()) return fail(cmd, custom.status());
+    chat = make_chat_endpoint(&*custom, Status::Ok());
+  }
   if (const Status& s = chat_template_status(*chat); !s.ok()) {
     std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",
                  s.message().c_str());
@@ -287,23 +384,29 @@ int run_serve(int argc, const char* const* argv) {
   svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_chat(ctx, *chat, req, res);
   });
+  svr.Post("/tokenize", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_tokenize(ctx, *chat, req, res);
+  });
+  svr.Post("/detokenize", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_detokenize(ctx, req, res);
+  });
+  auto model_card = [&](const std::string& id) {
+    return json{{"id", id},
+                {"object", "model"},
+                {"created", ctx.created_unix},
+                {"owned_by", "cellm"},
+                {"root", ctx.model_dir},
+                {"max_model_len", ctx.limits.max_session_tokens}};
+  };
   svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200,
-              {{"object", "list"},
-               {"data", json::array({{{"id", ctx.model_id},
-                                      {"object", "model"},
-                                      {"created", ctx.created_unix},
-                                      {"owned_by", "cellm"},
-                                      {"max_model_len", ctx.limits.max_session_tokens}}})}});
+    json data = json::array({model_card(ctx.model_id)});
+    for (const std::string& alias : ctx.model_aliases) data.push_back(model_card(alias));
+    send_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
   });
   svr.Get(R"(/v1/models/(.+))", [&](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     if (auto e = check_model(ctx, id)) return send_error(res, *e);
-    send_json(res, 200,
-              {{"id", ctx.model_id},
-               {"object", "model"},
-               {"created", ctx.created_unix},
-               {"owned_by", "cellm"}});
+    send_json(res, 200, model_card(id));
   });
   svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
     if (stopping.load()) {

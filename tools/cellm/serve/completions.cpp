@@ -123,9 +123,7 @@ void handle_completions(const ServeContext& ctx, const httplib::Request& req,
 
   CollectSink sink(peer, r.fields.n);
   const JobSummary summary = run_logged(*job, sink);
-  if (std::string error = sink.first_error(); !error.empty()) {
-    return send_error(res, ApiError{500, "generation failed: " + error, "server_error", "", ""});
-  }
+  if (std::optional<ApiError> e = sink.failure()) return send_error(res, *e);
   json choices = json::array();
   for (size_t i = 0; i < sink.choices().size(); ++i) {
     const CollectedChoice& c = sink.choices()[i];

@@ -25,8 +25,21 @@ std::shared_ptr<const ChatEndpoint> make_chat_endpoint(const ChatTemplate* chat_
                                                        const Status& status);
 const Status& chat_template_status(const ChatEndpoint& endpoint);
 
+// A chat body's `messages` rendered with the endpoint's template and encoded; 400s name
+// the field (no template, a refused or empty rendering).
+ApiResult<std::vector<Token>> chat_prompt(const ServeContext& ctx, const ChatEndpoint& endpoint,
+                                          const nlohmann::json& body, bool add_generation_prompt);
+
 // POST /v1/chat/completions (chat.cpp).
 void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const httplib::Request& req,
                  httplib::Response& res);
+
+// POST /tokenize and POST /detokenize (tokenize.cpp): vLLM's bodies. /tokenize takes
+// `prompt` (text, add_special_tokens default true) or `messages` (rendered with the chat
+// template, add_generation_prompt default true); /detokenize takes `tokens`.
+void handle_tokenize(const ServeContext& ctx, const ChatEndpoint& endpoint,
+                     const httplib::Request& req, httplib::Response& res);
+void handle_detokenize(const ServeContext& ctx, const httplib::Request& req,
+                       httplib::Response& res);
 
 }  // namespace cellm::cli

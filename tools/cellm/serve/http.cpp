@@ -33,6 +33,9 @@ void send_error(httplib::Response& res, const ApiError& error) {
 std::optional<ApiError> check_model(const ServeContext& ctx,
                                     const std::optional<std::string>& model) {
   if (!model || *model == ctx.model_id || *model == ctx.model_dir) return std::nullopt;
+  for (const std::string& alias : ctx.model_aliases) {
+    if (*model == alias) return std::nullopt;
+  }
   return ApiError{
       404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_id + "'",
       "invalid_request_error", "model", "model_not_found"};

@@ -33,8 +33,9 @@ using serve::ServeGauges;
 using serve::ServeMetrics;
 
 struct ServeContext {
-  std::string model_id;   // what /v1/models lists and requests must name
-  std::string model_dir;  // also accepted as the model name
+  std::string model_id;                    // what /v1/models lists first
+  std::vector<std::string> model_aliases;  // more names it lists and accepts (--served-model-name)
+  std::string model_dir;                   // also accepted as the model name
   int64_t created_unix = 0;
   RequestLimits limits;
   std::optional<std::string> api_key;
@@ -62,7 +63,7 @@ std::string dump_json(const nlohmann::json& j);
 void send_json(httplib::Response& res, int status, const nlohmann::json& body);
 void send_error(httplib::Response& res, const ApiError& error);
 
-// 404 unless `model` is absent or names the served model.
+// 404 unless `model` is absent or names the served model (its id, an alias or its path).
 std::optional<ApiError> check_model(const ServeContext& ctx,
                                     const std::optional<std::string>& model);
 

@@ -1,6 +1,7 @@
 #include "serve/request.h"
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <utility>
 
@@ -211,6 +212,39 @@ std::optional<ApiError> refuse_unsupported(const json& body) {
 
 }  // namespace
 
+Result<GenerationDefaults> read_generation_defaults(const std::string& path,
+                                                    std::vector<std::string>& not_applied) {
+  GenerationDefaults d;
+  std::ifstream in(path);
+  if (!in) return d;  // the file is optional
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgument(path + ": not a JSON object");
+  }
+  auto number = [&](const char* name, double lo, double hi) -> Result<std::optional<double>> {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) return std::optional<double>();
+    if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < lo ||
+        it->get<double>() > hi) {
+      return InvalidArgument(path + ": '" + name + "' must be a number in [" + std::to_string(lo) +
+                             ", " + std::to_string(hi) + "]");
+    }
+    return std::optional<double>(it->get<double>());
+  };
+  CELLM_ASSIGN_OR_RETURN(d.temperature, number("temperature", 0.0, 2.0));
+  CELLM_ASSIGN_OR_RETURN(d.top_p, number("top_p", 1e-6, 1.0));
+  CELLM_ASSIGN_OR_RETURN(d.min_p, number("min_p", 0.0, 1.0));
+  CELLM_ASSIGN_OR_RETURN(std::optional<double> top_k, number("top_k", -1.0, 1e9));
+  if (top_k) d.top_k = static_cast<int64_t>(*top_k);
+  for (const char* name : {"repetition_penalty", "presence_penalty", "frequency_penalty"}) {
+    auto it = j.find(name);
+    if (it != j.end() && it->is_number() && it->get<double>() != (name[0] == 'r' ? 1.0 : 0.0)) {
+      not_applied.push_back(name);
+    }
+  }
+  return d;
+}
+
 ApiResult<json> parse_json_body(const std::string& body) {
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
@@ -239,15 +273,17 @@ ApiResult<GenerationFields> parse_generation_fields(const json& body, const Requ
   if (max_tokens) f.max_tokens = static_cast<int32_t>(*max_tokens);
 
   std::optional<double> x;
+  const GenerationDefaults& d = limits.defaults;
   SERVE_TRY(x, read_number(body, "temperature", 0.0, 2.0));
-  f.sampling.temperature = static_cast<float>(x.value_or(1.0));
+  f.sampling.temperature = static_cast<float>(x.value_or(d.temperature.value_or(1.0)));
   SERVE_TRY(x, read_number(body, "top_p", 0.0, 1.0));
   if (x && *x <= 0.0) return invalid_field("top_p", "'top_p' must be greater than 0");
-  f.sampling.top_p = static_cast<float>(x.value_or(1.0));
+  f.sampling.top_p = static_cast<float>(x.value_or(d.top_p.value_or(1.0)));
   SERVE_TRY(x, read_number(body, "min_p", 0.0, 1.0));
-  f.sampling.min_p = static_cast<float>(x.value_or(0.0));
+  f.sampling.min_p = static_cast<float>(x.value_or(d.min_p.value_or(0.0)));
   std::optional<int64_t> i;
   SERVE_TRY(i, read_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  if (!i) i = d.top_k;
   f.sampling.top_k = static_cast<int32_t>(i && *i > 0 ? *i : 0);  // -1 (vLLM's "off") = 0
   if (Status s = validate_sampling(f.sampling); !s.ok()) return invalid_field("", s.message());
 

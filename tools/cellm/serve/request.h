@@ -13,16 +13,27 @@
 #include <variant>
 #include <vector>
 
+#include "cellm/status.h"
 #include "cellm/types.h"
 #include "serve/api_error.h"
 
 namespace cellm::cli {
+
+// The sampling defaults a model ships in generation_config.json, used where a
+// request is silent (as vLLM's server does); unset: OpenAI's defaults.
+struct GenerationDefaults {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<double> min_p;
+  std::optional<int64_t> top_k;
+};
 
 // What the server enforces on every request.
 struct RequestLimits {
   int32_t max_n = 1;               // choices per request: at most the session slots
   int32_t max_session_tokens = 0;  // prompt + max_tokens must fit
   int32_t vocab_size = 0;          // token-id prompts must lie in [0, vocab_size)
+  GenerationDefaults defaults;     // where a request gives no sampling field
 };
 
 // The fields /v1/completions and /v1/chat/completions share.
@@ -46,6 +57,13 @@ struct CompletionRequest {
   std::vector<Token> prompt_tokens;        // set when the prompt is token ids
   bool echo = false;                       // prepend the prompt to the text
 };
+
+// The sampling defaults of a model's generation_config.json at `path` (none when
+// the file is absent; an error naming the file and field when it is malformed).
+// The names of sampling fields it sets that the server cannot apply are appended
+// to `not_applied`.
+Result<GenerationDefaults> read_generation_defaults(const std::string& path,
+                                                    std::vector<std::string>& not_applied);
 
 // Parses the body text as JSON (400 on malformed or non-object bodies).
 ApiResult<nlohmann::json> parse_json_body(const std::string& body);

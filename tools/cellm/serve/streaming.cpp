@@ -5,6 +5,27 @@
 
 namespace cellm::cli {
 
+namespace {
+
+// OpenAI's finish reasons are stop, length, tool_calls, content_filter and
+// function_call; a generation that failed or that the server cancelled (its
+// shutdown: a client that left sees nothing) gets an error object instead.
+std::optional<ApiError> failure_of(const std::string& finish_reason,
+                                   const std::string& error_message) {
+  if (finish_reason == "error") {
+    return ApiError{
+        500, "generation failed: " + (error_message.empty() ? "unknown error" : error_message),
+        "server_error", "", ""};
+  }
+  if (finish_reason == "cancelled") {
+    return ApiError{503, "the generation was cancelled: the server is shutting down",
+                    "server_error", "", "shutting_down"};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 SseSink::SseSink(httplib::DataSink& sink, PeerWatch peer, Format format)
     : sink_(sink), peer_(peer), format_(std::move(format)) {}
 
@@ -18,9 +39,8 @@ bool SseSink::send(const nlohmann::json& event) {
 }
 
 bool SseSink::deliver(const ChoiceDelta& delta) {
-  if (delta.finish_reason == "error") {
-    return send(ApiError{500, "generation failed: " + delta.error_message, "server_error", "", ""}
-                    .to_json());
+  if (delta.finish_reason) {
+    if (auto e = failure_of(*delta.finish_reason, delta.error_message)) return send(e->to_json());
   }
   return send(format_(delta));
 }
@@ -45,12 +65,11 @@ bool CollectSink::deliver(const ChoiceDelta& delta) {
   return alive();
 }
 
-std::string CollectSink::first_error() const {
+std::optional<ApiError> CollectSink::failure() const {
   for (const CollectedChoice& c : choices_) {
-    if (c.finish_reason == "error")
-      return c.error_message.empty() ? "generation failed" : c.error_message;
+    if (auto e = failure_of(c.finish_reason, c.error_message)) return e;
   }
-  return {};
+  return std::nullopt;
 }
 
 nlohmann::json usage_json(const JobSummary& s) {

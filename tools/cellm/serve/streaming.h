@@ -55,8 +55,10 @@ class CollectSink final : public JobSink {
   bool deliver(const ChoiceDelta& delta) override;
   bool alive() override { return !peer_.closed(); }
   const std::vector<CollectedChoice>& choices() const { return choices_; }
-  // The first failed choice's message, or empty.
-  std::string first_error() const;
+  // The answer instead of the choices when one of them did not end with one of
+  // OpenAI's finish reasons: 500 for a failed generation, 503 for one cancelled by
+  // the server's shutdown.
+  std::optional<ApiError> failure() const;
 
  private:
   PeerWatch peer_;
