@@ -166,3 +166,36 @@ def test_fields_outside_the_completions_allowlist_answer_400_naming_them(server,
     with pytest.raises(openai.BadRequestError) as e:
         complete(server, max_tokens=2, extra_body={name: value})
     assert e.value.body["param"] == name
+
+
+def test_a_batch_of_prompts_answers_each_with_its_own_choices(server):
+    token_prompt = [int(t) for t in _tokenize(server, "Let there be light")]
+    batch = ["In the beginning God created", "And the earth was", token_prompt]
+    r = complete(server, prompt=batch, max_tokens=6, n=2, seed=11)
+    assert [c.index for c in r.choices] == list(range(6))
+    # Each prompt's choices are what the same request alone gives.
+    for k, p in enumerate(batch):
+        alone = complete(server, prompt=p, max_tokens=6, n=2, seed=11)
+        assert [c.text for c in r.choices[2 * k:2 * k + 2]] == [c.text for c in alone.choices]
+    single = [complete(server, prompt=p, max_tokens=6, n=2, seed=11).usage for p in batch]
+    assert r.usage.prompt_tokens == sum(u.prompt_tokens for u in single)
+    assert r.usage.completion_tokens == sum(u.completion_tokens for u in single)
+    # Streamed, the same texts arrive under the same indexes.
+    texts, finish = stream_text(server, prompt=batch, max_tokens=6, n=2, seed=11)
+    assert [texts[i] for i in range(6)] == [c.text for c in r.choices]
+    assert set(finish) == set(range(6))
+
+
+def test_a_batch_larger_than_the_sessions_answers_400(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(server, prompt=["a"] * 20, n=2, max_tokens=1)
+    assert e.value.body["param"] == "prompt" and "40 sessions" in e.value.body["message"]
+
+
+def _tokenize(server, text):
+    import json
+    import urllib.request
+    req = urllib.request.Request(server.url + "/tokenize", data=json.dumps({"prompt": text}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["tokens"]

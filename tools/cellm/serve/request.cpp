@@ -338,31 +338,50 @@ ApiResult<CompletionRequest> parse_completion_request(const json& body,
 
   const json* p = field(body, "prompt");
   if (p == nullptr) return invalid_field("prompt", "'prompt' is required");
-  // A batch of one prompt is that prompt.
-  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    p = &(*p)[0];
-  }
-  if (p->is_string()) {
-    r.prompt_text = p->get<std::string>();
-    if (r.prompt_text->empty()) return invalid_field("prompt", "'prompt' must not be empty");
+  // One prompt is text or a list of token ids; a batch is a list of either.
+  auto one = [&](const json& v, const std::string& param) -> ApiResult<PromptInput> {
+    PromptInput in;
+    if (v.is_string()) {
+      in.text = v.get<std::string>();
+      if (in.text->empty()) return invalid_field("prompt", "'" + param + "' must not be empty");
+      return in;
+    }
+    if (!v.is_array()) {
+      return invalid_field(
+          "prompt", "'" + param + "' must be a string or a list of token ids, got " + type_name(v));
+    }
+    if (v.empty()) return invalid_field("prompt", "'" + param + "' must not be empty");
+    for (const json& t : v) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= limits.vocab_size ||
+          (t.is_number_unsigned() &&
+           t.get<uint64_t>() >= static_cast<uint64_t>(limits.vocab_size))) {
+        return invalid_field("prompt", "'" + param + "' token ids must be integers in [0, " +
+                                           std::to_string(limits.vocab_size) + ")");
+      }
+      in.tokens.push_back(static_cast<Token>(t.get<int64_t>()));
+    }
+    return in;
+  };
+  const bool batch = p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array());
+  if (!batch) {
+    PromptInput in;
+    SERVE_TRY(in, one(*p, "prompt"));
+    r.prompts.push_back(std::move(in));
     return r;
   }
-  if (!p->is_array()) {
-    return invalid_field("prompt", std::string("'prompt' must be a string or a list of token "
-                                               "ids, got ") +
-                                       type_name(*p));
+  const auto choices = static_cast<int64_t>(p->size()) * r.fields.n;
+  if (choices > limits.max_n) {
+    return invalid_field("prompt", "a batch of " + std::to_string(p->size()) +
+                                       " prompts with n = " + std::to_string(r.fields.n) +
+                                       " needs " + std::to_string(choices) +
+                                       " sessions at once; this server "
+                                       "gives a request at most " +
+                                       std::to_string(limits.max_n));
   }
-  if (p->empty()) return invalid_field("prompt", "'prompt' must not be empty");
-  for (const json& t : *p) {
-    if (t.is_string() || t.is_array()) {
-      return invalid_field("prompt", "batched prompts are not supported; send one per request");
-    }
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= limits.vocab_size ||
-        (t.is_number_unsigned() && t.get<uint64_t>() >= static_cast<uint64_t>(limits.vocab_size))) {
-      return invalid_field("prompt", "'prompt' token ids must be integers in [0, " +
-                                         std::to_string(limits.vocab_size) + ")");
-    }
-    r.prompt_tokens.push_back(static_cast<Token>(t.get<int64_t>()));
+  for (size_t k = 0; k < p->size(); ++k) {
+    PromptInput in;
+    SERVE_TRY(in, one((*p)[k], "prompt[" + std::to_string(k) + "]"));
+    r.prompts.push_back(std::move(in));
   }
   return r;
 }

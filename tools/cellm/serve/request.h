@@ -51,11 +51,18 @@ struct GenerationFields {
   std::string user;
 };
 
+// One prompt of a completion request: text, or token ids fed as given.
+struct PromptInput {
+  std::optional<std::string> text;  // set when the prompt is text
+  std::vector<Token> tokens;        // set when the prompt is token ids
+};
+
 struct CompletionRequest {
   GenerationFields fields;
-  std::optional<std::string> prompt_text;  // set when the prompt is text
-  std::vector<Token> prompt_tokens;        // set when the prompt is token ids
-  bool echo = false;                       // prepend the prompt to the text
+  // One, or a batch: prompt k's choice i is the answer's choice k * n + i. A batch
+  // takes prompts x n sessions at once, at most RequestLimits::max_n.
+  std::vector<PromptInput> prompts;
+  bool echo = false;  // prepend the prompt to the text
 };
 
 // The sampling defaults of a model's generation_config.json at `path` (none when
