@@ -192,7 +192,7 @@ def test_hostile_input_gets_only_4xx_and_the_server_keeps_serving(server):
         b"{\"prompt\": \"a\", \"n\": -99999999999999}",
         b"{\"prompt\": \"a\", \"stop\": [1, 2]}",
         b"{\"prompt\": \"a\", \"stop\": [\"" + b"x" * 5000 + b"\"]}",
-        b"{\"prompt\": [[1, 2], [3]]}",
+        b"{\"prompt\": [[1, 2], [-3]]}", b"{\"prompt\": [[1, 2], 7]}", b"{\"prompt\": [\"a\", []]}",
         b"{\"prompt\": {\"nested\": true}}",
         b"{\"prompt\": \"a\", \"seed\": \"seven\"}",
         b"{\"prompt\": \"a\", \"logit_bias\": {\"1\": 100}}",
