@@ -77,6 +77,15 @@ class ChatTemplate {
                              bool add_generation_prompt) const;
   // The template source, e.g. to choose a tool-call or reasoning parser from its markers.
   const std::string& source() const;
+  // Whether the template reads list-of-parts content (it loops over a message's content
+  // or tests whether it is a string). Templates that do not (Qwen3, Llama 3) fail or print
+  // a Python list on parts; a server then joins the text parts first (join_text_parts), as
+  // vLLM does for such templates.
+  bool reads_content_parts() const;
+  // Replaces each message's list-of-parts content with its text parts joined by "\n".
+  // A part that is not {"type": "text", "text": string} is InvalidArgument naming the
+  // message and its type; other content (a string, null, absent) is left as it is.
+  static Status join_text_parts(nlohmann::ordered_json& messages);
   struct Impl;
 
  private:

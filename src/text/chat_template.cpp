@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -275,6 +276,49 @@ Result<std::string> ChatTemplate::render(const ordered_json& messages, const ord
 const std::string& ChatTemplate::source() const {
   CELLM_CHECK(impl_ != nullptr);
   return impl_->source;
+}
+
+bool ChatTemplate::reads_content_parts() const {
+  CELLM_CHECK(impl_ != nullptr);
+  // `for part in message.content`, `... in message['content']`, `content is string`,
+  // `content is not string`, `content[0]`.
+  static const std::regex kPartsAware(
+      R"(for\s+\w+\s+in\s+[\w.]*(\.content|\[\s*['"]content['"]\s*\])|)"
+      R"((\.content|\[\s*['"]content['"]\s*\])\s*(is\s+(not\s+)?string|\[\s*0\s*\]))");
+  return std::regex_search(impl_->source, kPartsAware);
+}
+
+Status ChatTemplate::join_text_parts(ordered_json& messages) {
+  if (!messages.is_array()) return InvalidArgument("chat messages must be a list");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    ordered_json& m = messages[i];
+    if (!m.is_object()) continue;  // render() names it
+    const auto content = m.find("content");
+    if (content == m.end() || !content->is_array()) continue;
+    std::string text;
+    for (size_t p = 0; p < content->size(); ++p) {
+      const ordered_json& part = (*content)[p];
+      const std::string where =
+          "messages[" + std::to_string(i) + "].content[" + std::to_string(p) + "]";
+      if (!part.is_object()) return InvalidArgument(where + " is not an object");
+      const auto type = part.find("type");
+      if (type == part.end() || !type->is_string()) {
+        return InvalidArgument(where + " has no type");
+      }
+      if (*type != "text") {
+        return InvalidArgument(where + " is of type '" + type->get<std::string>() +
+                               "'; only text parts are supported");
+      }
+      const auto t = part.find("text");
+      if (t == part.end() || !t->is_string()) {
+        return InvalidArgument(where + " has no text string");
+      }
+      if (p > 0) text += '\n';
+      text += t->get<std::string>();
+    }
+    *content = std::move(text);
+  }
+  return Status::Ok();
 }
 
 }  // namespace cellm

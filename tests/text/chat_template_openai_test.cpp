@@ -171,6 +171,59 @@ TEST(OpenAiRenderTest, DeeplyNestedInputIsAnErrorNotACrash) {
   EXPECT_NE(r.status().message().find("nested"), std::string::npos) << r.status().message();
 }
 
+TEST(OpenAiRenderTest, TemplatesThatReadContentPartsAreRecognized) {
+  for (const char* name : {"qwen3", "llama3", "llama3.1", "llama3.2", "mistral-v0.3"}) {
+    const ordered_json fixture = read_json(kFixtures / (std::string(name) + ".json"));
+    EXPECT_FALSE(parse_or_die(fixture.at("template").get<std::string>()).reads_content_parts())
+        << name;
+  }
+  for (const char* source : {
+           "{% for part in message['content'] %}{{ part.text }}{% endfor %}",
+           "{% for m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}",
+           "{% if message.content is string %}{% endif %}",
+           "{% if message[\"content\"] is not string %}{% endif %}",
+           "{{ message['content'][0]['text'] }}",
+       }) {
+    EXPECT_TRUE(parse_or_die(source).reads_content_parts()) << source;
+  }
+}
+
+TEST(OpenAiRenderTest, JoinedTextPartsRenderAsTheJoinedString) {
+  const ordered_json fixture = read_json(kFixtures / "qwen3.json");
+  const ChatTemplate t = parse_or_die(fixture.at("template").get<std::string>());
+  ordered_json parts = ordered_json::parse(R"([
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "x", "type": "function",
+      "function": {"name": "f", "arguments": "{}"}}]}])");
+  // Qwen3 fails on parts, as it does under transformers.
+  EXPECT_FALSE(t.render(parts, nullptr, nullptr, true).ok());
+  ASSERT_TRUE(ChatTemplate::join_text_parts(parts).ok());
+  EXPECT_EQ(parts[1]["content"], "Hello\nthere");
+  EXPECT_TRUE(parts[2]["content"].is_null());
+  ordered_json strings = parts;
+  strings[2]["content"] = "";
+  const Result<std::string> joined = t.render(strings, nullptr, nullptr, true);
+  ASSERT_TRUE(joined.ok()) << joined.status().to_string();
+  EXPECT_NE(joined->find("<|im_start|>user\nHello\nthere<|im_end|>"), std::string::npos) << *joined;
+}
+
+TEST(OpenAiRenderTest, JoiningRefusesPartsThatAreNotText) {
+  for (const char* content : {
+           R"([{"type": "image_url", "image_url": {"url": "x"}}])",
+           R"([{"text": "no type"}])",
+           R"([{"type": "text"}])",
+           R"(["bare string"])",
+       }) {
+    ordered_json messages = ordered_json::array();
+    messages.push_back({{"role", "user"}, {"content", ordered_json::parse(content)}});
+    const Status s = ChatTemplate::join_text_parts(messages);
+    ASSERT_FALSE(s.ok()) << content;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("messages[0].content[0]"), std::string::npos) << s.message();
+  }
+}
+
 TEST(OpenAiRenderTest, TheSourceIsKept) {
   const ChatTemplate t = parse_or_die("<tool_call>{{ 1 }}");
   EXPECT_EQ(t.source(), "<tool_call>{{ 1 }}");
