@@ -278,12 +278,22 @@ bool ToolCallStreamParser::step_content(bool at_end) {
     if (buf_.empty()) return false;
     after_call_ = false;
   }
-  if (format_ == ToolCallFormat::kLlama3 && at_start_) {
-    // A bare JSON call may only open the reply.
+  if (format_ != ToolCallFormat::kHermes && at_start_) {
+    // A bare Llama 3 call object, or a Mistral call array whose [TOOL_CALLS] marker was
+    // decoded away as a special token, may only open the reply.
     const size_t i = skip_ws(buf_, 0);
     if (i == buf_.size() && !at_end) return false;
+    bool bare = false;
+    if (format_ == ToolCallFormat::kLlama3) {
+      bare = i < buf_.size() && buf_[i] == '{';
+    } else if (i < buf_.size() && buf_[i] == '[') {
+      // "[{" opens a call array; "[TOOL_CALLS]" and other text do not.
+      const size_t j = skip_ws(buf_, i + 1);
+      if (j == buf_.size() && !at_end) return false;
+      bare = j < buf_.size() && buf_[j] == '{';
+    }
     at_start_ = false;
-    if (i < buf_.size() && buf_[i] == '{') {
+    if (bare) {
       held_ws_ = buf_.substr(0, i);
       buf_.erase(0, i);
       begin_call("");

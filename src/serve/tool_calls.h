@@ -7,8 +7,10 @@
 //   kLlama3   {"name": N, "parameters": {...}} (or "arguments") as the whole reply,
 //             or after <|python_tag|>; several separated by ';' (Llama 3.1/3.2).
 //   kMistral  [TOOL_CALLS][{"name": N, "arguments": {...}}, ...] (v0.3; a space may
-//             follow the marker) and [TOOL_CALLS]N[ARGS]{...} (newer templates, one
-//             marker per call; N[CALL_ID]id[ARGS]{...} keeps the model's id).
+//             follow the marker; the array alone also counts when it opens the reply,
+//             for text decoded without special tokens) and [TOOL_CALLS]N[ARGS]{...}
+//             (newer templates, one marker per call; N[CALL_ID]id[ARGS]{...} keeps the
+//             model's id).
 // The format comes from the chat template's source (detect_tool_call_format) or a
 // name (tool_call_format_named, for --tool-call-parser).
 //
@@ -136,7 +138,7 @@ class ToolCallStreamParser {
   std::string buf_;       // text not yet released
   std::string marker_;    // the marker that opened the current call segment
   std::string held_ws_;   // whitespace before the current call (content again if it fails)
-  bool at_start_ = true;  // only whitespace so far (a bare Llama 3 call may start)
+  bool at_start_ = true;  // only whitespace so far (a bare Llama 3 / Mistral call may start)
   bool after_call_ = false;
   size_t search_from_ = 0;  // bytes of buf_ already searched for a closing marker
   JsonScan scan_;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,31 @@ TEST(ReasoningTest, DetectionFromTemplatesAndPrompts) {
   EXPECT_TRUE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
   EXPECT_TRUE(prompt_opens_reasoning("<think>old</think> ... <think>\n"));
   EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
+}
+
+// Random texts of markers, marker fragments, newlines and prose: random splits stream
+// to the one-shot result, and nothing is lost (reasoning and content come from the text).
+TEST(ReasoningTest, RandomPiecesAreSplitInvariant) {
+  const std::vector<std::string> pieces = {"<think>", "</think>", "\n",  "\n\n", " ",  "a",
+                                           "<",       "</thi",    "nk>", "<th",  "b\n"};
+  std::mt19937 rng(4321);
+  for (int round = 0; round < 2000; ++round) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) text += pieces[rng() % pieces.size()];
+    for (bool starts_in : {false, true}) {
+      const ReasoningChunk whole = split_reasoning(text, starts_in);
+      EXPECT_LE(whole.reasoning.size() + whole.content.size(), text.size()) << text;
+      std::vector<size_t> cuts;
+      for (size_t at = 0; at < text.size();) {
+        at += 1 + rng() % 4;
+        if (at < text.size()) cuts.push_back(at);
+      }
+      const ReasoningChunk streamed = stream(text, starts_in, cuts);
+      EXPECT_EQ(streamed.reasoning, whole.reasoning) << text;
+      EXPECT_EQ(streamed.content, whole.content) << text;
+    }
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -235,6 +236,9 @@ const std::vector<std::string> kMistralTexts = {
     "[TOOL_CALLS]a[ARGS]{\"x\": ",
     "no calls [TOOL_CALL",
     "[TOOL_CALLS]broken {[TOOL_CALLS]ok[ARGS]{\"v\": true}",
+    " [{\"name\": \"a\", \"arguments\": {\"k\": 1}}]",
+    "[1, 2, 3]",
+    "Text then [{\"name\": \"a\", \"arguments\": {}}]",
 };
 
 TEST(MistralToolCallsTest, AJsonArrayAfterTheMarker) {
@@ -242,6 +246,12 @@ TEST(MistralToolCallsTest, AJsonArrayAfterTheMarker) {
                {{"get_weather", R"({"city":"Paris"})"}});
   expect_calls(parse(ToolCallFormat::kMistral, kMistralTexts[1]), "",
                {{"a", "{}"}, {"b", R"({"k":"]"})"}});
+}
+
+TEST(MistralToolCallsTest, ABareArrayOpeningTheReplyCountsAsDecodedWithoutSpecialTokens) {
+  expect_calls(parse(ToolCallFormat::kMistral, kMistralTexts[13]), "", {{"a", R"({"k":1})"}});
+  expect_calls(parse(ToolCallFormat::kMistral, kMistralTexts[14]), "[1, 2, 3]", {});
+  expect_calls(parse(ToolCallFormat::kMistral, kMistralTexts[15]), kMistralTexts[15], {});
 }
 
 TEST(MistralToolCallsTest, TheNameArgsForm) {
@@ -356,6 +366,57 @@ TEST(ToolCallRobustnessTest, HostileInputsNeverCrashAndAreSplitInvariant) {
       std::vector<size_t> cuts;
       for (size_t i = 7; i < text.size(); i += 7) cuts.push_back(i);
       expect_same(stream(f, text, cuts), whole, "hostile input");
+    }
+  }
+}
+
+// Random texts built from the formats' own pieces (markers, JSON punctuation, call
+// fields, whitespace, prose): one-shot parsing never fails, every call has a name and
+// object arguments, and random splits stream to the same result.
+TEST(ToolCallRobustnessTest, RandomPiecesAreSplitInvariant) {
+  const std::vector<std::string> pieces = {"<tool_call>",
+                                           "</tool_call>",
+                                           "[TOOL_CALLS]",
+                                           "[ARGS]",
+                                           "[CALL_ID]",
+                                           "<|python_tag|>",
+                                           "{",
+                                           "}",
+                                           "[",
+                                           "]",
+                                           "\"name\": \"f\"",
+                                           "\"arguments\": {\"a\": [1]}",
+                                           "\"parameters\": {}",
+                                           ",",
+                                           ";",
+                                           ":",
+                                           " ",
+                                           "\n",
+                                           "x",
+                                           "\"",
+                                           "\\",
+                                           "get",
+                                           "<tool",
+                                           "{\"name\": \"g\", \"arguments\": {}}"};
+  std::mt19937 rng(12345);
+  for (int round = 0; round < 600; ++round) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng() % 24);
+    for (int i = 0; i < n; ++i) text += pieces[rng() % pieces.size()];
+    for (ToolCallFormat f :
+         {ToolCallFormat::kHermes, ToolCallFormat::kLlama3, ToolCallFormat::kMistral}) {
+      const ParsedToolCalls whole = parse(f, text);
+      for (const ToolCall& call : whole.calls) {
+        EXPECT_FALSE(call.name.empty());
+        EXPECT_TRUE(json::parse(call.arguments).is_object()) << call.arguments;
+      }
+      std::vector<size_t> cuts;
+      for (size_t at = 0; at < text.size();) {
+        at += 1 + rng() % 6;
+        if (at < text.size()) cuts.push_back(at);
+      }
+      expect_same(stream(f, text, cuts), whole,
+                  std::string(tool_call_format_name(f)) + ": " + text);
     }
   }
 }
