@@ -244,6 +244,16 @@ Value Value::dict(std::vector<std::pair<Value, Value>> items) {
   return Value(DictPtr(std::move(data)));
 }
 
+Value Value::dict_of_distinct_keys(std::vector<std::pair<Value, Value>> items) {
+  int depth = 0;
+  for (const auto& [k, v] : items) depth = std::max({depth, k.depth(), v.depth()});
+  check_depth(depth + 1);
+  auto data = std::make_shared<DictData>();
+  data->items = std::move(items);
+  data->depth = depth + 1;
+  return Value(DictPtr(std::move(data)));
+}
+
 Value Value::callable(std::string name, std::function<Value(CallArgs&)> fn) {
   return Value(
       CallablePtr(std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)})));

@@ -91,6 +91,9 @@ class Value {
   // REQUIRES: no item deeper than kMaxValueDepth - 1 (else TemplateError).
   static Value list(std::vector<Value> items, bool is_tuple = false);
   static Value dict(std::vector<std::pair<Value, Value>> items);
+  // A dict whose keys the caller knows to be distinct (e.g. a JSON object's): no
+  // duplicate search, so building it is linear. REQUIRES: distinct keys.
+  static Value dict_of_distinct_keys(std::vector<std::pair<Value, Value>> items);
   static Value namespace_object(std::shared_ptr<NamespaceData> ns) { return Value(std::move(ns)); }
   static Value callable(std::string name, std::function<Value(CallArgs&)> fn);
 
