@@ -40,13 +40,19 @@ struct CpuExecutorOptions {
 
 class CpuExecutor final : public Executor {
  public:
-  // Validates, in order (InvalidArgument unless noted; messages start with
-  // "CpuExecutor: " and name the numbers): a model is given; session limits are
-  // positive and their product fits int32; max_session_tokens <= the model's
-  // context (max_position_embeddings); step_width and initial_cells are
-  // positive; max_cells >= 0; step_width <= max_cells; the capacity rule
-  // max_sessions * max_session_tokens < max_cells (one cell stays a scratch row);
-  // num_threads >= 0.
+  // Validates, in order (InvalidArgument; messages start with "CpuExecutor: "
+  // and name the numbers): a model is given; max_sessions and the per-session
+  // cap (max_session_tokens, or the model's context when 0) are positive and
+  // their product fits int32; the cap <= the model's context
+  // (max_position_embeddings); step_width and initial_cells are positive;
+  // max_cells >= 0, kv_memory_bytes >= 0, kv_memory_fraction in [0, 1]; the pool
+  // has a size (max_cells, else kv_memory_bytes / kv_bytes_per_cell(), else, in
+  // rule mode, max_sessions * cap + 1); it holds at least 2 cells and step_width
+  // <= max_cells; in rule mode, max_sessions * cap < max_cells (one cell stays a
+  // scratch row); with the rule off, a cap given explicitly is below max_cells;
+  // num_threads >= 0. See ExecutorLimits for how each field resolves. The K/V
+  // storage grows on demand up to max_cells, so a large byte budget costs memory
+  // only as sessions fill it.
   static Result<std::unique_ptr<CpuExecutor>> create(std::shared_ptr<const ModelWeights> weights,
                                                      const ExecutorLimits& limits,
                                                      const CpuExecutorOptions& options);
@@ -67,8 +73,12 @@ class CpuExecutor final : public Executor {
   bool release_cells(SessionId id) override;
   bool reserve(SessionId id, int64_t cells) override;
 
-  // max_cells resolved (never 0).
+  // Every field resolved: max_cells never 0, max_session_tokens the per-session
+  // cap (never 0). Immutable after create(): any thread may read it.
   const ExecutorLimits& limits() const { return limits_; }
+  // One cell's K and V over every layer (f32): what kv_memory_bytes is divided by.
+  // Immutable after create(): any thread may call it.
+  int64_t kv_bytes_per_cell() const;
   // initial_cells clamped to max_cells.
   const CpuExecutorOptions& options() const { return options_; }
   const ModelConfig& config() const { return weights_->config(); }

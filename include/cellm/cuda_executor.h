@@ -159,14 +159,28 @@ std::vector<std::string> describe_tuned_gemms();
 class CudaExecutor final : public Executor {
  public:
   // Validates, in order (messages start with "CudaExecutor: " and name the
-  // numbers): a model is given (InvalidArgument); session limits positive with
-  // their product below 2^31 (InvalidArgument); max_session_tokens <= the
-  // model's context (InvalidArgument); 2 <= min_prefill <= W (step_width) <= max_cells
-  // (InvalidArgument); the capacity rule max_sessions * max_session_tokens <
-  // max_cells (InvalidArgument: one cell is the scratch row of padded slots);
-  // max_decode_batch >= 0 (InvalidArgument); a usable CUDA device (NotSupported); the
-  // weights and the KV pool fit in device memory (OutOfResources). Then uploads the
-  // weights and allocates everything.
+  // numbers): a model is given (InvalidArgument); max_sessions and the per-session
+  // cap (max_session_tokens, or the model's context when 0) positive with their
+  // product below 2^31 (InvalidArgument); the cap <= the model's context
+  // (InvalidArgument); kv_memory_bytes >= 0 and kv_memory_fraction in [0, 1]
+  // (InvalidArgument); the pool has a size: max_cells, kv_memory_fraction, or the
+  // rule (InvalidArgument); 2 <= min_prefill <= W (step_width) <= max_cells
+  // (InvalidArgument; max_cells when known here); in rule mode, max_sessions *
+  // cap < max_cells (InvalidArgument: one cell is the scratch row of padded
+  // slots); with the rule off, a cap given explicitly < max_cells
+  // (InvalidArgument); max_decode_batch >= 0 (InvalidArgument); a usable CUDA
+  // device (NotSupported); a pool sized by kv_memory_fraction holds at least
+  // max(2, W) cells, and more than a cap given explicitly with the rule off
+  // (OutOfResources); the weights and the KV pool fit in device memory
+  // (OutOfResources). Then uploads the weights and allocates everything.
+  //
+  // Sizing by kv_memory_fraction f: with A = the device memory free at create()
+  // less the weights, the step buffers and the cell table, the pool takes
+  // min(f x A, A - 1 GiB) in whole cells (the rest stays free for cuBLASLt and
+  // the decode graphs initialize() captures), capped at 2^31 - 2 and at 16 x
+  // max_sessions x the table width. The cell table is dense: a row of width
+  // max_session_tokens per resident session (and a scratch row), so its width is
+  // the per-session cap (ExecutorLimits). kv_sizing() tells what was chosen.
   static Result<std::unique_ptr<CudaExecutor>> create(std::shared_ptr<const ModelWeights> weights,
                                                       const ExecutorLimits& limits,
                                                       const CudaExecutorOptions& options);
@@ -192,8 +206,24 @@ class CudaExecutor final : public Executor {
   bool reserve(SessionId id, int64_t cells) override;
 
   const CudaExecutorOptions& options() const;
-  // The limits it was created with, max_cells resolved (never 0).
+  // The limits it was created with, every field resolved: max_cells never 0,
+  // max_session_tokens the per-session cap and the cell table's width.
   const ExecutorLimits& limits() const;
+  // How create() sized the device memory, for a start-up line.
+  struct KvSizing {
+    int64_t cells = 0;           // limits().max_cells; the last is the scratch cell
+    int64_t bytes_per_cell = 0;  // one cell's K and V over every layer
+    int64_t pool_bytes = 0;      // cells * bytes_per_cell
+    // The dense cell table: (max_sessions + 1) rows of max_context int32 cell ids.
+    int64_t table_bytes = 0;
+    int64_t max_context = 0;  // limits().max_session_tokens
+    int64_t weights_bytes = 0;
+    int64_t buffer_bytes = 0;  // activations and workspaces
+    int64_t free_bytes = 0;    // device memory free when create() began
+    bool by_memory = false;    // cells from kv_memory_fraction
+  };
+  // Immutable after create(): any thread may read it.
+  const KvSizing& kv_sizing() const;
   // The message of the last failure (execute(), initialize() or a clone's copy), for
   // logs; empty if the last batch succeeded.
   const std::string& last_error() const;

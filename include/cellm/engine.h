@@ -87,17 +87,44 @@ Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
                                                       bool with_tokenizer,
                                                       const LoadProgress& progress = {});
 
+// The CPU executor's default KV byte budget: a quarter of the machine's physical memory
+// (sysconf), or 1 GiB where the system does not say.
+int64_t default_cpu_kv_bytes();
+// The CUDA executor's default share of the device memory left for the KV pool.
+inline constexpr double kDefaultKvMemoryFraction = 0.90;
+
 struct EngineOptions {
   ModelSource model;
   bool load_tokenizer = true;  // ignored for presets, which have none
   ExecutorKind executor = ExecutorKind::kAuto;
   // The session geometry. The scheduler is sized from it: a budget of step_width tokens a
   // step, up to min(max_sessions, step_width / 2) decodes, prefill chunks of the rest.
+  //
+  // The KV pool's size is part of it (ExecutorLimits): capacity_rule (fixed slots, the
+  // default) or sharing by need; max_cells; kv_memory_bytes (CPU) and kv_memory_fraction
+  // (CUDA), both of which may be set when the executor is kAuto, each executor reading
+  // its own. With capacity_rule off and neither max_cells nor the executor's own memory
+  // field set, the engine fills that field in: default_cpu_kv_bytes() for the CPU
+  // executor, kDefaultKvMemoryFraction for the CUDA one.
   ExecutorLimits limits;
   CpuExecutorOptions cpu;    // used when the CPU executor runs the model
   CudaExecutorOptions cuda;  // used when the CUDA executor runs the model
   LoadProgress load_progress;
 };
+
+// How the executor sized its KV pool, for a start-up line (describe_kv_pool).
+struct KvPoolReport {
+  int64_t cells = 0;           // limits().max_cells, the scratch cell included
+  int64_t bytes_per_cell = 0;  // one cell's K and V over every layer
+  int64_t pool_bytes = 0;      // cells * bytes_per_cell (the CPU executor grows to it)
+  int64_t table_bytes = 0;     // the CUDA executor's cell table; 0 on the CPU
+  int64_t max_context = 0;     // positions one session may hold (limits().max_session_tokens)
+  bool capacity_rule = true;   // fixed slots; false: shared by need
+  bool by_memory = false;      // cells from kv_memory_bytes / kv_memory_fraction
+};
+// "KV pool: 420000 cells x 128.0 KiB = 51.3 GiB (by memory, shared by need), context
+// 131072 tokens, cell table 256.0 MiB" (no table part on the CPU).
+std::string describe_kv_pool(const KvPoolReport& report);
 
 // Batched decode steps so far and their time, from an executor that measures them (the
 // CUDA executor with time_steps).
@@ -136,8 +163,11 @@ class Engine {
 
   // The executor that runs the model: kCpu or kCuda, never kAuto.
   ExecutorKind executor_kind() const { return kind_; }
-  // The geometry the executor was created with (after the executor's own adjustments).
+  // The geometry the executor was created with, every field resolved by it (max_cells,
+  // max_session_tokens: the executor's limits()).
   const ExecutorLimits& limits() const { return limits_; }
+  // How the KV pool was sized. Immutable once created: any thread may call it.
+  const KvPoolReport& kv_pool() const { return kv_pool_; }
 
   // For logs. The device the executor runs on ("" for the CPU executor):
   // describe_cuda_device's text.
@@ -162,6 +192,7 @@ class Engine {
   std::shared_ptr<const LoadedModel> model_;
   ExecutorKind kind_ = ExecutorKind::kCpu;
   ExecutorLimits limits_;
+  KvPoolReport kv_pool_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Runner> runner_;  // declared after executor_: destroyed first
 };

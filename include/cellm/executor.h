@@ -30,18 +30,46 @@
 namespace cellm {
 
 // The session geometry every executor is created with (its create() takes it beside
-// its own options). The capacity rule max_sessions * max_session_tokens < max_cells
-// keeps one cell free as the scratch row of padded slots, so a batch never runs out
-// of cells midway.
+// its own options).
+//
+// Two modes. With capacity_rule on (the default), the pool is cut into fixed slots:
+// max_sessions * max_session_tokens < max_cells, one cell staying free as the
+// scratch row of padded slots, so every resident session can fill its budget at
+// once and a batch never runs out of cells midway. With it off, sessions share the
+// pool by need: each holds the cells of its own tokens, up to its cap, and
+// max_sessions only bounds how many are resident; a step can then run short of
+// cells (the runner's admission policy or the prefix cache's evictions answer it).
+//
+// Where max_cells comes from, in order: max_cells when given; else memory
+// (kv_memory_bytes on the CPU executor, kv_memory_fraction on the CUDA executor;
+// each executor reads its own field, validates both, and ignores the other's);
+// else, in rule mode only, max_sessions * max_session_tokens + 1. A pool sized by
+// memory is also capped at 2^31 - 2 cells and at 16 * max_sessions * the
+// per-session cap (more could only ever hold cached prefixes, and costs host
+// bookkeeping per cell).
+//
+// The per-session cap: max_session_tokens, or the model's context
+// (max_position_embeddings) when 0. With the rule off, a cap of 0 becomes
+// min(context, max_cells - 1); a cap given explicitly must fit the pool
+// (max_session_tokens < max_cells) or create() refuses it. The executors' limits()
+// report every field resolved.
 struct ExecutorLimits {
   int32_t max_sessions = 8;           // resident sessions: active, snapshots and clones
-  int32_t max_session_tokens = 1024;  // positions one session may hold
-  int32_t max_cells = 0;              // KV cells; 0 = max_sessions * max_session_tokens + 1
+  int32_t max_session_tokens = 1024;  // positions one session may hold; 0 = the model's context
+  int32_t max_cells = 0;              // KV cells; 0 = from memory or the rule (above)
   int32_t step_width = 256;           // W: the most tokens one forward takes
   // Keep the cells of closed and released sessions in a prefix cache that
   // attach_prefix() can share with a new session. Cached cells nobody shares are
   // evicted when a step is short of cells, so the capacity rule still holds.
   bool prefix_cache = false;
+  // The fixed-slot rule above; off = the pool is shared by need.
+  bool capacity_rule = true;
+  // CPU: a byte budget for the KV pool (K and V of every layer, f32); 0 = unset.
+  int64_t kv_memory_bytes = 0;
+  // CUDA: the share of device memory, free once the weights, the step buffers and
+  // the cell table are counted, that the KV pool takes, in (0, 1]; the rest (at
+  // least 1 GiB) stays free for cuBLASLt and the decode graphs. 0 = unset.
+  double kv_memory_fraction = 0;
 };
 
 // What the KV pool can still give, for admission and preemption policies.

@@ -1,7 +1,9 @@
 #include "cellm/cpu_executor.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "core/cell_pool.h"
@@ -18,10 +20,34 @@ std::string prefixed(const std::string& message) {
   return "CpuExecutor: " + message;
 }
 
-Status validate(const ModelWeights* weights, const ExecutorLimits& l, const CpuExecutorOptions& o) {
+std::string number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", x);
+  return text;
+}
+
+// Cells a pool sized by memory never exceeds: a cell id is an int32 below 2^31 - 1,
+// and beyond 16 times what every resident session could hold the cells could only
+// ever keep cached prefixes (the pool's bookkeeping costs 13 host bytes a cell).
+int64_t memory_cells_cap(const ExecutorLimits& l, int64_t per_session) {
+  return std::min<int64_t>(int64_t{std::numeric_limits<int32_t>::max()} - 1,
+                           16 * int64_t{l.max_sessions} * per_session);
+}
+
+// Validates `l` (in the order create() documents) and resolves max_cells and
+// max_session_tokens.
+Result<ExecutorLimits> resolve(const ModelWeights* weights, ExecutorLimits l,
+                               const CpuExecutorOptions& o) {
   if (weights == nullptr) return InvalidArgument(prefixed("no model was given"));
-  CELLM_RETURN_IF_ERROR(validate_session_limits("CpuExecutor", l.max_sessions, l.max_session_tokens,
-                                                weights->config().max_position_embeddings()));
+  const ModelConfig& c = weights->config();
+  const int64_t context = c.max_position_embeddings();
+  const bool cap_given = l.max_session_tokens != 0;
+  // The model's context, or the cap given (checked against it next).
+  const auto per_session = static_cast<int32_t>(
+      cap_given ? l.max_session_tokens
+                : std::min<int64_t>(context, std::numeric_limits<int32_t>::max() - 1));
+  CELLM_RETURN_IF_ERROR(
+      validate_session_limits("CpuExecutor", l.max_sessions, per_session, context));
   if (l.step_width <= 0 || o.initial_cells <= 0) {
     return InvalidArgument(prefixed("step_width " + std::to_string(l.step_width) +
                                     " and initial_cells " + std::to_string(o.initial_cells) +
@@ -31,23 +57,56 @@ Status validate(const ModelWeights* weights, const ExecutorLimits& l, const CpuE
     return InvalidArgument(prefixed("max_cells " + std::to_string(l.max_cells) +
                                     " must be positive (or 0 for the default)"));
   }
-  const int64_t sessions_cells = int64_t{l.max_sessions} * l.max_session_tokens;
-  const int64_t max_cells = l.max_cells == 0 ? sessions_cells + 1 : l.max_cells;
-  if (l.step_width > max_cells) {
-    return InvalidArgument(prefixed("step_width " + std::to_string(l.step_width) +
-                                    " exceeds max_cells " + std::to_string(max_cells)));
+  if (l.kv_memory_bytes < 0) {
+    return InvalidArgument(prefixed("kv_memory_bytes " + std::to_string(l.kv_memory_bytes) +
+                                    " must be positive (or 0 when unset)"));
   }
-  CELLM_RETURN_IF_ERROR(
-      validate_capacity("CpuExecutor", l.max_sessions, l.max_session_tokens, max_cells));
+  if (!(l.kv_memory_fraction >= 0 && l.kv_memory_fraction <= 1)) {
+    return InvalidArgument(prefixed("kv_memory_fraction " + number(l.kv_memory_fraction) +
+                                    " must be in (0, 1] (or 0 when unset)"));
+  }
+
+  // max_cells: given, else from the byte budget, else by the rule.
+  int64_t cells = l.max_cells;
+  std::string source;  // how a pool sized by memory got its cells, for messages
+  if (cells == 0 && l.kv_memory_bytes > 0) {
+    const int64_t per_cell = cpu::KvStore::cell_bytes(c.num_layers(), c.kv_dim());
+    cells = std::min(l.kv_memory_bytes / per_cell, memory_cells_cap(l, per_session));
+    source = " (kv_memory_bytes " + std::to_string(l.kv_memory_bytes) + " at " +
+             std::to_string(per_cell) + " bytes a cell)";
+  } else if (cells == 0 && l.capacity_rule) {
+    cells = int64_t{l.max_sessions} * per_session + 1;
+  } else if (cells == 0) {
+    return InvalidArgument(
+        prefixed("with capacity_rule off the KV pool is sized by max_cells or kv_memory_bytes, "
+                 "and both are 0"));
+  }
+  const std::string pool = "max_cells " + std::to_string(cells) + source;
+  if (cells < 2) {
+    return InvalidArgument(
+        prefixed(pool + " leaves no cell for a session (one cell is the scratch row)"));
+  }
+  if (l.step_width > cells) {
+    return InvalidArgument(
+        prefixed("step_width " + std::to_string(l.step_width) + " exceeds " + pool));
+  }
+  if (l.capacity_rule) {
+    CELLM_RETURN_IF_ERROR(validate_capacity("CpuExecutor", l.max_sessions, per_session, cells));
+    l.max_session_tokens = per_session;
+  } else if (cap_given && per_session >= cells) {
+    return InvalidArgument(prefixed("max_session_tokens " + std::to_string(per_session) +
+                                    " needs " + std::to_string(int64_t{per_session} + 1) +
+                                    " cells (one is the scratch row) but the pool "
+                                    "holds " +
+                                    pool));
+  } else {
+    l.max_session_tokens = static_cast<int32_t>(std::min<int64_t>(per_session, cells - 1));
+  }
   if (o.num_threads < 0) {
     return InvalidArgument(
         prefixed("num_threads " + std::to_string(o.num_threads) + " must be >= 0"));
   }
-  return Status::Ok();
-}
-
-ExecutorLimits resolved(ExecutorLimits l) {
-  if (l.max_cells == 0) l.max_cells = l.max_sessions * l.max_session_tokens + 1;
+  l.max_cells = static_cast<int32_t>(cells);
   return l;
 }
 
@@ -61,8 +120,7 @@ CpuExecutorOptions resolved(CpuExecutorOptions o, const ExecutorLimits& l) {
 Result<std::unique_ptr<CpuExecutor>> CpuExecutor::create(
     std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
     const CpuExecutorOptions& options) {
-  CELLM_RETURN_IF_ERROR(validate(weights.get(), limits, options));
-  const ExecutorLimits l = resolved(limits);
+  CELLM_ASSIGN_OR_RETURN(const ExecutorLimits l, resolve(weights.get(), limits, options));
   return std::unique_ptr<CpuExecutor>(new CpuExecutor(std::move(weights), l, resolved(options, l)));
 }
 
@@ -188,6 +246,10 @@ KvMetrics CpuExecutor::kv_metrics() const {
   m.bytes_per_cell = kv_->bytes_per_cell();
   m.growth_count = kv_->growth_count();
   return m;
+}
+
+int64_t CpuExecutor::kv_bytes_per_cell() const {
+  return kv_->bytes_per_cell();
 }
 
 KvBudget CpuExecutor::kv_budget() const {

@@ -32,8 +32,4 @@ void KvStore::resize(int64_t rows) {
   rows_ = rows;
 }
 
-int64_t KvStore::bytes_per_cell() const {
-  return 2 * num_layers_ * row_floats_ * static_cast<int64_t>(sizeof(float));
-}
-
 }  // namespace cellm::cpu

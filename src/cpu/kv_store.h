@@ -28,7 +28,11 @@ class KvStore {
   int64_t row_floats() const { return row_floats_; }  // n_kv_heads * head_dim
   int64_t growth_count() const { return growth_count_; }
   // One cell's K and V over every layer.
-  int64_t bytes_per_cell() const;
+  int64_t bytes_per_cell() const { return cell_bytes(num_layers_, row_floats_); }
+  // The same for a store of these dimensions, before one exists (sizing by memory).
+  static int64_t cell_bytes(int64_t num_layers, int64_t row_floats) {
+    return 2 * num_layers * row_floats * static_cast<int64_t>(sizeof(float));
+  }
   int64_t allocated_bytes() const { return rows_ * bytes_per_cell(); }
 
  private:

@@ -17,6 +17,7 @@
 #include "cuda/gemm_tuning.h"
 #include "cuda/kernels/embedding.h"
 #include "cuda/launch_control.h"
+#include "cuda/pool_sizing.h"
 #include "cuda/step_ahead_policy.h"
 
 namespace cellm {
@@ -46,26 +47,6 @@ int32_t bucket_for(int32_t b, int32_t cap) {
   return std::min(bucket, cap);
 }
 
-Status validate(const ModelWeights* w, const ExecutorLimits& l, const CudaExecutorOptions& o) {
-  if (w == nullptr) return InvalidArgument(prefixed("no model was given"));
-  CELLM_RETURN_IF_ERROR(validate_session_limits(
-      "CudaExecutor", l.max_sessions, l.max_session_tokens, w->config().max_position_embeddings()));
-  const int64_t sessions_cells = int64_t{l.max_sessions} * l.max_session_tokens;
-  const int64_t max_cells = l.max_cells == 0 ? sessions_cells + 1 : l.max_cells;
-  if (o.min_prefill < 2 || o.min_prefill > l.step_width || l.step_width > max_cells) {
-    return InvalidArgument(prefixed("need 2 <= min_prefill <= W <= max_cells, got min_prefill " +
-                                    std::to_string(o.min_prefill) + ", W " +
-                                    std::to_string(l.step_width) + ", max_cells " +
-                                    std::to_string(max_cells)));
-  }
-  CELLM_RETURN_IF_ERROR(
-      validate_capacity("CudaExecutor", l.max_sessions, l.max_session_tokens, max_cells));
-  if (o.max_decode_batch < 0) {
-    return InvalidArgument(prefixed("max_decode_batch must be >= 0"));
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 class ExecutorImpl {
@@ -87,6 +68,7 @@ class ExecutorImpl {
   CellPool pool_;
   SessionTable sessions_;
   std::unique_ptr<ForwardEngine> engine_;
+  CudaExecutor::KvSizing kv_sizing_;  // how create() sized the pool
   std::string last_error_;
   bool broken_ = false;  // a sticky CUDA error: every later batch fails
   CudaExecutor::MethodCalls calls_;
@@ -590,9 +572,7 @@ std::vector<std::string> describe_tuned_gemms() {
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
     const CudaExecutorOptions& options) {
-  CELLM_RETURN_IF_ERROR(cuda::validate(weights.get(), limits, options));
-  ExecutorLimits l = limits;
-  if (l.max_cells == 0) l.max_cells = l.max_sessions * l.max_session_tokens + 1;
+  CELLM_ASSIGN_OR_RETURN(ExecutorLimits l, cuda::validate_limits(weights.get(), limits, options));
   const CudaExecutorOptions& o = options;
   if (!cuda::gpu_available()) {
     return NotSupported(cuda::prefixed("no usable CUDA device (cudaGetDeviceCount found none)"));
@@ -601,24 +581,42 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
   cuda::set_programmatic_launch(o.tuning.programmatic_launch);
   cuda::ForwardDims dims;
   dims.max_rows = std::max(l.step_width, cuda::decode_cap(l, o));
-  dims.max_cells = l.max_cells;
+  dims.max_cells = l.max_cells;  // 0 while the pool is sized by memory
   dims.max_seqs = l.max_sessions;
   dims.max_session_tokens = l.max_session_tokens;
   size_t free_bytes = 0, total_bytes = 0;
   CELLM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
                              "CudaExecutor: reading free device memory");
-  const size_t need = cuda::ForwardEngine::device_bytes(weights->config(), dims, o.precision);
+  const bool by_memory = l.max_cells == 0;
+  if (by_memory) {
+    CELLM_RETURN_IF_ERROR(
+        cuda::size_pool_by_memory(weights->config(), limits, l, dims, o, free_bytes));
+  }
+  const cuda::ForwardEngine::DeviceBytes bytes =
+      cuda::ForwardEngine::device_bytes(weights->config(), dims, o.precision);
+  const size_t need = bytes.total();
   if (need > free_bytes) {
     return OutOfResources(cuda::prefixed(
         "needs " + std::to_string(need >> 20) + " MiB of device memory (weights, KV pool of " +
         std::to_string(l.max_cells) + " cells, buffers) but only " +
         std::to_string(free_bytes >> 20) + " MiB are free"));
   }
+  CudaExecutor::KvSizing sizing;
+  sizing.cells = l.max_cells;
+  sizing.bytes_per_cell = static_cast<int64_t>(bytes.kv_per_cell);
+  sizing.pool_bytes = static_cast<int64_t>(bytes.kv);
+  sizing.table_bytes = static_cast<int64_t>(bytes.table);
+  sizing.max_context = l.max_session_tokens;
+  sizing.weights_bytes = static_cast<int64_t>(bytes.weights);
+  sizing.buffer_bytes = static_cast<int64_t>(bytes.buffers);
+  sizing.free_bytes = static_cast<int64_t>(free_bytes);
+  sizing.by_memory = by_memory;
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ForwardEngine> engine,
                          cuda::ForwardEngine::create(*weights, dims, o));
   if (o.time_steps) CELLM_RETURN_IF_ERROR(engine->set_timing(true));
-  return std::unique_ptr<CudaExecutor>(new CudaExecutor(
-      std::make_unique<cuda::ExecutorImpl>(std::move(weights), l, o, std::move(engine))));
+  auto impl = std::make_unique<cuda::ExecutorImpl>(std::move(weights), l, o, std::move(engine));
+  impl->kv_sizing_ = sizing;
+  return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
 }
 
 CudaExecutor::CudaExecutor(std::unique_ptr<cuda::ExecutorImpl> impl) : impl_(std::move(impl)) {}
@@ -725,6 +723,9 @@ const CudaExecutorOptions& CudaExecutor::options() const {
 }
 const ExecutorLimits& CudaExecutor::limits() const {
   return impl_->limits_;
+}
+const CudaExecutor::KvSizing& CudaExecutor::kv_sizing() const {
+  return impl_->kv_sizing_;
 }
 const std::string& CudaExecutor::last_error() const {
   return impl_->last_error_;

@@ -358,15 +358,28 @@ Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create(const ModelWeights&
   return make<__nv_bfloat16>(weights, dims, options);
 }
 
-size_t ForwardEngine::device_bytes(const ModelConfig& config, const ForwardDims& dims,
-                                   CudaPrecision precision) {
-  if (precision == CudaPrecision::kF32) {
-    return DeviceModel<float>::slab_bytes(config) + kv_pool_bytes<float>(config, dims) +
-           BufferLayout::of<float>(config, dims).bytes + table_bytes(dims);
-  }
-  return DeviceModel<__nv_bfloat16>::slab_bytes(config) +
-         kv_pool_bytes<__nv_bfloat16>(config, dims) +
-         BufferLayout::of<__nv_bfloat16>(config, dims).bytes + table_bytes(dims);
+namespace {
+
+template <typename T>
+ForwardEngine::DeviceBytes device_bytes_of(const ModelConfig& config, const ForwardDims& dims) {
+  ForwardEngine::DeviceBytes b;
+  b.weights = DeviceModel<T>::slab_bytes(config);
+  b.buffers = BufferLayout::of<T>(config, dims).bytes;
+  b.table = table_bytes(dims);
+  ForwardDims one = dims;
+  one.max_cells = 1;
+  b.kv_per_cell = kv_pool_bytes<T>(config, one);
+  b.kv = kv_pool_bytes<T>(config, dims);
+  return b;
+}
+
+}  // namespace
+
+ForwardEngine::DeviceBytes ForwardEngine::device_bytes(const ModelConfig& config,
+                                                       const ForwardDims& dims,
+                                                       CudaPrecision precision) {
+  if (precision == CudaPrecision::kF32) return device_bytes_of<float>(config, dims);
+  return device_bytes_of<__nv_bfloat16>(config, dims);
 }
 
 }  // namespace cellm::cuda

@@ -66,9 +66,18 @@ class ForwardEngine {
   static Result<std::unique_ptr<ForwardEngine>> create(const ModelWeights& weights,
                                                        const ForwardDims& dims,
                                                        const CudaExecutorOptions& options);
-  // Device bytes create() would allocate (weights, KV pool, buffers).
-  static size_t device_bytes(const ModelConfig& config, const ForwardDims& dims,
-                             CudaPrecision precision);
+  // Device bytes create() would allocate, by part (the executor sizes the KV pool
+  // from them).
+  struct DeviceBytes {
+    size_t weights = 0;      // the weight slab
+    size_t buffers = 0;      // activations and workspaces for max_rows rows
+    size_t table = 0;        // the cell table, (max_seqs + 1) x max_session_tokens int32
+    size_t kv_per_cell = 0;  // one cell's K and V over every layer
+    size_t kv = 0;           // the KV pool: max_cells cells
+    size_t total() const { return weights + buffers + table + kv; }
+  };
+  static DeviceBytes device_bytes(const ModelConfig& config, const ForwardDims& dims,
+                                  CudaPrecision precision);
 
   virtual StepHost& host() = 0;
   virtual const ForwardDims& dims() const = 0;

@@ -3,7 +3,12 @@
 // reports tools print.
 #include "cellm/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <iterator>
+#include <string>
 #include <utility>
 
 #include "cellm/decode_first_scheduler.h"
@@ -12,17 +17,32 @@ namespace cellm {
 namespace {
 
 // Every executor option the engine sets, in one place: the executor of `kind` over
-// `weights`, created with the options' limits and that executor's own options.
+// `weights`, created with the options' limits (the memory defaults filled in) and that
+// executor's own options. Sets `limits` to the executor's resolved limits and `pool` to
+// how it sized the KV pool.
 Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
                                                 std::shared_ptr<const ModelWeights> weights,
                                                 const EngineOptions& options,
-                                                ExecutorLimits& limits) {
+                                                ExecutorLimits& limits, KvPoolReport& pool) {
   limits = options.limits;
+  const bool fill_memory = !limits.capacity_rule && limits.max_cells == 0;
+  pool.capacity_rule = limits.capacity_rule;
   if (kind == ExecutorKind::kCuda) {
 #ifdef CELLM_HAVE_CUDA
     limits.step_width = std::max(2, limits.step_width);  // a prefill forward spans 2+ tokens
+    if (fill_memory && limits.kv_memory_fraction == 0) {
+      limits.kv_memory_fraction = kDefaultKvMemoryFraction;
+    }
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), limits, options.cuda));
+    limits = e->limits();
+    const CudaExecutor::KvSizing& sizing = e->kv_sizing();
+    pool.cells = sizing.cells;
+    pool.bytes_per_cell = sizing.bytes_per_cell;
+    pool.pool_bytes = sizing.pool_bytes;
+    pool.table_bytes = sizing.table_bytes;
+    pool.max_context = sizing.max_context;
+    pool.by_memory = sizing.by_memory;
     return std::unique_ptr<Executor>(std::move(e));
 #else
     return NotSupported(
@@ -30,9 +50,34 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
         "--executor cpu");
 #endif
   }
+  if (fill_memory && limits.kv_memory_bytes == 0) limits.kv_memory_bytes = default_cpu_kv_bytes();
+  pool.by_memory = limits.max_cells == 0 && limits.kv_memory_bytes > 0;
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> e,
                          CpuExecutor::create(std::move(weights), limits, options.cpu));
+  limits = e->limits();
+  pool.cells = limits.max_cells;
+  pool.bytes_per_cell = e->kv_bytes_per_cell();
+  pool.pool_bytes = pool.cells * pool.bytes_per_cell;
+  pool.max_context = limits.max_session_tokens;
   return std::unique_ptr<Executor>(std::move(e));
+}
+
+// "12.0 KiB", "256.5 MiB", "51.3 GiB".
+std::string bytes_text(int64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  auto value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(units)) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[48];
+  if (unit == 0) {
+    std::snprintf(text, sizeof(text), "%lld bytes", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f %s", value, units[unit]);
+  }
+  return text;
 }
 
 // DecodeFirstScheduler sized for one forward per batch: a budget of step_width tokens, up
@@ -60,6 +105,23 @@ const char* to_string(ExecutorKind kind) {
   return "auto";
 }
 
+int64_t default_cpu_kv_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0) return int64_t{1} << 30;
+  return int64_t{pages} * int64_t{page_bytes} / 4;
+}
+
+std::string describe_kv_pool(const KvPoolReport& r) {
+  std::string text = "KV pool: " + std::to_string(r.cells) + " cells x " +
+                     bytes_text(r.bytes_per_cell) + " = " + bytes_text(r.pool_bytes) + " (" +
+                     (r.by_memory ? "by memory, " : "") +
+                     (r.capacity_rule ? "fixed slots" : "shared by need") + "), context " +
+                     std::to_string(r.max_context) + " tokens";
+  if (r.table_bytes > 0) text += ", cell table " + bytes_text(r.table_bytes);
+  return text;
+}
+
 Result<Engine> Engine::create(const EngineOptions& options) {
   CELLM_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedModel> model,
                          load_model(options.model, options.load_tokenizer, options.load_progress));
@@ -74,8 +136,8 @@ Result<Engine> Engine::create(std::shared_ptr<const LoadedModel> model,
   Engine engine;
   engine.kind_ =
       options.executor == ExecutorKind::kAuto ? default_executor_kind() : options.executor;
-  CELLM_ASSIGN_OR_RETURN(engine.executor_,
-                         make_executor(engine.kind_, model->weights, options, engine.limits_));
+  CELLM_ASSIGN_OR_RETURN(engine.executor_, make_executor(engine.kind_, model->weights, options,
+                                                         engine.limits_, engine.kv_pool_));
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(engine.limits_));
   engine.runner_ = std::make_unique<Runner>(*engine.executor_, std::move(scheduler));
   engine.model_ = std::move(model);
@@ -94,6 +156,7 @@ Engine& Engine::operator=(Engine&& other) noexcept {
     model_ = std::move(other.model_);
     kind_ = other.kind_;
     limits_ = other.limits_;
+    kv_pool_ = other.kv_pool_;
   }
   return *this;
 }

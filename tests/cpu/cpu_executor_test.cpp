@@ -1,13 +1,18 @@
 // The CPU executor driven directly through the executor seam on the reference
 // fixtures: greedy continuations equal the reference's, alone, batched with
 // other sessions, and with prompts cut into chunks and forwards cut by the
-// step width; plus create()'s refusals, cell reuse, clones and bad input.
+// step width; plus create()'s refusals, cell reuse, clones and bad input; and a
+// pool shared by need (capacity rule off), sized by cells or by memory.
 #include "cellm/cpu_executor.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "executor_driver.h"
 #include "fixture_model.h"
+#include "kjv_prompts.h"
 
 namespace cellm {
 namespace {
@@ -238,6 +243,192 @@ TEST_F(CpuExecutorCreateTest, AGapInASessionFailsTheBatch) {
   const Status s = e->execute(b, o);
   EXPECT_FALSE(s.ok());
   EXPECT_FALSE(s.message().empty());
+}
+
+// A pool shared by need (capacity rule off): 1024 cells of kjv-small (context 256)
+// serve 16 sessions of 60 positions at once, more than the 1024 / 256 = 4 a pool of
+// fixed context-sized slots could, and each session's tokens are those it produces
+// alone.
+TEST(CpuExecutorSharedPoolTest, SixteenSessionsOfAPoolOfFourContextsMatchTheirSoloRuns) {
+  const auto weights = testing::load_kjv_small();
+  ASSERT_EQ(weights->config().max_position_embeddings(), 256);
+  ExecutorLimits l;
+  l.max_sessions = 16;
+  l.max_session_tokens = 0;  // the model's context
+  l.max_cells = 1024;
+  l.step_width = 64;
+  CpuExecutorOptions o;
+  o.initial_cells = 64;
+  o.num_threads = 2;
+  // Fixed slots of the whole context cannot hold 16 sessions in 1024 cells.
+  const Result<std::unique_ptr<CpuExecutor>> by_rule = CpuExecutor::create(weights, l, o);
+  ASSERT_FALSE(by_rule.ok());
+  EXPECT_NE(by_rule.status().message().find("16 x max_session_tokens 256 = 4096 cells"),
+            std::string::npos)
+      << by_rule.status().message();
+
+  l.capacity_rule = false;
+  Result<std::unique_ptr<CpuExecutor>> created = CpuExecutor::create(weights, l, o);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  CpuExecutor& e = **created;
+  EXPECT_EQ(e.limits().max_session_tokens, 256);
+  EXPECT_EQ(e.limits().max_cells, 1024);
+  EXPECT_EQ(e.kv_budget().capacity, 1023);
+  EXPECT_EQ(e.kv_budget().max_context, 256);
+
+  // 20-token prompts and 41 outputs: 20 + 40 committed positions each, 960 cells.
+  constexpr size_t kPrompt = 20, kOutputs = 41;
+  const std::vector<std::vector<Token>> prompts = testing::kjv_prompts(16, kPrompt, 13);
+  const std::vector<std::vector<Token>> together = testing::drive(e, prompts, 8, kOutputs);
+  EXPECT_EQ(e.kv_metrics().cells_in_use, 0);
+  EXPECT_GE(e.kv_metrics().rows_allocated, 16 * 60);  // every session's cells at once
+  ASSERT_EQ(together.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(together[i].size(), kOutputs) << "session " << i;
+    const std::vector<std::vector<Token>> alone = testing::drive(e, {prompts[i]}, 8, kOutputs);
+    EXPECT_EQ(together[i], alone[0]) << "session " << i;
+  }
+  EXPECT_EQ(e.kv_metrics().cells_in_use, 0);
+}
+
+// One cell's K and V over every layer, in f32.
+int64_t cell_bytes(const ModelConfig& c) {
+  return 2 * c.num_layers() * c.kv_dim() * static_cast<int64_t>(sizeof(float));
+}
+
+TEST_F(CpuExecutorCreateTest, APoolSizedByMemoryHasTheBudgetsCells) {
+  const int64_t per_cell = cell_bytes(weights_->config());
+  ExecutorLimits l;
+  l.capacity_rule = false;
+  l.max_sessions = 4;
+  l.max_session_tokens = 0;
+  l.step_width = 32;
+  l.kv_memory_bytes = 700 * per_cell + per_cell / 2;  // whole cells only
+  CpuExecutorOptions o;
+  o.initial_cells = 16;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->kv_bytes_per_cell(), per_cell);
+  EXPECT_EQ((*e)->kv_metrics().bytes_per_cell, per_cell);
+  EXPECT_EQ((*e)->limits().max_cells, 700);
+  EXPECT_EQ((*e)->limits().max_session_tokens, 512);  // the model's context
+  EXPECT_EQ((*e)->kv_budget().capacity, 699);
+  // The storage grows as sessions fill it, not up front.
+  EXPECT_EQ((*e)->kv_metrics().rows_allocated, 16);
+
+  // A pool smaller than one context caps the context.
+  l.kv_memory_bytes = 300 * per_cell;
+  e = CpuExecutor::create(weights_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->limits().max_cells, 300);
+  EXPECT_EQ((*e)->limits().max_session_tokens, 299);
+
+  // A cap given explicitly stays; max_cells given wins over the budget.
+  l.max_session_tokens = 100;
+  e = CpuExecutor::create(weights_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->limits().max_session_tokens, 100);
+  l.max_cells = 128;
+  e = CpuExecutor::create(weights_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->limits().max_cells, 128);
+
+  // A budget far past what the sessions could fill stops at 16 x 4 sessions x 512.
+  l = ExecutorLimits{};
+  l.capacity_rule = false;
+  l.max_sessions = 4;
+  l.max_session_tokens = 0;
+  l.kv_memory_bytes = int64_t{1} << 50;
+  e = CpuExecutor::create(weights_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->limits().max_cells, 16 * 4 * 512);
+
+  // In rule mode the budget sizes the pool and the rule still holds.
+  l.capacity_rule = true;
+  l.max_session_tokens = 64;
+  l.kv_memory_bytes = 4 * 64 * per_cell;  // 256 cells: not above 4 x 64
+  e = CpuExecutor::create(weights_, l, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("= 256 cells must be below max_cells 256"), std::string::npos)
+      << e.status().message();
+  l.kv_memory_bytes += per_cell;
+  e = CpuExecutor::create(weights_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->limits().max_cells, 257);
+}
+
+TEST_F(CpuExecutorCreateTest, RefusesBadMemorySizesNamingThem) {
+  const int64_t per_cell = cell_bytes(weights_->config());
+  const auto refusal = [this](const ExecutorLimits& l) {
+    Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, l, {});
+    EXPECT_FALSE(e.ok());
+    if (e.ok()) return std::string();
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(e.status().message().rfind("CpuExecutor: ", 0), 0u) << e.status().message();
+    return e.status().message();
+  };
+  const auto expect_has = [](const std::string& message, const std::string& part) {
+    EXPECT_NE(message.find(part), std::string::npos) << message << "\nlacks: " << part;
+  };
+  ExecutorLimits base;
+  base.capacity_rule = false;
+  base.max_sessions = 4;
+  base.max_session_tokens = 0;
+  base.step_width = 16;
+  base.kv_memory_bytes = 1000 * per_cell;
+
+  for (double f : {-0.5, 1.5, std::nan("")}) {
+    ExecutorLimits l = base;
+    l.kv_memory_fraction = f;
+    expect_has(refusal(l), "must be in (0, 1]");
+  }
+  ExecutorLimits l = base;
+  l.kv_memory_fraction = 1.5;
+  expect_has(refusal(l), "kv_memory_fraction 1.5");
+  l = base;
+  l.kv_memory_bytes = -1;
+  expect_has(refusal(l), "kv_memory_bytes -1 must be positive");
+  l = base;
+  l.kv_memory_bytes = 0;
+  expect_has(refusal(l), "sized by max_cells or kv_memory_bytes, and both are 0");
+  // An explicit cap the budget cannot hold: one context does not fit.
+  l = base;
+  l.max_session_tokens = 128;
+  l.kv_memory_bytes = 100 * per_cell;
+  const std::string cap = refusal(l);
+  expect_has(cap, "max_session_tokens 128 needs 129 cells");
+  expect_has(cap, "max_cells 100 (kv_memory_bytes " + std::to_string(100 * per_cell) + " at " +
+                      std::to_string(per_cell) + " bytes a cell)");
+  l.kv_memory_bytes = 0;
+  l.max_cells = 128;
+  expect_has(refusal(l),
+             "max_session_tokens 128 needs 129 cells (one is the scratch row) but "
+             "the pool holds max_cells 128");
+  // A budget below one forward, or below a cell.
+  l = base;
+  l.kv_memory_bytes = 10 * per_cell;
+  expect_has(refusal(l), "step_width 16 exceeds max_cells 10 (kv_memory_bytes");
+  l.step_width = 1;
+  l.kv_memory_bytes = per_cell + 1;
+  expect_has(refusal(l), "max_cells 1 (kv_memory_bytes " + std::to_string(per_cell + 1) + " at " +
+                             std::to_string(per_cell) +
+                             " bytes a cell) leaves no cell for a session");
+  l.kv_memory_bytes = per_cell - 1;
+  expect_has(refusal(l), "max_cells 0 (kv_memory_bytes");
+  // Past the model's context, with the rule off as well.
+  l = base;
+  l.max_session_tokens = 513;
+  expect_has(refusal(l), "exceeds the model's context of 512");
+}
+
+TEST_F(CpuExecutorCreateTest, AZeroCapMeansTheModelsContextInRuleModeToo) {
+  ExecutorLimits l;
+  l.max_sessions = 2;
+  l.max_session_tokens = 0;
+  Result<std::unique_ptr<CpuExecutor>> e = CpuExecutor::create(weights_, l, {});
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->limits().max_session_tokens, 512);
+  EXPECT_EQ((*e)->limits().max_cells, 2 * 512 + 1);
 }
 
 }  // namespace

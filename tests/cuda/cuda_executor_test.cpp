@@ -559,6 +559,121 @@ TEST_F(CudaExecutorTest, RefusesLimitsThePoolCannotHold) {
   EXPECT_NE(e.status().message().find("need 2 <= min_prefill"), std::string::npos);
 }
 
+// The memory fields are checked before any device is needed.
+TEST_F(CudaExecutorTest, RefusesBadMemorySizesNamingThem) {
+  ExecutorLimits l;
+  l.capacity_rule = false;
+  l.max_sessions = 4;
+  l.max_session_tokens = 0;
+  l.step_width = 16;
+  l.kv_memory_fraction = 1.5;
+  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w_, l, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("kv_memory_fraction 1.5 must be in (0, 1]"),
+            std::string::npos)
+      << e.status().message();
+  l.kv_memory_fraction = -0.25;
+  e = CudaExecutor::create(w_, l, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("kv_memory_fraction -0.25"), std::string::npos);
+  l.kv_memory_fraction = 0;
+  e = CudaExecutor::create(w_, l, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("sized by max_cells or kv_memory_fraction, and both are 0"),
+            std::string::npos)
+      << e.status().message();
+  l.max_session_tokens = 128;
+  l.max_cells = 100;
+  e = CudaExecutor::create(w_, l, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("max_session_tokens 128 needs 129 cells (one is the scratch "
+                                      "row) but the pool holds max_cells 100"),
+            std::string::npos)
+      << e.status().message();
+}
+
+// A pool sized by a fraction of the free device memory: its cell count follows from
+// the sizes kv_sizing() reports, the cell table is as wide as the model's context,
+// and a prompt runs.
+TEST_F(CudaExecutorTest, APoolSizedByAFractionOfMemoryHasThePlannedCellsAndRuns) {
+  CELLM_SKIP_WITHOUT_GPU();
+  ExecutorLimits l;
+  l.capacity_rule = false;
+  l.max_sessions = 128;
+  l.max_session_tokens = 0;  // the fixture's context, 512
+  l.step_width = 16;
+  l.kv_memory_fraction = 0.001;
+  CudaExecutorOptions o;
+  o.precision = CudaPrecision::kF32;
+  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  const CudaExecutor::KvSizing& z = (*e)->kv_sizing();
+  EXPECT_TRUE(z.by_memory);
+  EXPECT_EQ(z.cells, (*e)->limits().max_cells);
+  EXPECT_EQ(z.max_context, 512);
+  EXPECT_EQ((*e)->limits().max_session_tokens, 512);
+  const ModelConfig& c = w_->config();
+  EXPECT_EQ(z.bytes_per_cell, 2 * c.num_layers() * c.kv_dim() * 4);  // f32 K and V
+  EXPECT_EQ(z.pool_bytes, z.cells * z.bytes_per_cell);
+  EXPECT_EQ(z.table_bytes, (128 + 1) * 512 * 4);
+  // min(f x A, A - 1 GiB) in whole cells, A the memory left beside the rest.
+  const double avail =
+      static_cast<double>(z.free_bytes - z.weights_bytes - z.buffer_bytes - z.table_bytes);
+  const double kv = std::min(0.001 * avail, avail - static_cast<double>(int64_t{1} << 30));
+  const auto planned =
+      std::min<int64_t>(static_cast<int64_t>(kv / z.bytes_per_cell), int64_t{16} * 128 * 512);
+  EXPECT_NEAR(static_cast<double>(z.cells), static_cast<double>(planned), 1.0);
+  EXPECT_GT(z.cells, 512);
+  EXPECT_LE(static_cast<double>(z.pool_bytes), 0.001 * static_cast<double>(z.free_bytes));
+  EXPECT_EQ((*e)->kv_metrics().bytes_per_cell, z.bytes_per_cell);
+  EXPECT_EQ((*e)->kv_budget().capacity, z.cells - 1);
+  auto got = drive(**e, {f_.prompts[1].ids, f_.prompts[3].ids}, 16, 12);
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(got[0][i], f_.prompts[1].greedy[i]) << "step " << i;
+    EXPECT_EQ(got[1][i], f_.prompts[3].greedy[i]) << "step " << i;
+  }
+  EXPECT_EQ((*e)->kv_metrics().cells_in_use, 0);
+
+  // A fraction too small for one forward is refused, naming the sizes.
+  l.kv_memory_fraction = 1e-12;
+  e = CudaExecutor::create(w_, l, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kOutOfResources);
+  EXPECT_NE(e.status().message().find("fewer than step_width 16"), std::string::npos)
+      << e.status().message();
+  EXPECT_NE(e.status().message().find("kv_memory_fraction 1e-12 of "), std::string::npos)
+      << e.status().message();
+}
+
+// With the rule off and max_cells given, the cell table is as wide as the pool allows
+// (max_cells - 1 below the context) and sessions share the pool by need.
+TEST_F(CudaExecutorTest, ASharedPoolNarrowsTheCellTableToThePool) {
+  CELLM_SKIP_WITHOUT_GPU();
+  ExecutorLimits l;
+  l.capacity_rule = false;
+  l.max_sessions = 8;
+  l.max_session_tokens = 0;
+  l.max_cells = 300;
+  l.step_width = 16;
+  CudaExecutorOptions o;
+  o.precision = CudaPrecision::kF32;
+  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(w_, l, o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->limits().max_session_tokens, 299);
+  EXPECT_EQ((*e)->kv_sizing().max_context, 299);
+  EXPECT_EQ((*e)->kv_sizing().table_bytes, (8 + 1) * 299 * 4);
+  EXPECT_FALSE((*e)->kv_sizing().by_memory);
+  const auto prompts = prompts_of(f_);
+  auto got = drive(**e, prompts, 5, 16);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (size_t k = 0; k < 16; ++k) {
+      EXPECT_EQ(got[i][k], f_.prompts[i].greedy[k]) << "prompt " << i << " step " << k;
+    }
+  }
+  EXPECT_EQ((*e)->kv_metrics().cells_in_use, 0);
+}
+
 // `cellm bench` names the GPU it ran on: its name, SMs, memory and the start of its UUID
 // (machines of one kind differ by a percent or so); nothing without a device.
 TEST_F(CudaExecutorTest, DescribesTheDeviceItRunsOn) {
