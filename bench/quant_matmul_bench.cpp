@@ -1,0 +1,194 @@
+// quant_matmul_bench: achieved weight bandwidth and throughput of
+// cpu::quant::quant_matmul on SmolLM2-135M's linear shapes.
+//
+//   quant_matmul_bench [--types q8_0,q4_0,q4_1,q4_k,q6_k,bf16,bf16-dot] [--threads 1,2] [--rows
+//   1,16]
+//                      [--isa best|scalar|avx2|avx512-vnni] [--rotate-mib 64] [--ms 150]
+//
+// Shapes [rows, cols] (hidden 576, intermediate 1536, vocabulary 49152):
+// q_proj/o_proj [576, 576], gate/up [1536, 576], down [576, 1536], lm_head
+// [49152, 576]. Each row of output prints, per type, shape, activation rows M and
+// threads: microseconds per call, GB/s of weight bytes read (the decode measure)
+// and GFLOP/s (2 M rows cols per call). Weights rotate over copies totalling
+// --rotate-mib so each call reads them past L2, as a decode step does; K-quants
+// need cols a multiple of 256, so their [*, 576] rows print n/a (GGUF files
+// store those tensors in a fallback type).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels/thread_pool.h"
+#include "cpu/quant/bf16_dot_matmul.h"
+#include "cpu/quant/quant_matmul.h"
+#include "model/half.h"
+
+namespace {
+
+using cellm::cpu::ThreadPool;
+using namespace cellm::cpu::quant;
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+// Random blocks: every byte random, then every fp16 scale field a small value
+// (the kernels' cost does not depend on the values).
+std::vector<uint8_t> random_matrix(std::mt19937_64& rng, QuantType t, int64_t rows, int64_t cols) {
+  const QuantTypeInfo& info = type_info(t);
+  const int64_t bytes = row_bytes(t, cols).value() * rows;
+  std::vector<uint8_t> w(static_cast<size_t>(bytes));
+  for (int64_t i = 0; i + 8 <= bytes; i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(w.data() + i, &r, 8);
+  }
+  const uint16_t small = cellm::f32_to_f16(0.001f);
+  if (info.block_weights == 1) {  // f32/f16/bf16: small values everywhere
+    const uint16_t bf = cellm::f32_to_bf16(0.001f);
+    for (int64_t i = 0; i + 2 <= bytes; i += 2) std::memcpy(w.data() + i, &bf, 2);
+    return w;
+  }
+  for (int64_t b = 0; b < bytes / info.block_bytes; ++b) {
+    uint8_t* blk = w.data() + b * info.block_bytes;
+    if (t == QuantType::kQ6_K) {
+      std::memcpy(blk + 208, &small, 2);
+    } else {
+      std::memcpy(blk, &small, 2);
+      if (t == QuantType::kQ4_1 || t == QuantType::kQ5_1 || t == QuantType::kQ4_K ||
+          t == QuantType::kQ5_K) {
+        std::memcpy(blk + 2, &small, 2);
+      }
+    }
+  }
+  return w;
+}
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> types = split("q8_0,q4_0,q4_1,q4_k,q6_k,bf16,bf16-dot");
+  std::vector<std::string> threads = split("1,2"), ms = split("1,16");
+  std::string isa_name = "best";
+  int64_t rotate_mib = 64;
+  double min_ms = 150.0;
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    const auto next = [&]() -> std::string { return a + 1 < argc ? argv[++a] : ""; };
+    if (arg == "--types") {
+      types = split(next());
+    } else if (arg == "--threads") {
+      threads = split(next());
+    } else if (arg == "--rows") {
+      ms = split(next());
+    } else if (arg == "--isa") {
+      isa_name = next();
+    } else if (arg == "--rotate-mib") {
+      rotate_mib = std::stoll(next());
+    } else if (arg == "--ms") {
+      min_ms = std::stod(next());
+    } else {
+      std::printf("usage: see the comment atop bench/quant_matmul_bench.cpp\n");
+      return arg == "-h" || arg == "--help" ? 0 : 2;
+    }
+  }
+  QuantIsa isa = best_isa();
+  for (const QuantIsa i : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512Vnni}) {
+    if (isa_name == to_string(i)) isa = i;
+  }
+  if (!isa_supported(isa)) {
+    std::printf("this CPU cannot run %s\n", to_string(isa));
+    return 1;
+  }
+  const Shape shapes[] = {
+      {"q/o_proj", 576, 576}, {"gate/up", 1536, 576}, {"down", 576, 1536}, {"lm_head", 49152, 576}};
+  std::printf(
+      "quant_matmul_bench: block kernels on %s (best here: %s); weights rotated over %lld MiB\n",
+      to_string(isa), to_string(best_isa()), static_cast<long long>(rotate_mib));
+  std::printf("%-5s %-9s %6s %6s %3s %3s %10s %8s %9s\n", "type", "shape", "rows", "cols", "M",
+              "thr", "us/call", "GB/s", "GFLOP/s");
+  std::mt19937_64 rng(1);
+  for (const std::string& tname : types) {
+    // "bf16-dot": bf16 weights through bf16_dot_matmul (x rounded to bf16, vdpbf16ps)
+    // rather than cpu::matmul (x exact, W widened to f32).
+    const bool bf16_dot = tname == "bf16-dot";
+    if (bf16_dot && !bf16_dot_supported()) {
+      std::printf("bf16-dot: no AVX-512 BF16 on this CPU\n");
+      continue;
+    }
+    const auto t = bf16_dot ? std::optional<QuantType>(QuantType::kBF16) : type_from_name(tname);
+    if (!t.has_value()) {
+      std::printf("unknown type %s\n", tname.c_str());
+      return 2;
+    }
+    for (const Shape& s : shapes) {
+      if (!check_weights(*t, s.cols).ok()) {
+        std::printf("%-5s %-9s %6lld %6lld   n/a: cols not a multiple of %lld\n", tname.c_str(),
+                    s.name, static_cast<long long>(s.rows), static_cast<long long>(s.cols),
+                    static_cast<long long>(type_info(*t).block_weights));
+        continue;
+      }
+      const int64_t matrix_bytes = row_bytes(*t, s.cols).value() * s.rows;
+      const int copies = static_cast<int>(
+          std::max<int64_t>(1, (rotate_mib << 20) / std::max<int64_t>(1, matrix_bytes)));
+      std::vector<std::vector<uint8_t>> w;
+      for (int c = 0; c < copies; ++c) w.push_back(random_matrix(rng, *t, s.rows, s.cols));
+      for (const std::string& mstr : ms) {
+        const int64_t m = std::stoll(mstr);
+        std::vector<float> x(static_cast<size_t>(m * s.cols));
+        std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+        for (float& v : x) v = dist(rng);
+        std::vector<float> y(static_cast<size_t>(m * s.rows));
+        for (const std::string& tstr : threads) {
+          ThreadPool pool(std::stoi(tstr));
+          int call = 0;
+          const auto once = [&] {
+            const QuantWeights qw{w[static_cast<size_t>(call++ % copies)].data(), *t, s.rows,
+                                  s.cols};
+            if (bf16_dot) {
+              bf16_dot_matmul(pool, x.data(), m, s.cols, static_cast<const uint16_t*>(qw.data),
+                              s.rows, y.data());
+            } else {
+              quant_matmul(pool, x.data(), m, qw, {}, y.data(), isa);
+            }
+          };
+          for (int i = 0; i < 3; ++i) once();  // warm up: the pool, the activation buffer
+          // Best of 5 runs of >= min_ms / 5 each: others on a shared machine only add time.
+          double best = 1e30;
+          for (int r = 0; r < 5; ++r) {
+            int iters = 0;
+            const auto t0 = Clock::now();
+            double elapsed = 0.0;
+            do {
+              once();
+              ++iters;
+              elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+            } while (elapsed * 1e3 < min_ms / 5);
+            best = std::min(best, elapsed / iters);
+          }
+          const double flops = 2.0 * static_cast<double>(m * s.rows * s.cols);
+          std::printf("%-5s %-9s %6lld %6lld %3lld %3s %10.1f %8.2f %9.2f\n", tname.c_str(), s.name,
+                      static_cast<long long>(s.rows), static_cast<long long>(s.cols),
+                      static_cast<long long>(m), tstr.c_str(), best * 1e6,
+                      static_cast<double>(matrix_bytes) / best / 1e9, flops / best / 1e9);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}
