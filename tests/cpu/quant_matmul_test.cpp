@@ -239,6 +239,40 @@ TEST(QuantMatmulTest, BiasIsAddedAndFloatTypesGoToTheF32Matmul) {
     }
 }
 
+// BF16 weights on every path (cpu::matmul, or bf16_dot_matmul where the CPU has
+// AVX-512 BF16): within x's bf16 rounding (2^-8 per product) of the f64 product,
+// with the bias added.
+TEST(QuantMatmulTest, Bf16WeightsOnEveryPathAreWithinTheBf16RoundingOfX) {
+  ThreadPool pool(2);
+  std::mt19937 rng(19);
+  const int64_t m = 7, rows = 70, cols = 200;
+  const std::vector<float> x = cpu::testing::random_floats(rng, m * cols, -2.0f, 2.0f);
+  const std::vector<float> wf = cpu::testing::random_floats(rng, rows * cols);
+  const std::vector<float> bias = cpu::testing::random_floats(rng, rows);
+  std::vector<uint16_t> w(wf.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+  std::vector<float> want(static_cast<size_t>(m * rows));
+  std::vector<double> scale(want.size());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < rows; ++j) {
+      double sum = bias[static_cast<size_t>(j)], mag = 0.0;
+      for (int64_t k = 0; k < cols; ++k) {
+        const double p = double{x[i * cols + k]} * bf16_to_f32(w[j * cols + k]);
+        sum += p;
+        mag += std::fabs(p);
+      }
+      want[static_cast<size_t>(i * rows + j)] = static_cast<float>(sum);
+      scale[static_cast<size_t>(i * rows + j)] = mag;
+    }
+  for (const QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512Vnni}) {
+    if (!isa_supported(isa)) continue;
+    std::vector<float> y(want.size());
+    quant_matmul(pool, x.data(), m, {w.data(), QuantType::kBF16, rows, cols},
+                 {bias.data(), DType::kF32}, y.data(), isa);
+    EXPECT_TRUE(all_close(y, want, 1.0 / 256 + 1e-5, 1e-6, scale)) << to_string(isa);
+  }
+}
+
 TEST(QuantMatmulTest, WeightShapesThatAreNotWholeBlocksAreRejectedWithTheirType) {
   const Status s = check_weights(QuantType::kQ4_K, 576);
   ASSERT_FALSE(s.ok());

@@ -54,6 +54,15 @@ void rows_scalar(const Args& a, int64_t j0, int64_t j1) {
 #if defined(CELLM_BF16_DOT_X86)
 CELLM_TARGET_BEGIN(CELLM_ISA_AVX512)
 
+// The 32 bf16 lanes of v. A value conversion, not a pointer cast: a type-punned
+// reference would let GCC assume it aliases the accumulators and store them to
+// memory in every iteration.
+__m512bh as_bf16(__m512i v) {
+  __m512bh r;
+  std::memcpy(&r, &v, sizeof(r));
+  return r;
+}
+
 // {sum(a), sum(b), sum(c), sum(d)}.
 __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
@@ -82,7 +91,7 @@ void to_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t*
       const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, src + c);
       const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, src + c + 16);
       const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
-      _mm512_storeu_si512(dst + c, reinterpret_cast<const __m512i&>(v));
+      std::memcpy(dst + c, &v, sizeof(v));
     }
   }
 }
@@ -94,20 +103,22 @@ void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
   __m512 acc[MR][kNr];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < a.ldx; c += kLanesBf16) {
-    const int64_t left = a.k - c;
-    const __mmask32 mask = left >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1u << left) - 1u);
+  // Whole 32-column steps with plain loads, then one masked step for the tail:
+  // GCC keeps the accumulators in registers only around loads it can analyse.
+  const auto step = [&](int64_t c, __mmask32 mask, bool full) {
     __m512bh wv[kNr];
     for (int j = 0; j < kNr; ++j) {
-      const __m512i v = _mm512_maskz_loadu_epi16(mask, w[j] + c);
-      wv[j] = reinterpret_cast<const __m512bh&>(v);
+      wv[j] =
+          as_bf16(full ? _mm512_loadu_si512(w[j] + c) : _mm512_maskz_loadu_epi16(mask, w[j] + c));
     }
     for (int i = 0; i < MR; ++i) {
-      const __m512i v = _mm512_loadu_si512(a.xb + (i0 + i) * a.ldx + c);
-      const __m512bh xv = reinterpret_cast<const __m512bh&>(v);
+      const __m512bh xv = as_bf16(_mm512_loadu_si512(a.xb + (i0 + i) * a.ldx + c));
       for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
     }
-  }
+  };
+  const int64_t k_full = a.k / kLanesBf16 * kLanesBf16;
+  for (int64_t c = 0; c < k_full; c += kLanesBf16) step(c, 0, true);
+  if (k_full < a.k) step(k_full, static_cast<__mmask32>((1u << (a.k - k_full)) - 1u), false);
   for (int i = 0; i < MR; ++i) {
     alignas(16) float sums[4];
     _mm_store_ps(sums, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));

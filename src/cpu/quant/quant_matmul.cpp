@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/kernels/matmul.h"
+#include "cpu/quant/bf16_dot_matmul.h"
 #include "cpu/quant/cpu_features.h"
 #include "cpu/quant/quant_kernels.h"
 
@@ -31,6 +32,13 @@ float quantize_block(const float* x, int n, int8_t* q) {
   const float id = d == 0.0f ? 0.0f : 127.0f / amax;
   for (int l = 0; l < n; ++l) q[l] = static_cast<int8_t>(std::nearbyint(x[l] * id));
   return d;
+}
+
+void add_bias(int64_t m, int64_t n, TypedPtr bias, float* y) {
+  if (bias.data == nullptr) return;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] += load_as_f32(bias.data, bias.dtype, j);
+  }
 }
 
 QuantKernel kernel(QuantType t, QuantIsa isa) {
@@ -123,6 +131,11 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
   CELLM_CHECK(m >= 0 && w.rows >= 0);
   CELLM_CHECK_MSG(check_weights(w.type, w.cols).ok(), "quant_matmul: bad weight shape or type");
   CELLM_CHECK_MSG(isa_supported(isa), "quant_matmul: the CPU lacks this instruction set");
+  if (w.type == QuantType::kBF16 && isa == QuantIsa::kAvx512Vnni && bf16_dot_supported()) {
+    bf16_dot_matmul(pool, x, m, w.cols, static_cast<const uint16_t*>(w.data), w.rows, y);
+    add_bias(m, w.rows, bias, y);
+    return;
+  }
   if (is_float_type(w.type)) {
     matmul(pool, x, m, w.cols, TypedPtr{w.data, float_dtype(w.type)}, w.rows, bias, y);
     return;

@@ -12,7 +12,9 @@
 // with every quantized row in integer arithmetic, scaled to f32 per block. The
 // result differs from an f32 matmul of the dequantized W by the activations'
 // rounding (about 0.4% of a block's largest value per value), as llama.cpp's does.
-// F32, F16 and BF16 weights go to cpu::matmul unchanged.
+// BF16 weights go to bf16_dot_matmul (x rounded to bf16, AVX-512 BF16 dot
+// products) on the AVX-512 path where the CPU has AVX-512 BF16; otherwise, and for
+// F32 and F16, to cpu::matmul unchanged (x exact).
 //
 // Paths, chosen at run time from cpuid: AVX-512 VNNI, AVX2, or the portable
 // scalar twin (every path computes the same integer sums; they differ only in
