@@ -3,6 +3,7 @@
 // cpu_features() says the CPU has these instructions.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/quant/isa_target.h"
 #include "cpu/quant/quant_kernels.h"
