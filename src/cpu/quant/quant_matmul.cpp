@@ -148,9 +148,11 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
   // The calling thread's; the pool's threads only read it during this call.
   thread_local std::vector<uint8_t> act;
   act.resize(static_cast<size_t>(m * act_bytes));
+  // By pointer: inside a chunk run by a pool thread, `act` would name that thread's.
+  uint8_t* const act_data = act.data();
   const auto quantize_rows = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      quantize_activations(x + i * w.cols, w.cols, format, act.data() + i * act_bytes);
+      quantize_activations(x + i * w.cols, w.cols, format, act_data + i * act_bytes);
     }
   };
   if (m * w.cols >= (int64_t{1} << 15)) {
@@ -160,7 +162,7 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
   }
 
   QuantGemmArgs args;
-  args.act = act.data();
+  args.act = act_data;
   args.act_row_bytes = act_bytes;
   args.m = m;
   args.w = static_cast<const uint8_t*>(w.data);
