@@ -1,19 +1,21 @@
 // quant_matmul_bench: achieved weight bandwidth and throughput of
 // cpu::quant::quant_matmul on SmolLM2-135M's linear shapes.
 //
-//   quant_matmul_bench [--types q8_0,q4_0,q4_1,q4_k,q6_k,bf16,bf16-dot] [--threads 1,2] [--rows
-//   1,16]
-//                      [--isa best|scalar|avx2|avx512-vnni] [--rotate-mib 64] [--ms 150]
+//   quant_matmul_bench [--types q8_0,q4_0,q4_1,q5_0,q4_k,q6_k,bf16,bf16-exact]
+//                      [--threads 1,2] [--rows 1,16] [--isa best|scalar|avx2|avx512-vnni]
+//                      [--rotate-mib 64] [--ms 150]
 //
 // Shapes [rows, cols] (hidden 576, intermediate 1536, vocabulary 49152):
 // q_proj/o_proj [576, 576], gate/up [1536, 576], down [576, 1536], lm_head
 // [49152, 576]. Each row of output prints, per type, shape, activation rows M and
 // threads: microseconds per call, GB/s of weight bytes read (the decode measure)
 // and GFLOP/s (2 M rows cols per call), by wall time and by CPU time per thread
-// (the estimate for idle cores on a shared machine). Weights rotate over copies totalling
-// --rotate-mib so each call reads them past L2, as a decode step does; K-quants
-// need cols a multiple of 256, so their [*, 576] rows print n/a (GGUF files
-// store those tensors in a fallback type).
+// (the estimate for idle cores on a shared machine). Weights rotate over copies
+// totalling --rotate-mib so each call reads them past L2, as a decode step does.
+// K-quants need cols a multiple of 256, so their [*, 576] rows print n/a (GGUF
+// files store those tensors in a fallback type: Q5_0 for Q4_K, Q8_0 for Q6_K).
+// "bf16" is quant_matmul's BF16 path (bf16_dot_matmul where the CPU has AVX-512
+// BF16), "bf16-exact" is cpu::matmul's (x kept f32).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -26,8 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/kernels/matmul.h"
 #include "cpu/kernels/thread_pool.h"
-#include "cpu/quant/bf16_dot_matmul.h"
 #include "cpu/quant/quant_matmul.h"
 #include "model/half.h"
 
@@ -89,7 +91,7 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> types = split("q8_0,q4_0,q4_1,q4_k,q6_k,bf16,bf16-dot");
+  std::vector<std::string> types = split("q8_0,q4_0,q4_1,q5_0,q4_k,q6_k,bf16,bf16-exact");
   std::vector<std::string> threads = split("1,2"), ms = split("1,16");
   std::string isa_name = "best";
   int64_t rotate_mib = 64;
@@ -131,14 +133,10 @@ int main(int argc, char** argv) {
               "cols", "M", "thr", "wall-us", "GB/s", "GFLOP/s", "cpu-us", "GB/s", "GFLOP/s");
   std::mt19937_64 rng(1);
   for (const std::string& tname : types) {
-    // "bf16-dot": bf16 weights through bf16_dot_matmul (x rounded to bf16, vdpbf16ps)
-    // rather than cpu::matmul (x exact, W widened to f32).
-    const bool bf16_dot = tname == "bf16-dot";
-    if (bf16_dot && !bf16_dot_supported()) {
-      std::printf("bf16-dot: no AVX-512 BF16 on this CPU\n");
-      continue;
-    }
-    const auto t = bf16_dot ? std::optional<QuantType>(QuantType::kBF16) : type_from_name(tname);
+    // "bf16": quant_matmul's path (bf16_dot_matmul where the CPU has AVX-512 BF16);
+    // "bf16-exact": cpu::matmul (x kept f32, W widened), the HF-folder path.
+    const bool bf16_exact = tname == "bf16-exact";
+    const auto t = bf16_exact ? std::optional<QuantType>(QuantType::kBF16) : type_from_name(tname);
     if (!t.has_value()) {
       std::printf("unknown type %s\n", tname.c_str());
       return 2;
@@ -167,9 +165,9 @@ int main(int argc, char** argv) {
           const auto once = [&] {
             const QuantWeights qw{w[static_cast<size_t>(call++ % copies)].data(), *t, s.rows,
                                   s.cols};
-            if (bf16_dot) {
-              bf16_dot_matmul(pool, x.data(), m, s.cols, static_cast<const uint16_t*>(qw.data),
-                              s.rows, y.data());
+            if (bf16_exact) {
+              cellm::cpu::matmul(pool, x.data(), m, s.cols, {qw.data, cellm::DType::kBF16}, s.rows,
+                                 {}, y.data());
             } else {
               quant_matmul(pool, x.data(), m, qw, {}, y.data(), isa);
             }
