@@ -108,6 +108,11 @@ void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
   const auto step = [&](int64_t c, __mmask32 mask, bool full) {
     __m512bh wv[kNr];
     for (int j = 0; j < kNr; ++j) {
+      // The same line of the row two tiles ahead, into L2 (see matmul.cpp); integer
+      // arithmetic, as past W's end the address leaves it.
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w[j] + c) +
+                                                 static_cast<uintptr_t>(2 * kNr * a.k * 2)),
+                   _MM_HINT_T1);
       wv[j] =
           as_bf16(full ? _mm512_loadu_si512(w[j] + c) : _mm512_maskz_loadu_epi16(mask, w[j] + c));
     }
