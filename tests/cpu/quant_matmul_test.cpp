@@ -72,7 +72,7 @@ std::vector<float> quantized_activations(const std::vector<float>& x, int64_t m,
   std::vector<float> out(x.size());
   std::vector<uint8_t> q(static_cast<size_t>(act_row_bytes(format, k)));
   for (int64_t i = 0; i < m; ++i) {
-    quantize_activations(x.data() + i * k, k, format, q.data());
+    quantize_activations(x.data() + i * k, k, format, 0, q.data());
     if (format == ActFormat::kBlockK) {
       dequantize_row(QuantType::kQ8_K, q.data(), k, out.data() + i * k);
       continue;

@@ -25,15 +25,36 @@ struct ActBlock32 {
 };
 static_assert(sizeof(ActBlock32) == 36);
 
-// Which activation blocks weight type `t` pairs with.
-enum class ActFormat { kBlock32, kBlockK };
+// Two 32-value blocks laid out as the 512-bit kernels load them (one vector per
+// field): quants, scales spread over the 8 lanes of each block, and per lane l
+// (activations 4l .. 4l + 3) -offset * their sum (the weight format's offset,
+// pair_offset) and d * their sum (for the formats with a min). An odd last
+// block's pair is zero in its upper half.
+struct ActPair64 {
+  int8_t qs[64];
+  float d[16];
+  int32_t offset[16];
+  float sums[16];
+};
+static_assert(sizeof(ActPair64) == 256);
+
+// Which activation blocks weight type `t` pairs with: kBlock32 or kBlockK (the
+// 512-bit kernels of the 32-weight formats take kPair64 instead).
+enum class ActFormat { kBlock32, kBlockK, kPair64 };
 inline ActFormat act_format(QuantType t) {
   return type_info(t).block_weights == kBlockK ? ActFormat::kBlockK : ActFormat::kBlock32;
 }
 
+// The constant the 512-bit kernels subtract from a 32-weight format's unsigned
+// quants: Q4_0's 8, Q5_0's 16, Q8_0's 128 (its signed quants are biased by 128).
+inline int pair_offset(QuantType t) {
+  return t == QuantType::kQ4_0 ? 8 : t == QuantType::kQ5_0 ? 16 : t == QuantType::kQ8_0 ? 128 : 0;
+}
+
 // One row of k activations (k a multiple of the format's block) into blocks at
 // out: round to nearest (ties to even) on a per-block scale d = max |x| / 127.
-void quantize_activations(const float* x, int64_t k, ActFormat format, void* out);
+// offset: pair_offset of the weights (kPair64 only).
+void quantize_activations(const float* x, int64_t k, ActFormat format, int offset, void* out);
 // Bytes of one quantized activation row of k values.
 int64_t act_row_bytes(ActFormat format, int64_t k);
 

@@ -56,12 +56,37 @@ QuantKernel kernel(QuantType t, QuantIsa isa) {
 }  // namespace
 
 int64_t act_row_bytes(ActFormat format, int64_t k) {
-  return format == ActFormat::kBlockK ? k / kBlockK * static_cast<int64_t>(sizeof(BlockQ8_K))
-                                      : k / kBlock32 * static_cast<int64_t>(sizeof(ActBlock32));
+  switch (format) {
+    case ActFormat::kBlockK:
+      return k / kBlockK * static_cast<int64_t>(sizeof(BlockQ8_K));
+    case ActFormat::kPair64:
+      return (k / kBlock32 + 1) / 2 * static_cast<int64_t>(sizeof(ActPair64));
+    case ActFormat::kBlock32:
+      break;
+  }
+  return k / kBlock32 * static_cast<int64_t>(sizeof(ActBlock32));
 }
 
-void quantize_activations(const float* x, int64_t k, ActFormat format, void* out) {
+void quantize_activations(const float* x, int64_t k, ActFormat format, int offset, void* out) {
   auto* bytes = static_cast<uint8_t*>(out);
+  if (format == ActFormat::kPair64) {
+    const int64_t blocks = k / kBlock32;
+    for (int64_t p = 0; p < (blocks + 1) / 2; ++p) {
+      ActPair64 pair{};
+      for (int h = 0; h < 2 && 2 * p + h < blocks; ++h) {
+        const float d = quantize_block(x + (2 * p + h) * kBlock32, kBlock32, pair.qs + 32 * h);
+        for (int l = 8 * h; l < 8 * h + 8; ++l) {
+          const int sum =
+              pair.qs[4 * l] + pair.qs[4 * l + 1] + pair.qs[4 * l + 2] + pair.qs[4 * l + 3];
+          pair.d[l] = d;
+          pair.offset[l] = -offset * sum;
+          pair.sums[l] = d * static_cast<float>(sum);
+        }
+      }
+      std::memcpy(bytes + p * static_cast<int64_t>(sizeof(pair)), &pair, sizeof(pair));
+    }
+    return;
+  }
   if (format == ActFormat::kBlock32) {
     for (int64_t b = 0; b < k / kBlock32; ++b) {
       ActBlock32 blk;
@@ -143,7 +168,10 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
   if (m == 0 || w.rows == 0) return;
   CELLM_CHECK(x != nullptr && y != nullptr && w.data != nullptr);
 
-  const ActFormat format = act_format(w.type);
+  const ActFormat format = isa == QuantIsa::kAvx512Vnni && act_format(w.type) == ActFormat::kBlock32
+                               ? ActFormat::kPair64
+                               : act_format(w.type);
+  const int offset = pair_offset(w.type);
   const int64_t act_bytes = act_row_bytes(format, w.cols);
   // The calling thread's; the pool's threads only read it during this call.
   thread_local std::vector<uint8_t> act;
@@ -152,7 +180,7 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
   uint8_t* const act_data = act.data();
   const auto quantize_rows = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      quantize_activations(x + i * w.cols, w.cols, format, act_data + i * act_bytes);
+      quantize_activations(x + i * w.cols, w.cols, format, offset, act_data + i * act_bytes);
     }
   };
   if (m * w.cols >= (int64_t{1} << 15)) {

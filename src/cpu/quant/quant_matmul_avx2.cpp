@@ -1,6 +1,7 @@
 // The quantized matmul's kernels for AVX2 (vpmaddubsw, vpmaddwd), 2 activation rows per tile (16
 // vector registers). The body is quant_matmul_simd.inc; the dispatcher calls in only where
 // cpu_features() says the CPU has these instructions.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>

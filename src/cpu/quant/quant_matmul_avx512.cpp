@@ -1,6 +1,7 @@
 // The quantized matmul's kernels for AVX-512 VNNI (vpdpbusd, vpdpwssd on 256-bit vectors), 4
 // activation rows per tile (32 vector registers). The body is quant_matmul_simd.inc; the dispatcher
 // calls in only where cpu_features() says the CPU has these instructions.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
