@@ -4,7 +4,8 @@
 // instruction set's kernel table.
 //
 // Activations are quantized once per call, per row, in blocks that line up with
-// the weights' blocks: ActBlock32 (32 values, for Q4_0 .. Q8_0 weights) or
+// the weights' blocks: ActBlock32 (32 values, for Q4_0 .. Q8_0 weights),
+// ActPair64 (the same, two blocks per record in the 512-bit kernels' layout) or
 // BlockQ8_K (256 values with per-16 sums, for the K-quants). A kernel computes
 // integer dot products of weight quants and activation quants per (sub-)block and
 // scales them to f32 once per block.
