@@ -15,7 +15,9 @@
 // K-quants need cols a multiple of 256, so their [*, 576] rows print n/a (GGUF
 // files store those tensors in a fallback type: Q5_0 for Q4_K, Q8_0 for Q6_K).
 // "bf16" is quant_matmul's BF16 path (bf16_dot_matmul where the CPU has AVX-512
-// BF16), "bf16-exact" is cpu::matmul's (x kept f32).
+// BF16), "bf16-exact" is cpu::matmul's (x kept f32); vs-exact is each type's
+// speed over bf16-exact's by CPU time. The types of one (shape, M, threads) are
+// timed in interleaved rounds, so they share whatever else the machine runs.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -127,80 +129,110 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {
       {"q/o_proj", 576, 576}, {"gate/up", 1536, 576}, {"down", 576, 1536}, {"lm_head", 49152, 576}};
   std::printf(
-      "quant_matmul_bench: block kernels on %s (best here: %s); weights rotated over %lld MiB\n",
+      "quant_matmul_bench: block kernels on %s (best here: %s); weights rotated over %lld MiB "
+      "per type\n",
       to_string(isa), to_string(best_isa()), static_cast<long long>(rotate_mib));
-  std::printf("%-8s %-9s %6s %6s %3s %3s %9s %7s %8s %9s %7s %8s\n", "type", "shape", "rows",
-              "cols", "M", "thr", "wall-us", "GB/s", "GFLOP/s", "cpu-us", "GB/s", "GFLOP/s");
-  std::mt19937_64 rng(1);
+  std::printf("%-10s %-9s %6s %6s %3s %3s %9s %7s %8s %9s %7s %8s %9s\n", "type", "shape", "rows",
+              "cols", "M", "thr", "wall-us", "GB/s", "GFLOP/s", "cpu-us", "GB/s", "GFLOP/s",
+              "vs-exact");
+  // "bf16": quant_matmul's path (bf16_dot_matmul where the CPU has AVX-512 BF16);
+  // "bf16-exact": cpu::matmul (x kept f32, W widened), the HF-folder path and the
+  // reference of the vs-exact column.
+  struct Variant {
+    std::string name;
+    QuantType type;
+    bool exact;
+  };
+  std::vector<Variant> variants;
   for (const std::string& tname : types) {
-    // "bf16": quant_matmul's path (bf16_dot_matmul where the CPU has AVX-512 BF16);
-    // "bf16-exact": cpu::matmul (x kept f32, W widened), the HF-folder path.
-    const bool bf16_exact = tname == "bf16-exact";
-    const auto t = bf16_exact ? std::optional<QuantType>(QuantType::kBF16) : type_from_name(tname);
+    const bool exact = tname == "bf16-exact";
+    const auto t = exact ? std::optional<QuantType>(QuantType::kBF16) : type_from_name(tname);
     if (!t.has_value()) {
       std::printf("unknown type %s\n", tname.c_str());
       return 2;
     }
-    for (const Shape& s : shapes) {
-      if (!check_weights(*t, s.cols).ok()) {
-        std::printf("%-8s %-9s %6lld %6lld   n/a: cols not a multiple of %lld\n", tname.c_str(),
-                    s.name, static_cast<long long>(s.rows), static_cast<long long>(s.cols),
-                    static_cast<long long>(type_info(*t).block_weights));
+    variants.push_back({tname, *t, exact});
+  }
+  std::mt19937_64 rng(1);
+  for (const Shape& s : shapes) {
+    // Every variant's weight copies, made once per shape.
+    std::vector<std::vector<std::vector<uint8_t>>> w(variants.size());
+    for (size_t v = 0; v < variants.size(); ++v) {
+      const QuantType t = variants[v].type;
+      if (!check_weights(t, s.cols).ok()) {
+        std::printf("%-10s %-9s %6lld %6lld   n/a: cols not a multiple of %lld\n",
+                    variants[v].name.c_str(), s.name, static_cast<long long>(s.rows),
+                    static_cast<long long>(s.cols),
+                    static_cast<long long>(type_info(t).block_weights));
         continue;
       }
-      const int64_t matrix_bytes = row_bytes(*t, s.cols).value() * s.rows;
-      const int copies = static_cast<int>(
-          std::max<int64_t>(1, (rotate_mib << 20) / std::max<int64_t>(1, matrix_bytes)));
-      std::vector<std::vector<uint8_t>> w;
-      for (int c = 0; c < copies; ++c) w.push_back(random_matrix(rng, *t, s.rows, s.cols));
-      for (const std::string& mstr : ms) {
-        const int64_t m = std::stoll(mstr);
-        std::vector<float> x(static_cast<size_t>(m * s.cols));
-        std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-        for (float& v : x) v = dist(rng);
-        std::vector<float> y(static_cast<size_t>(m * s.rows));
-        for (const std::string& tstr : threads) {
-          ThreadPool pool(std::stoi(tstr));
-          int call = 0;
-          const auto once = [&] {
-            const QuantWeights qw{w[static_cast<size_t>(call++ % copies)].data(), *t, s.rows,
-                                  s.cols};
-            if (bf16_exact) {
-              cellm::cpu::matmul(pool, x.data(), m, s.cols, {qw.data, cellm::DType::kBF16}, s.rows,
-                                 {}, y.data());
-            } else {
-              quant_matmul(pool, x.data(), m, qw, {}, y.data(), isa);
-            }
-          };
-          for (int i = 0; i < 3; ++i) once();  // warm up: the pool, the activation buffer
-          // Best of 5 runs of >= min_ms / 5 each: others on a shared machine only add
-          // time. Beside wall time, the process's CPU time per call divided by the
-          // threads: on a machine shared with other work (where a thread waits for a
-          // core) it estimates the wall time the call takes on idle cores.
-          double best = 1e30, best_cpu = 1e30;
-          for (int r = 0; r < 5; ++r) {
+      const int64_t matrix_bytes = row_bytes(t, s.cols).value() * s.rows;
+      const int64_t copies = std::max<int64_t>(1, (rotate_mib << 20) / matrix_bytes);
+      for (int64_t c = 0; c < copies; ++c) w[v].push_back(random_matrix(rng, t, s.rows, s.cols));
+    }
+    for (const std::string& mstr : ms) {
+      const int64_t m = std::stoll(mstr);
+      std::vector<float> x(static_cast<size_t>(m * s.cols));
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      for (float& e : x) e = dist(rng);
+      std::vector<float> y(static_cast<size_t>(m * s.rows));
+      for (const std::string& tstr : threads) {
+        ThreadPool pool(std::stoi(tstr));
+        std::vector<size_t> call(variants.size(), 0);
+        const auto once = [&](size_t v) {
+          const auto& copies = w[v];
+          const QuantWeights qw{copies[call[v]++ % copies.size()].data(), variants[v].type, s.rows,
+                                s.cols};
+          if (variants[v].exact) {
+            cellm::cpu::matmul(pool, x.data(), m, s.cols, {qw.data, cellm::DType::kBF16}, s.rows,
+                               {}, y.data());
+          } else {
+            quant_matmul(pool, x.data(), m, qw, {}, y.data(), isa);
+          }
+        };
+        // Rounds in which every variant runs for min_ms / kRounds in turn, best round
+        // kept: on a shared machine others only add time, and interleaving exposes
+        // every variant to the same load. Beside wall time, the process's CPU time
+        // per call divided by the threads estimates the time on idle cores.
+        constexpr int kRounds = 6;
+        std::vector<double> best(variants.size(), 1e30), best_cpu(variants.size(), 1e30);
+        for (size_t v = 0; v < variants.size(); ++v) {
+          for (int i = 0; i < 3 && !w[v].empty(); ++i) once(v);  // warm up
+        }
+        for (int r = 0; r < kRounds; ++r) {
+          for (size_t v = 0; v < variants.size(); ++v) {
+            if (w[v].empty()) continue;
             int iters = 0;
             const auto t0 = Clock::now();
             const double c0 = process_cpu_seconds();
             double elapsed = 0.0;
             do {
-              once();
+              once(v);
               ++iters;
               elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-            } while (elapsed * 1e3 < min_ms / 5);
-            best = std::min(best, elapsed / iters);
-            best_cpu =
-                std::min(best_cpu, (process_cpu_seconds() - c0) / iters / pool.num_threads());
+            } while (elapsed * 1e3 < min_ms / kRounds);
+            best[v] = std::min(best[v], elapsed / iters);
+            best_cpu[v] =
+                std::min(best_cpu[v], (process_cpu_seconds() - c0) / iters / pool.num_threads());
           }
-          const double flops = 2.0 * static_cast<double>(m * s.rows * s.cols);
-          const double bytes = static_cast<double>(matrix_bytes);
-          std::printf("%-8s %-9s %6lld %6lld %3lld %3s %9.1f %7.2f %8.2f %9.1f %7.2f %8.2f\n",
-                      tname.c_str(), s.name, static_cast<long long>(s.rows),
-                      static_cast<long long>(s.cols), static_cast<long long>(m), tstr.c_str(),
-                      best * 1e6, bytes / best / 1e9, flops / best / 1e9, best_cpu * 1e6,
-                      bytes / best_cpu / 1e9, flops / best_cpu / 1e9);
-          std::fflush(stdout);
         }
+        double exact_cpu = 0.0;
+        for (size_t v = 0; v < variants.size(); ++v) {
+          if (variants[v].exact && !w[v].empty()) exact_cpu = best_cpu[v];
+        }
+        for (size_t v = 0; v < variants.size(); ++v) {
+          if (w[v].empty()) continue;
+          const double flops = 2.0 * static_cast<double>(m * s.rows * s.cols);
+          const double bytes = static_cast<double>(w[v][0].size());
+          std::printf(
+              "%-10s %-9s %6lld %6lld %3lld %3s %9.1f %7.2f %8.2f %9.1f %7.2f %8.2f %8.2fx\n",
+              variants[v].name.c_str(), s.name, static_cast<long long>(s.rows),
+              static_cast<long long>(s.cols), static_cast<long long>(m), tstr.c_str(),
+              best[v] * 1e6, bytes / best[v] / 1e9, flops / best[v] / 1e9, best_cpu[v] * 1e6,
+              bytes / best_cpu[v] / 1e9, flops / best_cpu[v] / 1e9,
+              exact_cpu > 0.0 ? exact_cpu / best_cpu[v] : 0.0);
+        }
+        std::fflush(stdout);
       }
     }
   }
