@@ -1,0 +1,198 @@
+#include "cpu/quant/bf16_dot_matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cellm/status.h"
+#include "cpu/quant/cpu_features.h"
+#include "cpu/quant/isa_target.h"
+#include "model/half.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+// GCC 12's AVX-512 headers trip its own -Wuninitialized on _mm512_undefined_*
+// (GCC bug 105593); the diagnostics point into the header, so silence them there.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#define CELLM_BF16_DOT_X86 1
+#endif
+
+namespace cellm::cpu::quant {
+namespace {
+
+constexpr int64_t kNr = 4;  // W rows per tile
+constexpr int kLanesBf16 = 32;
+
+struct Args {
+  const uint16_t* xb;  // [m, ldx] bf16, zero past k
+  int64_t ldx, m, k;
+  const uint16_t* w;  // [n, k]
+  float* y;
+  int64_t n;
+};
+
+// The scalar twin: every product bf16 x bf16 is exact in f32; summed in order.
+void rows_scalar(const Args& a, int64_t j0, int64_t j1) {
+  for (int64_t i = 0; i < a.m; ++i) {
+    for (int64_t j = j0; j < j1; ++j) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < a.k; ++c) {
+        acc += bf16_to_f32(a.xb[i * a.ldx + c]) * bf16_to_f32(a.w[j * a.k + c]);
+      }
+      a.y[i * a.n + j] = acc;
+    }
+  }
+}
+
+#if defined(CELLM_BF16_DOT_X86)
+CELLM_TARGET_BEGIN(CELLM_ISA_AVX512)
+
+// The 32 bf16 lanes of v. A value conversion, not a pointer cast: a type-punned
+// reference would let GCC assume it aliases the accumulators and store them to
+// memory in every iteration.
+__m512bh as_bf16(__m512i v) {
+  __m512bh r;
+  std::memcpy(&r, &v, sizeof(r));
+  return r;
+}
+
+// {sum(a), sum(b), sum(c), sum(d)}.
+__m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h =
+      _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// x rows rounded to bf16 (nearest even), zero-padded to ldx.
+void to_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* xb) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = x + i * k;
+    uint16_t* dst = xb + i * ldx;
+    for (int64_t c = 0; c < ldx; c += kLanesBf16) {
+      const int64_t left = k - c;
+      const __mmask16 lo_mask = left >= 16  ? 0xFFFF
+                                : left <= 0 ? 0
+                                            : static_cast<__mmask16>((1u << left) - 1u);
+      const __mmask16 hi_mask = left >= 32   ? 0xFFFF
+                                : left <= 16 ? 0
+                                             : static_cast<__mmask16>((1u << (left - 16)) - 1u);
+      const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, src + c);
+      const __m512 hi = _mm512_maskz_loadu_ps(hi_mask, src + c + 16);
+      const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
+      std::memcpy(dst + c, &v, sizeof(v));
+    }
+  }
+}
+
+template <int MR>
+void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
+  const uint16_t* w[kNr];
+  for (int j = 0; j < kNr; ++j) w[j] = a.w + (j0 + (j < nr ? j : nr - 1)) * a.k;
+  __m512 acc[MR][kNr];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_setzero_ps();
+  // Whole 32-column steps with plain loads, then one masked step for the tail:
+  // GCC keeps the accumulators in registers only around loads it can analyse.
+  const auto step = [&](int64_t c, __mmask32 mask, bool full) {
+    __m512bh wv[kNr];
+    for (int j = 0; j < kNr; ++j) {
+      // The same line of the row two tiles ahead, into L2 (see matmul.cpp); integer
+      // arithmetic, as past W's end the address leaves it.
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w[j] + c) +
+                                                 static_cast<uintptr_t>(2 * kNr * a.k * 2)),
+                   _MM_HINT_T1);
+      wv[j] =
+          as_bf16(full ? _mm512_loadu_si512(w[j] + c) : _mm512_maskz_loadu_epi16(mask, w[j] + c));
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = as_bf16(_mm512_loadu_si512(a.xb + (i0 + i) * a.ldx + c));
+      for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  };
+  const int64_t k_full = a.k / kLanesBf16 * kLanesBf16;
+  for (int64_t c = 0; c < k_full; c += kLanesBf16) step(c, 0, true);
+  if (k_full < a.k) step(k_full, static_cast<__mmask32>((1u << (a.k - k_full)) - 1u), false);
+  for (int i = 0; i < MR; ++i) {
+    alignas(16) float sums[4];
+    _mm_store_ps(sums, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    for (int j = 0; j < nr; ++j) a.y[(i0 + i) * a.n + j0 + j] = sums[j];
+  }
+}
+
+void rows_avx512(const Args& a, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; j += kNr) {
+    const int nr = static_cast<int>(std::min<int64_t>(kNr, j1 - j));
+    int64_t i = 0;
+    for (; i + 4 <= a.m; i += 4) tile_avx512<4>(a, i, j, nr);
+    switch (a.m - i) {
+      case 1:
+        tile_avx512<1>(a, i, j, nr);
+        break;
+      case 2:
+        tile_avx512<2>(a, i, j, nr);
+        break;
+      case 3:
+        tile_avx512<3>(a, i, j, nr);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+CELLM_TARGET_END
+#endif
+
+}  // namespace
+
+bool bf16_dot_supported() {
+  return cpu_features().avx512_bf16;
+}
+
+void bf16_dot_matmul(ThreadPool& pool, const float* x, int64_t m, int64_t k, const uint16_t* w,
+                     int64_t n, float* y, bool simd) {
+  // REQUIRES: non-negative shapes; the instructions when simd.
+  CELLM_CHECK(m >= 0 && k >= 0 && n >= 0);
+  CELLM_CHECK_MSG(!simd || bf16_dot_supported(), "bf16_dot_matmul: the CPU lacks AVX-512 BF16");
+  if (m == 0 || n == 0) return;
+  CELLM_CHECK(y != nullptr && (k == 0 || (x != nullptr && w != nullptr)));
+  const int64_t ldx = (k + kLanesBf16 - 1) / kLanesBf16 * kLanesBf16;
+  // The calling thread's; the pool's threads only read it during this call.
+  thread_local std::vector<uint16_t> xb;
+  xb.resize(static_cast<size_t>(m * ldx));
+  Args args{xb.data(), ldx, m, k, w, y, n};
+  void (*rows)(const Args&, int64_t, int64_t) = rows_scalar;
+#if defined(CELLM_BF16_DOT_X86)
+  if (simd) {
+    to_bf16_avx512(x, m, k, ldx, xb.data());
+    rows = rows_avx512;
+  }
+#endif
+  if (rows == rows_scalar) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t c = 0; c < ldx; ++c)
+        xb[static_cast<size_t>(i * ldx + c)] = c < k ? f32_to_bf16(x[i * k + c]) : 0;
+    }
+  }
+  const int64_t groups = (n + kNr - 1) / kNr;
+  const auto band = [&](int64_t g0, int64_t g1) { rows(args, g0 * kNr, std::min(n, g1 * kNr)); };
+  if (m * n * k < (int64_t{1} << 16)) {
+    band(0, groups);
+  } else {
+    pool.parallel_for(groups, band);
+  }
+}
+
+}  // namespace cellm::cpu::quant

@@ -1,0 +1,84 @@
+// The quantized matmul's internals shared by its dispatcher (quant_matmul.cpp)
+// and its per-instruction-set kernels (quant_matmul_scalar.cpp, _avx2.cpp,
+// _avx512.cpp): the 8-bit activation blocks, the kernel signature and each
+// instruction set's kernel table.
+//
+// Activations are quantized once per call, per row, in blocks that line up with
+// the weights' blocks: ActBlock32 (32 values, for Q4_0 .. Q8_0 weights),
+// ActPair64 (the same, two blocks per record in the 512-bit kernels' layout) or
+// BlockQ8_K (256 values with per-16 sums, for the K-quants). A kernel computes
+// integer dot products of weight quants and activation quants per (sub-)block and
+// scales them to f32 once per block.
+// Thread-safety: kernels are pure over their arguments; concurrent calls on
+// disjoint output columns are safe.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/quant/block_formats.h"
+
+namespace cellm::cpu::quant {
+
+// 32 activations: x[l] ~ d * qs[l], |qs| <= 127.
+struct ActBlock32 {
+  float d;
+  int8_t qs[32];
+};
+static_assert(sizeof(ActBlock32) == 36);
+
+// Two 32-value blocks laid out as the 512-bit kernels load them (one vector per
+// field): quants, scales spread over the 8 lanes of each block, and per lane l
+// (activations 4l .. 4l + 3) -offset * their sum (the weight format's offset,
+// pair_offset) and d * their sum (for the formats with a min). An odd last
+// block's pair is zero in its upper half.
+struct ActPair64 {
+  int8_t qs[64];
+  float d[16];
+  int32_t offset[16];
+  float sums[16];
+};
+static_assert(sizeof(ActPair64) == 256);
+
+// Which activation blocks weight type `t` pairs with: kBlock32 or kBlockK (the
+// 512-bit kernels of the 32-weight formats take kPair64 instead).
+enum class ActFormat { kBlock32, kBlockK, kPair64 };
+inline ActFormat act_format(QuantType t) {
+  return type_info(t).block_weights == kBlockK ? ActFormat::kBlockK : ActFormat::kBlock32;
+}
+
+// The constant the 512-bit kernels subtract from a 32-weight format's unsigned
+// quants: Q4_0's 8, Q5_0's 16, Q8_0's 128 (its signed quants are biased by 128).
+inline int pair_offset(QuantType t) {
+  return t == QuantType::kQ4_0 ? 8 : t == QuantType::kQ5_0 ? 16 : t == QuantType::kQ8_0 ? 128 : 0;
+}
+
+// One row of k activations (k a multiple of the format's block) into blocks at
+// out: round to nearest (ties to even) on a per-block scale d = max |x| / 127.
+// offset: pair_offset of the weights (kPair64 only).
+void quantize_activations(const float* x, int64_t k, ActFormat format, int offset, void* out);
+// Bytes of one quantized activation row of k values.
+int64_t act_row_bytes(ActFormat format, int64_t k);
+
+// What every kernel reads: m activation rows (act, act_row_bytes apart), the
+// weight rows (w, w_row_bytes apart, k_blocks blocks each) and y [m, ldy].
+struct QuantGemmArgs {
+  const uint8_t* act = nullptr;
+  int64_t act_row_bytes = 0;
+  int64_t m = 0;
+  const uint8_t* w = nullptr;
+  int64_t w_row_bytes = 0;
+  int64_t k_blocks = 0;  // weight blocks per row (= activation blocks per row)
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+
+// y[i, j] = dot(activation row i, weight row j) for i in [0, m), j in [j0, j1).
+using QuantKernel = void (*)(const QuantGemmArgs& args, int64_t j0, int64_t j1);
+
+// Each instruction set's kernel for a block type; nullptr for the float types
+// (F32, F16, BF16 go through cpu::matmul) and Q8_K.
+QuantKernel scalar_kernel(QuantType t);
+QuantKernel avx2_kernel(QuantType t);         // REQUIRES: the CPU has AVX2, FMA, F16C
+QuantKernel avx512_vnni_kernel(QuantType t);  // REQUIRES: AVX-512 F/BW/VL/VNNI too
+
+}  // namespace cellm::cpu::quant

@@ -1,0 +1,90 @@
+// bf16_dot_matmul (cpu/quant/bf16_dot_matmul.h): the AVX-512 BF16 path against
+// its scalar twin on awkward shapes (k around the 32-wide step, n around the
+// 4-row tile, 1..65 rows), the twin against an f64 dot of the same bf16 operands,
+// and both within x's bf16 rounding of the exact f32 product.
+#include "cpu/quant/bf16_dot_matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "model/half.h"
+
+namespace cellm::cpu::quant {
+namespace {
+
+using cpu::testing::all_close;
+
+struct Problem {
+  int64_t m, k, n;
+  std::vector<float> x;
+  std::vector<uint16_t> w;
+  std::vector<float> want_rounded;  // f64 sums of bf16(x) * w
+  std::vector<float> want_exact;    // f64 sums of x * w
+  std::vector<double> scale;        // sums of |x * w|
+};
+
+Problem make(std::mt19937& rng, int64_t m, int64_t k, int64_t n) {
+  Problem p{m, k, n, cpu::testing::random_floats(rng, m * k, -2.0f, 2.0f), {}, {}, {}, {}};
+  const std::vector<float> wf = cpu::testing::random_floats(rng, n * k);
+  for (const float v : wf) p.w.push_back(f32_to_bf16(v));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double r = 0.0, e = 0.0, s = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double w = bf16_to_f32(p.w[static_cast<size_t>(j * k + c)]);
+        const float x = p.x[static_cast<size_t>(i * k + c)];
+        r += double{bf16_to_f32(f32_to_bf16(x))} * w;
+        e += double{x} * w;
+        s += std::fabs(double{x} * w);
+      }
+      p.want_rounded.push_back(static_cast<float>(r));
+      p.want_exact.push_back(static_cast<float>(e));
+      p.scale.push_back(s);
+    }
+  return p;
+}
+
+std::vector<float> run(ThreadPool& pool, const Problem& p, bool simd) {
+  std::vector<float> y(static_cast<size_t>(p.m * p.n), NAN);
+  bf16_dot_matmul(pool, p.x.data(), p.m, p.k, p.w.data(), p.n, y.data(), simd);
+  return y;
+}
+
+constexpr int64_t kRows[] = {1, 3, 4, 5, 17, 65};
+constexpr int64_t kCols[] = {1, 31, 32, 33, 576, 1000};
+constexpr int64_t kOuts[] = {1, 5, 64, 67};
+
+TEST(Bf16DotMatmulTest, TheAvx512Bf16PathMatchesItsScalarTwin) {
+  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  ThreadPool pool(2);
+  std::mt19937 rng(21);
+  for (const int64_t m : kRows)
+    for (const int64_t k : kCols)
+      for (const int64_t n : kOuts) {
+        const Problem p = make(rng, m, k, n);
+        EXPECT_TRUE(all_close(run(pool, p, true), run(pool, p, false), 1e-5, 1e-30, p.scale))
+            << "m " << m << " k " << k << " n " << n;
+      }
+}
+
+TEST(Bf16DotMatmulTest, TheScalarTwinSumsTheBf16RoundedProducts) {
+  ThreadPool pool(1);
+  std::mt19937 rng(22);
+  for (const int64_t m : {1, 5})
+    for (const int64_t k : kCols)
+      for (const int64_t n : {1, 67}) {
+        const Problem p = make(rng, m, k, n);
+        const std::vector<float> got = run(pool, p, false);
+        EXPECT_TRUE(all_close(got, p.want_rounded, 1e-5, 1e-30, p.scale))
+            << "m " << m << " k " << k << " n " << n;
+        // Rounding x to bf16 (8 significant bits) moves each product by at most 2^-8.
+        EXPECT_TRUE(all_close(got, p.want_exact, 1.0 / 256 + 1e-5, 1e-30, p.scale));
+      }
+}
+
+}  // namespace
+}  // namespace cellm::cpu::quant
