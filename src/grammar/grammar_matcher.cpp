@@ -1,0 +1,167 @@
+// GrammarMatcher: one generation's state in the automaton, and the token mask of
+// each step (a walk of the vocabulary trie, cached per automaton state).
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "grammar/automaton.h"
+#include "grammar/token_trie.h"
+
+namespace cellm {
+
+struct GrammarMatcher::Impl {
+  Impl(Grammar g, TokenVocabulary v, const GrammarLimits& l)
+      : grammar(std::move(g)),
+        vocab(std::move(v)),
+        limits(l),
+        automaton(std::shared_ptr<const Grammar::Impl>(
+                      std::shared_ptr<const Grammar::Impl>{}, &grammar.impl()),
+                  l.max_stack_depth, l.max_matcher_bytes / 2),
+        state(automaton.initial_state()) {}
+
+  // The mask of `s` (EOS included), from the cache or a trie walk.
+  const std::vector<uint64_t>& mask_of(uint32_t s);
+  void walk(uint32_t s, std::vector<uint64_t>& mask);
+  void update_status() {
+    if (automaton.exhausted() && status.ok()) {
+      status = OutOfResources("the grammar matcher exceeded its memory budget of " +
+                              std::to_string(limits.max_matcher_bytes) + " bytes");
+    }
+  }
+
+  Grammar grammar;
+  TokenVocabulary vocab;
+  GrammarLimits limits;
+  grammar::Automaton automaton;
+  uint32_t state;
+  bool ended = false;
+  Status status;
+
+  std::unordered_map<uint32_t, std::vector<uint64_t>> mask_cache;
+  std::vector<uint64_t> empty_mask;
+  std::vector<uint64_t> out_mask;
+  // Walk scratch: (trie node, automaton state) to expand; token ranges allowed.
+  std::vector<std::pair<uint32_t, uint32_t>> frames;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+};
+
+void GrammarMatcher::Impl::walk(uint32_t s, std::vector<uint64_t>& mask) {
+  const TokenVocabulary::Impl& v = vocab.impl();
+  ranges.clear();
+  frames.clear();
+  frames.emplace_back(0, s);
+  while (!frames.empty()) {
+    const auto [n, st] = frames.back();
+    frames.pop_back();
+    const uint32_t end = v.nodes[n].end;
+    for (uint32_t c = n + 1; c < end; c = v.nodes[c].end) {
+      const TokenVocabulary::Impl::Node& child = v.nodes[c];
+      const int32_t next = automaton.step(st, child.byte);
+      if (next == grammar::Automaton::kDead) continue;
+      const auto ns = static_cast<uint32_t>(next);
+      if (child.below >= 0 && v.below_sets[child.below].subset_of(automaton.self_loop(ns))) {
+        ranges.emplace_back(child.tok_begin, child.tok_end);  // the whole subtree
+        continue;
+      }
+      if (child.own_end > child.tok_begin) ranges.emplace_back(child.tok_begin, child.own_end);
+      if (child.end > c + 1) frames.emplace_back(c, ns);
+    }
+  }
+  std::fill(mask.begin(), mask.end(), 0);
+  for (auto [b, e] : ranges) {
+    for (uint32_t i = b; i < e; ++i) {
+      const auto id = static_cast<uint32_t>(v.sorted_tokens[i]);
+      mask[id >> 6] |= uint64_t{1} << (id & 63);
+    }
+  }
+  if (automaton.accepting(s)) {
+    for (Token id : v.eos_ids) mask[id >> 6] |= uint64_t{1} << (id & 63);
+  }
+}
+
+const std::vector<uint64_t>& GrammarMatcher::Impl::mask_of(uint32_t s) {
+  auto it = mask_cache.find(s);
+  if (it != mask_cache.end()) return it->second;
+  const size_t words = vocab.mask_words();
+  const size_t mask_bytes = words * sizeof(uint64_t);
+  if ((mask_cache.size() + 1) * mask_bytes > limits.max_matcher_bytes / 2) mask_cache.clear();
+  std::vector<uint64_t> mask(words, 0);
+  walk(s, mask);
+  update_status();
+  if (automaton.exhausted()) return empty_mask;
+  return mask_cache.emplace(s, std::move(mask)).first->second;
+}
+
+GrammarMatcher::GrammarMatcher(Grammar grammar, TokenVocabulary vocab,
+                               const GrammarLimits& limits)
+    : impl_(std::make_unique<Impl>(std::move(grammar), std::move(vocab), limits)) {
+  impl_->empty_mask.assign(impl_->vocab.mask_words(), 0);
+}
+GrammarMatcher::~GrammarMatcher() = default;
+GrammarMatcher::GrammarMatcher(GrammarMatcher&&) noexcept = default;
+GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
+
+bool GrammarMatcher::accept_bytes(std::string_view bytes) {
+  Impl& m = *impl_;
+  if (m.ended) return false;
+  uint32_t s = m.state;
+  for (char c : bytes) {
+    const int32_t next = m.automaton.step(s, static_cast<uint8_t>(c));
+    if (next == grammar::Automaton::kDead) {
+      m.update_status();
+      return false;
+    }
+    s = static_cast<uint32_t>(next);
+  }
+  m.state = s;
+  return true;
+}
+
+bool GrammarMatcher::accept_token(Token id) {
+  Impl& m = *impl_;
+  if (m.ended || id < 0 || static_cast<size_t>(id) >= m.vocab.size()) return false;
+  if (m.vocab.is_eos(id)) {
+    if (!m.automaton.accepting(m.state)) return false;
+    m.ended = true;
+    return true;
+  }
+  const std::string& bytes = m.vocab.bytes(id);
+  if (bytes.empty()) return false;  // a token no grammar allows
+  return accept_bytes(bytes);
+}
+
+bool GrammarMatcher::can_end() const { return !impl_->ended && impl_->automaton.accepting(impl_->state); }
+bool GrammarMatcher::is_complete() const {
+  return can_end() && !impl_->automaton.has_continuation(impl_->state);
+}
+bool GrammarMatcher::ended() const { return impl_->ended; }
+
+GrammarMatcher::Snapshot GrammarMatcher::snapshot() const {
+  return Snapshot{impl_->state, impl_->ended};
+}
+void GrammarMatcher::rollback(Snapshot snapshot) {
+  CELLM_CHECK_MSG(snapshot.state < impl_->automaton.num_states(),
+                  "rollback to a snapshot of another matcher");
+  impl_->state = snapshot.state;
+  impl_->ended = snapshot.ended;
+}
+void GrammarMatcher::reset() {
+  impl_->state = impl_->automaton.initial_state();
+  impl_->ended = false;
+}
+
+void GrammarMatcher::fill_next_token_mask(std::span<uint64_t> mask) {
+  CELLM_CHECK(mask.size() == impl_->vocab.mask_words());
+  const std::vector<uint64_t>& src = next_token_mask();
+  std::memcpy(mask.data(), src.data(), mask.size() * sizeof(uint64_t));
+}
+
+const std::vector<uint64_t>& GrammarMatcher::next_token_mask() {
+  Impl& m = *impl_;
+  if (m.ended || m.automaton.exhausted()) return m.empty_mask;
+  return m.mask_of(m.state);
+}
+
+const Status& GrammarMatcher::status() const { return impl_->status; }
+
+}  // namespace cellm
