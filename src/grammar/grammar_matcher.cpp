@@ -39,33 +39,37 @@ struct GrammarMatcher::Impl {
 
   std::unordered_map<uint32_t, std::vector<uint64_t>> mask_cache;
   std::vector<uint64_t> empty_mask;
-  std::vector<uint64_t> out_mask;
-  // Walk scratch: (trie node, automaton state) to expand; token ranges allowed.
+  // Walk scratch: open trie ancestors (subtree end, state); token ranges allowed.
   std::vector<std::pair<uint32_t, uint32_t>> frames;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
 };
 
 void GrammarMatcher::Impl::walk(uint32_t s, std::vector<uint64_t>& mask) {
+  // A forward scan of the trie in pre-order (the node array's order), skipping
+  // every subtree that is rejected or accepted whole; `frames` holds the open
+  // ancestors as (end of their subtree, their automaton state).
   const TokenVocabulary::Impl& v = vocab.impl();
+  const auto num_nodes = static_cast<uint32_t>(v.nodes.size());
   ranges.clear();
   frames.clear();
-  frames.emplace_back(0, s);
-  while (!frames.empty()) {
-    const auto [n, st] = frames.back();
-    frames.pop_back();
-    const uint32_t end = v.nodes[n].end;
-    for (uint32_t c = n + 1; c < end; c = v.nodes[c].end) {
-      const TokenVocabulary::Impl::Node& child = v.nodes[c];
-      const int32_t next = automaton.step(st, child.byte);
-      if (next == grammar::Automaton::kDead) continue;
-      const auto ns = static_cast<uint32_t>(next);
-      if (child.below >= 0 && v.below_sets[child.below].subset_of(automaton.self_loop(ns))) {
-        ranges.emplace_back(child.tok_begin, child.tok_end);  // the whole subtree
-        continue;
-      }
-      if (child.own_end > child.tok_begin) ranges.emplace_back(child.tok_begin, child.own_end);
-      if (child.end > c + 1) frames.emplace_back(c, ns);
+  frames.emplace_back(num_nodes, s);
+  for (uint32_t c = 1; c < num_nodes;) {
+    while (frames.back().first <= c) frames.pop_back();
+    const TokenVocabulary::Impl::Node& node = v.nodes[c];
+    const int32_t next = automaton.step(frames.back().second, node.byte);
+    if (next == grammar::Automaton::kDead) {
+      c = node.end;
+      continue;
     }
+    const auto ns = static_cast<uint32_t>(next);
+    if (node.below >= 0 && v.below_sets[node.below].subset_of(automaton.self_loop(ns))) {
+      ranges.emplace_back(node.tok_begin, node.tok_end);  // the whole subtree
+      c = node.end;
+      continue;
+    }
+    if (node.own_end > node.tok_begin) ranges.emplace_back(node.tok_begin, node.own_end);
+    if (node.end > c + 1) frames.emplace_back(node.end, ns);
+    ++c;
   }
   std::fill(mask.begin(), mask.end(), 0);
   for (auto [b, e] : ranges) {
@@ -158,6 +162,7 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint64_t> mask) {
 
 const std::vector<uint64_t>& GrammarMatcher::next_token_mask() {
   Impl& m = *impl_;
+  m.update_status();
   if (m.ended || m.automaton.exhausted()) return m.empty_mask;
   return m.mask_of(m.state);
 }
