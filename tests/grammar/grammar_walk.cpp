@@ -83,7 +83,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   cellm::GrammarMatcher matcher(*grammar, *vocab);
-  std::vector<cellm::Token> allowed;
   for (int w = 0; w < walks; ++w) {
     const uint64_t walk_seed = seed + static_cast<uint64_t>(w);
     std::mt19937_64 rng(walk_seed);
@@ -92,19 +91,24 @@ int main(int argc, char** argv) {
     int n = 0;
     for (; n < max_tokens && !matcher.ended(); ++n) {
       const std::vector<uint64_t>& mask = matcher.next_token_mask();
-      allowed.clear();
-      for (size_t word = 0; word < mask.size(); ++word) {
-        for (uint64_t bits = mask[word]; bits != 0; bits &= bits - 1) {
-          allowed.push_back(static_cast<cellm::Token>(word * 64 + __builtin_ctzll(bits)));
-        }
-      }
-      if (allowed.empty()) {
+      size_t total = 0;
+      for (uint64_t word : mask) total += static_cast<size_t>(__builtin_popcountll(word));
+      if (total == 0) {
         std::cerr << "walk " << walk_seed << ": empty mask after " << n
                   << " tokens: " << matcher.status().to_string() << "\n";
         return 1;
       }
-      const cellm::Token t = allowed[std::uniform_int_distribution<size_t>(
-          0, allowed.size() - 1)(rng)];
+      // The k-th allowed token, k uniform.
+      size_t k = std::uniform_int_distribution<size_t>(0, total - 1)(rng);
+      size_t word = 0;
+      for (;; ++word) {
+        const auto c = static_cast<size_t>(__builtin_popcountll(mask[word]));
+        if (k < c) break;
+        k -= c;
+      }
+      uint64_t bits = mask[word];
+      for (; k > 0; --k) bits &= bits - 1;
+      const auto t = static_cast<cellm::Token>(word * 64 + __builtin_ctzll(bits));
       if (!matcher.accept_token(t)) {
         std::cerr << "walk " << walk_seed << ": the matcher rejected token " << t
                   << " that its mask allowed\n";
