@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", grammar.status().to_string().c_str());
     return 1;
   }
-  std::printf("%-8s %7s %6s %9s %9s %9s %9s %7s %9s %9s\n", "vocab", "tokens", "steps",
-              "mask_mean", "mask_p50", "mask_p99", "mask_max", "cached", "accept", "trie_ms");
+  std::printf("%-8s %7s %6s %9s %9s %9s %9s %7s %9s %9s\n", "vocab", "tokens", "steps", "mask_mean",
+              "mask_p50", "mask_p99", "mask_max", "cached", "accept", "trie_ms");
   for (const char* name : {"llama3", "qwen3", "llama2"}) {
     const auto t0 = Clock::now();
     auto vocab = cellm::grammar_test::load_vocabulary(shared + "/tokenizers/" + name);
@@ -121,8 +121,7 @@ int main(int argc, char** argv) {
             allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
         const auto c = Clock::now();
         const bool ok = matcher.accept_token(t);
-        accept_us.push_back(
-            std::chrono::duration<double, std::micro>(Clock::now() - c).count());
+        accept_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - c).count());
         if (!ok) {
           std::fprintf(stderr, "the matcher rejected a token its mask allowed\n");
           return 1;

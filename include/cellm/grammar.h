@@ -40,10 +40,10 @@ inline constexpr int kMaxJsonWhitespace = 20;
 // size of the compiled rules (bounded repetitions are expanded).
 struct GrammarLimits {
   size_t max_input_bytes = size_t{1} << 20;
-  int max_nesting = 64;                        // brackets, groups, nested schemas
-  size_t max_symbols = size_t{1} << 18;        // symbols over all rules
-  int max_repetition = 10000;                  // the largest m or n of {m,n}
-  int max_stack_depth = 1024;                  // matcher: rule frames per stack
+  int max_nesting = 64;                         // brackets, groups, nested schemas
+  size_t max_symbols = size_t{1} << 18;         // symbols over all rules
+  int max_repetition = 10000;                   // the largest m or n of {m,n}
+  int max_stack_depth = 1024;                   // matcher: rule frames per stack
   size_t max_matcher_bytes = size_t{64} << 20;  // matcher: automaton + mask cache
 };
 
@@ -71,8 +71,7 @@ class Grammar {
 // ignored. Objects list their properties in the schema's order; properties the
 // schema does not declare are never generated. Any other keyword is an error
 // naming it.
-Result<Grammar> compile_json_schema(std::string_view schema_json,
-                                    const GrammarLimits& limits = {});
+Result<Grammar> compile_json_schema(std::string_view schema_json, const GrammarLimits& limits = {});
 // Any JSON value whose top level is an object.
 Result<Grammar> compile_json_object(const GrammarLimits& limits = {});
 // A regular expression matched against the whole output: literals, classes

@@ -18,8 +18,7 @@ size_t Automaton::VecHash::operator()(const std::vector<uint32_t>& v) const {
   return static_cast<size_t>(h ^ (h >> 33));
 }
 
-Automaton::Automaton(std::shared_ptr<const Grammar::Impl> grammar, int max_depth,
-                     size_t max_bytes)
+Automaton::Automaton(std::shared_ptr<const Grammar::Impl> grammar, int max_depth, size_t max_bytes)
     : grammar_(std::move(grammar)),
       positions_(grammar_->positions),
       max_depth_(static_cast<uint32_t>(std::max(1, max_depth))),
@@ -150,9 +149,8 @@ const ByteSet& Automaton::self_loop(uint32_t state) {
 }
 
 size_t Automaton::memory_bytes() const {
-  return nodes_.size() * (sizeof(Node) + 32) + state_bytes_ +
-         tables_.size() * sizeof(tables_[0]) + loops_.size() * sizeof(ByteSet) +
-         visit_mark_.size() * sizeof(uint32_t);
+  return nodes_.size() * (sizeof(Node) + 32) + state_bytes_ + tables_.size() * sizeof(tables_[0]) +
+         loops_.size() * sizeof(ByteSet) + visit_mark_.size() * sizeof(uint32_t);
 }
 
 void Automaton::enforce_budget() {

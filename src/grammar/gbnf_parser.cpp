@@ -34,7 +34,8 @@ class GbnfParser {
       const std::string name = read_name();
       if (name.empty()) return error_at(pos_, "expected a rule name");
       skip_space();
-      if (t_.substr(pos_, 3) != "::=") return error_at(pos_, "expected '::=' after rule name '" + name + "'");
+      if (t_.substr(pos_, 3) != "::=")
+        return error_at(pos_, "expected '::=' after rule name '" + name + "'");
       pos_ += 3;
       const uint32_t rule = rule_id(name, name_pos);
       if (defined_.count(name)) return error_at(name_pos, "rule '" + name + "' is defined twice");
@@ -251,13 +252,32 @@ class GbnfParser {
     const char e = t_[pos_++];
     int digits = 0;
     switch (e) {
-      case 'n': *cp = '\n'; return true;
-      case 't': *cp = '\t'; return true;
-      case 'r': *cp = '\r'; return true;
-      case '\\': case '"': case '[': case ']': case '-': case '^': *cp = static_cast<uint8_t>(e); return true;
-      case 'x': digits = 2; break;
-      case 'u': digits = 4; break;
-      case 'U': digits = 8; break;
+      case 'n':
+        *cp = '\n';
+        return true;
+      case 't':
+        *cp = '\t';
+        return true;
+      case 'r':
+        *cp = '\r';
+        return true;
+      case '\\':
+      case '"':
+      case '[':
+      case ']':
+      case '-':
+      case '^':
+        *cp = static_cast<uint8_t>(e);
+        return true;
+      case 'x':
+        digits = 2;
+        break;
+      case 'u':
+        digits = 4;
+        break;
+      case 'U':
+        digits = 8;
+        break;
       default:
         fail_at(at, std::string("unknown escape '\\") + e + "'");
         return false;

@@ -14,7 +14,9 @@ namespace {
 // Largest code point encoded in n UTF-8 bytes.
 constexpr uint32_t kMaxOfLength[5] = {0, 0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
 
-int utf8_length(uint32_t cp) { return cp <= 0x7F ? 1 : cp <= 0x7FF ? 2 : cp <= 0xFFFF ? 3 : 4; }
+int utf8_length(uint32_t cp) {
+  return cp <= 0x7F ? 1 : cp <= 0x7FF ? 2 : cp <= 0xFFFF ? 3 : 4;
+}
 
 // Byte i of the n-byte encoding of cp.
 uint8_t utf8_byte(uint32_t cp, int n, int i) {
@@ -449,7 +451,11 @@ Grammar make_grammar(GrammarIr ir) {
 
 namespace cellm {
 
-size_t Grammar::num_rules() const { return impl_->ir.rules.size(); }
-std::string Grammar::to_gbnf() const { return grammar::to_gbnf(impl_->ir); }
+size_t Grammar::num_rules() const {
+  return impl_->ir.rules.size();
+}
+std::string Grammar::to_gbnf() const {
+  return grammar::to_gbnf(impl_->ir);
+}
 
 }  // namespace cellm

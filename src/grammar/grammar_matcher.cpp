@@ -14,8 +14,8 @@ struct GrammarMatcher::Impl {
       : grammar(std::move(g)),
         vocab(std::move(v)),
         limits(l),
-        automaton(std::shared_ptr<const Grammar::Impl>(
-                      std::shared_ptr<const Grammar::Impl>{}, &grammar.impl()),
+        automaton(std::shared_ptr<const Grammar::Impl>(std::shared_ptr<const Grammar::Impl>{},
+                                                       &grammar.impl()),
                   l.max_stack_depth, l.max_matcher_bytes / 2),
         state(automaton.initial_state()) {}
 
@@ -96,8 +96,7 @@ const std::vector<uint64_t>& GrammarMatcher::Impl::mask_of(uint32_t s) {
   return mask_cache.emplace(s, std::move(mask)).first->second;
 }
 
-GrammarMatcher::GrammarMatcher(Grammar grammar, TokenVocabulary vocab,
-                               const GrammarLimits& limits)
+GrammarMatcher::GrammarMatcher(Grammar grammar, TokenVocabulary vocab, const GrammarLimits& limits)
     : impl_(std::make_unique<Impl>(std::move(grammar), std::move(vocab), limits)) {
   impl_->empty_mask.assign(impl_->vocab.mask_words(), 0);
 }
@@ -134,11 +133,15 @@ bool GrammarMatcher::accept_token(Token id) {
   return accept_bytes(bytes);
 }
 
-bool GrammarMatcher::can_end() const { return !impl_->ended && impl_->automaton.accepting(impl_->state); }
+bool GrammarMatcher::can_end() const {
+  return !impl_->ended && impl_->automaton.accepting(impl_->state);
+}
 bool GrammarMatcher::is_complete() const {
   return can_end() && !impl_->automaton.has_continuation(impl_->state);
 }
-bool GrammarMatcher::ended() const { return impl_->ended; }
+bool GrammarMatcher::ended() const {
+  return impl_->ended;
+}
 
 GrammarMatcher::Snapshot GrammarMatcher::snapshot() const {
   return Snapshot{impl_->state, impl_->ended};
@@ -167,6 +170,8 @@ const std::vector<uint64_t>& GrammarMatcher::next_token_mask() {
   return m.mask_of(m.state);
 }
 
-const Status& GrammarMatcher::status() const { return impl_->status; }
+const Status& GrammarMatcher::status() const {
+  return impl_->status;
+}
 
 }  // namespace cellm

@@ -35,11 +35,10 @@ Symbol JsonRules::character() {
     ByteSet d;
     d.set('d'), d.set('D');
     const Symbol h = b_.bytes(hex);
-    const Symbol u4 = b_.rule_of("unicode-escape", {{b_.bytes(not_d), h, h, h},
-                                                     {b_.bytes(d), b_.bytes(range_set('0', '7')),
-                                                      h, h}});
-    const Symbol escape =
-        b_.rule_of("escape", {{b_.bytes(simple)}, {b_.byte('u'), u4}});
+    const Symbol u4 = b_.rule_of(
+        "unicode-escape",
+        {{b_.bytes(not_d), h, h, h}, {b_.bytes(d), b_.bytes(range_set('0', '7')), h, h}});
+    const Symbol escape = b_.rule_of("escape", {{b_.bytes(simple)}, {b_.byte('u'), u4}});
     char_ = b_.rule_of("char", {{plain}, {b_.byte('\\'), escape}});
   }
   return *char_;
@@ -76,8 +75,8 @@ Symbol JsonRules::number() {
     e.set('e'), e.set('E');
     ByteSet sign;
     sign.set('+'), sign.set('-');
-    const Symbol exponent = b_.optional(
-        {b_.bytes(e), b_.optional({b_.bytes(sign)}, "sign"), digits1}, "exponent");
+    const Symbol exponent =
+        b_.optional({b_.bytes(e), b_.optional({b_.bytes(sign)}, "sign"), digits1}, "exponent");
     number_ = b_.rule_of("number", {{integer(), fraction, exponent}});
   }
   return *number_;
@@ -100,8 +99,8 @@ Symbol JsonRules::array_of(Symbol item, int min_items, int max_items, std::strin
   if (max_items != 0) {
     const int more_min = std::max(min_items - 1, 0);
     const int more_max = max_items < 0 ? -1 : max_items - 1;
-    const Symbol more = b_.repeat({comma, ws(), item, ws()}, more_min, more_max,
-                                  std::string(name) + "-more");
+    const Symbol more =
+        b_.repeat({comma, ws(), item, ws()}, more_min, more_max, std::string(name) + "-more");
     alts.push_back({open, ws(), item, ws(), more, close});
   }
   return b_.rule_of(name, std::move(alts));
@@ -109,8 +108,8 @@ Symbol JsonRules::array_of(Symbol item, int min_items, int max_items, std::strin
 
 Symbol JsonRules::map_of(Symbol value, std::string_view name) {
   const Symbol open = b_.byte('{'), close = b_.byte('}'), comma = b_.byte(',');
-  const Symbol member =
-      b_.rule_of(std::string(name) + "-member", {{string(), ws(), b_.byte(':'), ws(), value, ws()}});
+  const Symbol member = b_.rule_of(std::string(name) + "-member",
+                                   {{string(), ws(), b_.byte(':'), ws(), value, ws()}});
   const Symbol more = b_.repeat({comma, ws(), member}, 0, -1, std::string(name) + "-more");
   return b_.rule_of(name, {{open, ws(), close}, {open, ws(), member, more, close}});
 }

@@ -38,8 +38,7 @@ class JsonRules {
   Symbol character();  // one string character: UTF-8 or an escape
 
   IrBuilder& b_;
-  std::optional<Symbol> ws_, string_, char_, integer_, number_, boolean_, null_, value_,
-      object_;
+  std::optional<Symbol> ws_, string_, char_, integer_, number_, boolean_, null_, value_, object_;
 };
 
 }  // namespace cellm::grammar

@@ -25,10 +25,10 @@ const std::set<std::string>& annotations() {
 }
 const std::set<std::string>& supported() {
   static const std::set<std::string> k = {
-      "type",     "properties", "required", "additionalProperties",
-      "items",    "minItems",   "maxItems", "minLength",
-      "maxLength", "enum",      "const",    "$ref",
-      "$defs",    "definitions", "anyOf",   "oneOf",
+      "type",      "properties",  "required", "additionalProperties",
+      "items",     "minItems",    "maxItems", "minLength",
+      "maxLength", "enum",        "const",    "$ref",
+      "$defs",     "definitions", "anyOf",    "oneOf",
       "allOf"};
   return k;
 }
@@ -75,8 +75,8 @@ class SchemaCompiler {
  private:
   Symbol fail(const std::string& where, StatusCode code, const std::string& what) {
     if (error_.ok()) {
-      error_ = Status(code, "JSON schema at " + (where.empty() ? std::string("/") : where) +
-                                ": " + what);
+      error_ = Status(code,
+                      "JSON schema at " + (where.empty() ? std::string("/") : where) + ": " + what);
     }
     return json_.null();
   }
@@ -108,7 +108,8 @@ class SchemaCompiler {
     };
     if (s.contains("$ref")) {
       if (auto other = constraining({"$ref"}); !other.empty()) {
-        return fail(at, StatusCode::kNotSupported, "'" + other + "' beside '$ref' is not supported");
+        return fail(at, StatusCode::kNotSupported,
+                    "'" + other + "' beside '$ref' is not supported");
       }
       return ref(s["$ref"], at + "/$ref", depth);
     }
@@ -119,7 +120,8 @@ class SchemaCompiler {
                     "'allOf' is supported with exactly one schema");
       }
       if (auto other = constraining({"allOf"}); !other.empty()) {
-        return fail(at, StatusCode::kNotSupported, "'" + other + "' beside 'allOf' is not supported");
+        return fail(at, StatusCode::kNotSupported,
+                    "'" + other + "' beside 'allOf' is not supported");
       }
       return compile(all[0], at + "/allOf/0", depth + 1);
     }
@@ -258,7 +260,8 @@ class SchemaCompiler {
         required.insert(name.get<std::string>());
       }
     }
-    const Json* additional = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
+    const Json* additional =
+        s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
     if (props.empty()) {
       if (additional == nullptr || additional->is_boolean()) {
         if (additional != nullptr && !additional->get<bool>()) {
@@ -319,14 +322,16 @@ class SchemaCompiler {
     const std::string pointer = target.get<std::string>();
     if (auto it = refs_.find(pointer); it != refs_.end()) return Symbol{true, it->second};
     if (pointer.empty() || pointer[0] != '#') {
-      return fail(at, StatusCode::kNotSupported,
-                  "only references within the document ('#...') are supported, not '" + pointer + "'");
+      return fail(
+          at, StatusCode::kNotSupported,
+          "only references within the document ('#...') are supported, not '" + pointer + "'");
     }
     // Walk the JSON pointer after '#'.
     const Json* node = &root_;
     std::string rest = pointer.substr(1);
     if (!rest.empty() && rest[0] != '/') {
-      return fail(at, StatusCode::kNotSupported, "reference '" + pointer + "' is not a JSON pointer");
+      return fail(at, StatusCode::kNotSupported,
+                  "reference '" + pointer + "' is not a JSON pointer");
     }
     size_t pos = 0;
     while (pos < rest.size()) {
@@ -335,7 +340,8 @@ class SchemaCompiler {
       std::string token = rest.substr(pos + 1, next - pos - 1);
       std::string key;
       for (size_t i = 0; i < token.size(); ++i) {
-        if (token[i] == '~' && i + 1 < token.size() && (token[i + 1] == '0' || token[i + 1] == '1')) {
+        if (token[i] == '~' && i + 1 < token.size() &&
+            (token[i + 1] == '0' || token[i + 1] == '1')) {
           key += token[i + 1] == '0' ? '~' : '/';
           ++i;
         } else {

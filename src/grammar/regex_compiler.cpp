@@ -91,8 +91,9 @@ class RegexParser {
 
   Sequence alternation(int depth) {
     if (depth > b_.limits().max_nesting) {
-      error_ = OutOfResources("regex at offset " + std::to_string(pos_) + ": groups nest deeper than " +
-                              std::to_string(b_.limits().max_nesting));
+      error_ =
+          OutOfResources("regex at offset " + std::to_string(pos_) + ": groups nest deeper than " +
+                         std::to_string(b_.limits().max_nesting));
       return {};
     }
     std::vector<Sequence> alts{concatenation(depth)};
@@ -256,16 +257,32 @@ class RegexParser {
     }
     ++pos_;
     switch (c) {
-      case 'n': *cp = '\n'; return true;
-      case 't': *cp = '\t'; return true;
-      case 'r': *cp = '\r'; return true;
-      case 'f': *cp = '\f'; return true;
-      case 'v': *cp = '\v'; return true;
-      case '0': *cp = 0; return true;
-      case 'x': return hex(2, cp);
-      case 'u': return hex(4, cp);
-      case 'U': return hex(8, cp);
-      default: break;
+      case 'n':
+        *cp = '\n';
+        return true;
+      case 't':
+        *cp = '\t';
+        return true;
+      case 'r':
+        *cp = '\r';
+        return true;
+      case 'f':
+        *cp = '\f';
+        return true;
+      case 'v':
+        *cp = '\v';
+        return true;
+      case '0':
+        *cp = 0;
+        return true;
+      case 'x':
+        return hex(2, cp);
+      case 'u':
+        return hex(4, cp);
+      case 'U':
+        return hex(8, cp);
+      default:
+        break;
     }
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '1' && c <= '9')) {
       --pos_;

@@ -89,8 +89,12 @@ Result<TokenVocabulary> TokenVocabulary::build(std::vector<std::string> token_by
   return TokenVocabulary(std::move(impl));
 }
 
-size_t TokenVocabulary::size() const { return impl_->token_bytes.size(); }
-size_t TokenVocabulary::mask_words() const { return (impl_->token_bytes.size() + 63) / 64; }
+size_t TokenVocabulary::size() const {
+  return impl_->token_bytes.size();
+}
+size_t TokenVocabulary::mask_words() const {
+  return (impl_->token_bytes.size() + 63) / 64;
+}
 const std::string& TokenVocabulary::bytes(Token id) const {
   CELLM_CHECK(id >= 0 && static_cast<size_t>(id) < impl_->token_bytes.size());
   return impl_->token_bytes[id];
@@ -98,6 +102,8 @@ const std::string& TokenVocabulary::bytes(Token id) const {
 bool TokenVocabulary::is_eos(Token id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->eos_flag.size() && impl_->eos_flag[id];
 }
-const std::vector<Token>& TokenVocabulary::eos_ids() const { return impl_->eos_ids; }
+const std::vector<Token>& TokenVocabulary::eos_ids() const {
+  return impl_->eos_ids;
+}
 
 }  // namespace cellm

@@ -48,8 +48,8 @@ TEST(JsonSchemaTest, ObjectWithRequiredAndOptionalPropertiesInOrder) {
   EXPECT_TRUE(matches(g, R"({"name":"x","age":3,"ok":true})"));
   EXPECT_TRUE(matches(g, R"({"name":"x","ok":false})"));
   EXPECT_TRUE(matches(g, "{ \"name\" : \"\\u00e9\\n\" ,\n  \"ok\":true }"));
-  EXPECT_FALSE(matches(g, R"({"name":"x"})"));                  // ok is required
-  EXPECT_FALSE(matches(g, R"({"ok":true,"name":"x"})"));        // schema order
+  EXPECT_FALSE(matches(g, R"({"name":"x"})"));                      // ok is required
+  EXPECT_FALSE(matches(g, R"({"ok":true,"name":"x"})"));            // schema order
   EXPECT_FALSE(matches(g, R"({"name":"x","age":3.5,"ok":true})"));  // integer
   EXPECT_FALSE(matches(g, R"({"name":"x","ok":true,"other":1})"));
   EXPECT_FALSE(matches(g, R"({"name":"x",,"ok":true})"));
@@ -66,7 +66,8 @@ TEST(JsonSchemaTest, WhitespaceIsBoundedPerGap) {
 }
 
 TEST(JsonSchemaTest, ArraysHonourMinAndMaxItems) {
-  const Grammar g = schema(R"({"type":"array","items":{"enum":["a",1,null]},"minItems":1,"maxItems":3})");
+  const Grammar g =
+      schema(R"({"type":"array","items":{"enum":["a",1,null]},"minItems":1,"maxItems":3})");
   EXPECT_FALSE(matches(g, "[]"));
   EXPECT_TRUE(matches(g, R"(["a"])"));
   EXPECT_TRUE(matches(g, R"(["a",1,null])"));
@@ -128,8 +129,9 @@ TEST(JsonSchemaTest, ErrorsNameTheKeywordAndWhere) {
       R"({"type":"object","properties":{"d":{"type":"string","format":"date"}}})"));
   EXPECT_NE(format.find("'format'"), std::string::npos) << format;
   EXPECT_NE(format.find("/properties/d"), std::string::npos) << format;
-  EXPECT_NE(error_of(compile_json_schema(R"({"$ref":"#/$defs/missing"})")).find("points to nothing"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(compile_json_schema(R"({"$ref":"#/$defs/missing"})")).find("points to nothing"),
+      std::string::npos);
   EXPECT_NE(error_of(compile_json_schema(R"({"type":"strng"})")).find("unknown type 'strng'"),
             std::string::npos);
   EXPECT_NE(error_of(compile_json_schema("{\"type\":")).find("not valid JSON"), std::string::npos);
@@ -174,7 +176,9 @@ TEST(RegexTest, TheCommonSubset) {
   EXPECT_FALSE(matches(g, "55-1234"));
   EXPECT_FALSE(matches(g, "hello"));
   const Grammar dot = compile_regex("a.c|[^a-c]+|(?:\\w\\W){2,}").value();
-  EXPECT_TRUE(matches(dot, "a\xE2\x82\xAC" "c"));  // '.' is one code point
+  EXPECT_TRUE(matches(dot,
+                      "a\xE2\x82\xAC"
+                      "c"));  // '.' is one code point
   EXPECT_FALSE(matches(dot, "a\nc"));
   EXPECT_TRUE(matches(dot, "xyz\xC3\xA9"));
   EXPECT_FALSE(matches(dot, "xyzb"));
@@ -185,7 +189,7 @@ TEST(RegexTest, TheCommonSubset) {
   EXPECT_TRUE(matches(esc, "A\xC3\xA9.{a\\"));
   EXPECT_FALSE(matches(esc, "A\xC3\xA9x{a\\"));
   EXPECT_TRUE(matches(compile_regex("a{2}b{,1}c{1,}").value(), "aacc"));
-  EXPECT_TRUE(matches(compile_regex("x{a}").value(), "x{a}"));  // not a quantifier
+  EXPECT_TRUE(matches(compile_regex("x{a}").value(), "x{a}"));   // not a quantifier
   EXPECT_TRUE(matches(compile_regex("(a|)*b").value(), "aab"));  // a nullable loop body
   EXPECT_TRUE(matches(compile_regex("").value(), ""));
 }
@@ -229,13 +233,16 @@ TEST(GbnfTest, RulesLiteralsClassesAndRepetition) {
     term ::= num | "(" expr ")" | var
     num  ::= [0-9]{1,3} ("." [0-9]+)?
     var  ::= [a-zA-Z_\u00e9] [a-z0-9]* "'"?
-  )g").value();
+  )g")
+                        .value();
   EXPECT_TRUE(matches(g, "1+2-(3.25+x1')\n\xC3\xA9+7"));
   EXPECT_FALSE(matches(g, "1234"));
   EXPECT_FALSE(matches(g, "1+"));
   EXPECT_FALSE(matches(g, "(1"));
   const Grammar any = compile_gbnf("root ::= [^\"\\\\]* . \"\\x41\"").value();
-  EXPECT_TRUE(matches(any, "ab\xE2\x82\xAC" "A"));
+  EXPECT_TRUE(matches(any,
+                      "ab\xE2\x82\xAC"
+                      "A"));
   EXPECT_FALSE(matches(any, "a\"bA"));
 }
 

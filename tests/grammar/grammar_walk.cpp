@@ -120,8 +120,8 @@ int main(int argc, char** argv) {
     static const char* digits = "0123456789abcdef";
     for (unsigned char c : out) hex += digits[c >> 4], hex += digits[c & 15];
     std::printf("{\"seed\": %llu, \"complete\": %s, \"tokens\": %d, \"hex\": \"%s\"}\n",
-                static_cast<unsigned long long>(walk_seed), matcher.ended() ? "true" : "false",
-                n, hex.c_str());
+                static_cast<unsigned long long>(walk_seed), matcher.ended() ? "true" : "false", n,
+                hex.c_str());
   }
   return 0;
 }

@@ -14,7 +14,9 @@
 namespace cellm {
 namespace {
 
-bool bit(const std::vector<uint64_t>& mask, Token id) { return (mask[id >> 6] >> (id & 63)) & 1; }
+bool bit(const std::vector<uint64_t>& mask, Token id) {
+  return (mask[id >> 6] >> (id & 63)) & 1;
+}
 
 // The mask computed the slow way: every token tried on its own.
 std::vector<uint64_t> brute_force_mask(GrammarMatcher& m, const TokenVocabulary& vocab) {
@@ -29,8 +31,7 @@ std::vector<uint64_t> brute_force_mask(GrammarMatcher& m, const TokenVocabulary&
 
 // Walks `steps` tokens drawn uniformly from the mask, checking the mask against
 // the slow way at every step. Returns the bytes produced.
-std::string checked_walk(const Grammar& g, const TokenVocabulary& vocab, uint64_t seed,
-                         int steps) {
+std::string checked_walk(const Grammar& g, const TokenVocabulary& vocab, uint64_t seed, int steps) {
   GrammarMatcher m(g, vocab);
   std::mt19937_64 rng(seed);
   std::string out;
@@ -62,11 +63,10 @@ std::string checked_walk(const Grammar& g, const TokenVocabulary& vocab, uint64_
 // Tokens with shared prefixes, duplicates, multi-byte UTF-8 pieces, a special
 // (empty) token and EOS.
 TokenVocabulary synthetic_vocab() {
-  std::vector<std::string> bytes = {"",    "{",     "}",     "\"",   "\":",  "\",",   ",\"",
-                                    "a",   "ab",    "abc",   "ab",   "1",    "12",    "0",
-                                    " ",   "  ",    "\n",    "true", "tr",   "null",  "x\"",
-                                    "\xC3", "\xA9", "\xC3\xA9", "[",  "]",    "-",     ".5",
-                                    "e",   "yes",   "no",    "n",    "\\",   "\\n",   "\"}"};
+  std::vector<std::string> bytes = {
+      "",   "{", "}", "\"", "\":", "\",",  ",\"", "a",    "ab",  "abc",  "ab",   "1",
+      "12", "0", " ", "  ", "\n",  "true", "tr",  "null", "x\"", "\xC3", "\xA9", "\xC3\xA9",
+      "[",  "]", "-", ".5", "e",   "yes",  "no",  "n",    "\\",  "\\n",  "\"}"};
   for (int b = 0; b < 128; ++b) bytes.emplace_back(1, static_cast<char>(b));
   return TokenVocabulary::build(std::move(bytes), {0}).value();
 }
@@ -78,10 +78,10 @@ TEST(GrammarMatcherTest, MaskEqualsTheTokenByTokenCheckOnASyntheticVocabulary) {
           "b":{"type":"array","items":{"type":"number"}},"c":{"enum":["yes","no",null]}},
           "required":["a"],"additionalProperties":false})")
           .value(),
-      compile_json_object().value(),
-      compile_regex("(ab|a)+[0-9]{1,3}(yes|no)?").value(),
+      compile_json_object().value(), compile_regex("(ab|a)+[0-9]{1,3}(yes|no)?").value(),
       compile_choice(std::vector<std::string>{"yes", "no", "null"}).value(),
-      compile_gbnf("root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= [0-9]+ | \"true\"").value()};
+      compile_gbnf("root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= [0-9]+ | \"true\"")
+          .value()};
   for (size_t g = 0; g < grammars.size(); ++g) {
     for (uint64_t seed = 0; seed < 20; ++seed) checked_walk(grammars[g], vocab, seed * 7 + g, 60);
   }

@@ -114,7 +114,7 @@ inline Result<TokenVocabulary> load_vocabulary(const std::string& dir) {
     const nlohmann::json cfg = nlohmann::json::parse(cfg_in, nullptr, false);
     if (!cfg.is_discarded() && cfg.contains("eos_token")) {
       const auto& e = cfg["eos_token"];
-      const std::string name = e.is_string() ? e.get<std::string>()
+      const std::string name = e.is_string()   ? e.get<std::string>()
                                : e.is_object() ? e.value("content", std::string())
                                                : std::string();
       if (auto it = added.find(name); it != added.end()) eos.push_back(it->second);
