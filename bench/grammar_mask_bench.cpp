@@ -6,7 +6,9 @@
 //
 // For each tokenizer in DIR/tokenizers (llama3, qwen3, llama2) it builds the
 // vocabulary trie once, then runs N seeded walks (uniform draws among allowed
-// tokens), each with a fresh matcher (cold caches), and prints per-step times:
+// tokens), twice: each walk with a fresh matcher (cold caches: "fresh"), and each
+// walk on a fork of one matcher (caches shared across walks, as sessions with one
+// schema share them: "forked"), and prints per-step times:
 // mean, p50, p99 and max of the mask, the share of steps whose mask came from the
 // cache, and the mean of accept_token. The default schema is a typical
 // tool-call-like object (nested object, array, enum, optional fields).
@@ -81,8 +83,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", grammar.status().to_string().c_str());
     return 1;
   }
-  std::printf("%-8s %7s %6s %9s %9s %9s %9s %7s %9s %9s\n", "vocab", "tokens", "steps", "mask_mean",
-              "mask_p50", "mask_p99", "mask_max", "cached", "accept", "trie_ms");
+  std::printf("%-8s %-7s %7s %6s %9s %9s %9s %9s %7s %9s %9s\n", "vocab", "mode", "tokens", "steps",
+              "mask_mean", "mask_p50", "mask_p99", "mask_max", "cached", "accept", "trie_ms");
   for (const char* name : {"llama3", "qwen3", "llama2"}) {
     const auto t0 = Clock::now();
     auto vocab = cellm::grammar_test::load_vocabulary(shared + "/tokenizers/" + name);
@@ -91,53 +93,58 @@ int main(int argc, char** argv) {
       continue;
     }
     const double trie_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    std::vector<double> mask_us, accept_us;
-    size_t cached = 0;
-    std::vector<uint64_t> mask(vocab->mask_words());
-    std::vector<cellm::Token> allowed;
-    for (int w = 0; w < walks; ++w) {
-      cellm::GrammarMatcher matcher(*grammar, *vocab);
-      std::mt19937_64 rng(static_cast<uint64_t>(w));
-      std::vector<uint32_t> seen_states;
-      for (int n = 0; n < max_tokens && !matcher.ended(); ++n) {
-        const uint32_t state = matcher.snapshot().state;
-        if (std::find(seen_states.begin(), seen_states.end(), state) != seen_states.end()) {
-          ++cached;
-        } else {
-          seen_states.push_back(state);
-        }
-        const auto a = Clock::now();
-        matcher.fill_next_token_mask(mask);
-        const auto b = Clock::now();
-        mask_us.push_back(std::chrono::duration<double, std::micro>(b - a).count());
-        allowed.clear();
-        for (size_t word = 0; word < mask.size(); ++word) {
-          for (uint64_t bits = mask[word]; bits != 0; bits &= bits - 1) {
-            allowed.push_back(static_cast<cellm::Token>(word * 64 + __builtin_ctzll(bits)));
+    for (const bool forked : {false, true}) {
+      cellm::GrammarMatcher family(*grammar, *vocab);
+      std::vector<double> mask_us, accept_us;
+      size_t cached = 0;
+      std::vector<uint64_t> mask(vocab->mask_words());
+      std::vector<cellm::Token> allowed;
+      for (int w = 0; w < walks; ++w) {
+        cellm::GrammarMatcher matcher =
+            forked ? family.fork() : cellm::GrammarMatcher(*grammar, *vocab);
+        std::mt19937_64 rng(static_cast<uint64_t>(w));
+        static std::vector<uint32_t> seen_states;
+        if (!forked || w == 0) seen_states.clear();
+        for (int n = 0; n < max_tokens && !matcher.ended(); ++n) {
+          const uint32_t state = matcher.snapshot().state;
+          if (std::find(seen_states.begin(), seen_states.end(), state) != seen_states.end()) {
+            ++cached;
+          } else {
+            seen_states.push_back(state);
+          }
+          const auto a = Clock::now();
+          matcher.fill_next_token_mask(mask);
+          const auto b = Clock::now();
+          mask_us.push_back(std::chrono::duration<double, std::micro>(b - a).count());
+          allowed.clear();
+          for (size_t word = 0; word < mask.size(); ++word) {
+            for (uint64_t bits = mask[word]; bits != 0; bits &= bits - 1) {
+              allowed.push_back(static_cast<cellm::Token>(word * 64 + __builtin_ctzll(bits)));
+            }
+          }
+          if (allowed.empty()) break;
+          const cellm::Token t =
+              allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+          const auto c = Clock::now();
+          const bool ok = matcher.accept_token(t);
+          accept_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - c).count());
+          if (!ok) {
+            std::fprintf(stderr, "the matcher rejected a token its mask allowed\n");
+            return 1;
           }
         }
-        if (allowed.empty()) break;
-        const cellm::Token t =
-            allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
-        const auto c = Clock::now();
-        const bool ok = matcher.accept_token(t);
-        accept_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - c).count());
-        if (!ok) {
-          std::fprintf(stderr, "the matcher rejected a token its mask allowed\n");
-          return 1;
-        }
       }
+      double mean = 0, accept_mean = 0;
+      for (double x : mask_us) mean += x;
+      for (double x : accept_us) accept_mean += x;
+      mean /= std::max<size_t>(1, mask_us.size());
+      accept_mean /= std::max<size_t>(1, accept_us.size());
+      std::printf("%-8s %-7s %7zu %6zu %7.1fus %7.1fus %7.1fus %7.1fus %6.0f%% %7.2fus %9.0f\n",
+                  name, forked ? "forked" : "fresh", vocab->size(), mask_us.size(), mean,
+                  percentile(mask_us, 0.5), percentile(mask_us, 0.99), percentile(mask_us, 1.0),
+                  100.0 * static_cast<double>(cached) / static_cast<double>(mask_us.size()),
+                  accept_mean, trie_ms);
     }
-    double mean = 0, accept_mean = 0;
-    for (double x : mask_us) mean += x;
-    for (double x : accept_us) accept_mean += x;
-    mean /= std::max<size_t>(1, mask_us.size());
-    accept_mean /= std::max<size_t>(1, accept_us.size());
-    std::printf("%-8s %7zu %6zu %7.1fus %7.1fus %7.1fus %7.1fus %6.0f%% %7.2fus %9.0f\n", name,
-                vocab->size(), mask_us.size(), mean, percentile(mask_us, 0.5),
-                percentile(mask_us, 0.99), percentile(mask_us, 1.0),
-                100.0 * static_cast<double>(cached) / static_cast<double>(mask_us.size()),
-                accept_mean, trie_ms);
   }
   return 0;
 }

@@ -17,7 +17,9 @@
 //
 // Grammar and TokenVocabulary are immutable, cheaply copyable handles (shared
 // state) and safe to use from any thread. A GrammarMatcher is one session's
-// state: not thread-safe, one per generation (it may be moved between threads).
+// position: not thread-safe itself, one per generation. Matchers made by fork()
+// share the automaton and the mask cache (under a lock), so sessions with one
+// schema pay for each state's mask once; they may run on different threads.
 #pragma once
 
 #include <cstdint>
@@ -120,6 +122,9 @@ class GrammarMatcher {
   };
 
   GrammarMatcher(Grammar grammar, TokenVocabulary vocab, const GrammarLimits& limits = {});
+  // A matcher at this one's position (snapshots of either are valid in both)
+  // sharing its automaton, mask cache and memory budget.
+  GrammarMatcher fork() const;
   ~GrammarMatcher();
   GrammarMatcher(GrammarMatcher&&) noexcept;
   GrammarMatcher& operator=(GrammarMatcher&&) noexcept;
@@ -150,14 +155,15 @@ class GrammarMatcher {
   // depth (status() says which); the caller should end the generation.
   // REQUIRES: mask.size() == vocab.mask_words().
   void fill_next_token_mask(std::span<uint64_t> mask);
-  // The same mask, owned by the matcher (cached per state; valid until the next
-  // call on this matcher).
+  // The same mask, in a buffer owned by the matcher (valid until the next call
+  // on this matcher).
   const std::vector<uint64_t>& next_token_mask();
 
   // Ok, or OutOfResources once a budget of GrammarLimits was exceeded.
   const Status& status() const;
 
  private:
+  GrammarMatcher() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -2,6 +2,7 @@
 // each step (a walk of the vocabulary trie, cached per automaton state).
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 
 #include "grammar/automaton.h"
@@ -9,34 +10,30 @@
 
 namespace cellm {
 
-struct GrammarMatcher::Impl {
-  Impl(Grammar g, TokenVocabulary v, const GrammarLimits& l)
+namespace {
+
+// What a matcher shares with its forks: the automaton and the mask cache, both
+// guarded by `mu` (matchers of one family may run on different threads).
+struct SharedCache {
+  SharedCache(Grammar g, TokenVocabulary v, const GrammarLimits& l)
       : grammar(std::move(g)),
         vocab(std::move(v)),
         limits(l),
         automaton(std::shared_ptr<const Grammar::Impl>(std::shared_ptr<const Grammar::Impl>{},
                                                        &grammar.impl()),
                   l.max_stack_depth, l.max_matcher_bytes / 2),
-        state(automaton.initial_state()) {}
+        empty_mask(vocab.mask_words(), 0) {}
 
-  // The mask of `s` (EOS included), from the cache or a trie walk.
+  // The mask of `s` (EOS included), from the cache or a trie walk; the empty mask
+  // once the automaton is exhausted. REQUIRES: mu held.
   const std::vector<uint64_t>& mask_of(uint32_t s);
   void walk(uint32_t s, std::vector<uint64_t>& mask);
-  void update_status() {
-    if (automaton.exhausted() && status.ok()) {
-      status = OutOfResources("the grammar matcher exceeded its memory budget of " +
-                              std::to_string(limits.max_matcher_bytes) + " bytes");
-    }
-  }
 
+  std::mutex mu;
   Grammar grammar;
   TokenVocabulary vocab;
   GrammarLimits limits;
   grammar::Automaton automaton;
-  uint32_t state;
-  bool ended = false;
-  Status status;
-
   std::unordered_map<uint32_t, std::vector<uint64_t>> mask_cache;
   std::vector<uint64_t> empty_mask;
   // Walk scratch: open trie ancestors (subtree end, state); token ranges allowed.
@@ -44,7 +41,24 @@ struct GrammarMatcher::Impl {
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
 };
 
-void GrammarMatcher::Impl::walk(uint32_t s, std::vector<uint64_t>& mask) {
+}  // namespace
+
+struct GrammarMatcher::Impl {
+  void update_status() {
+    if (cache->automaton.exhausted() && status.ok()) {
+      status = OutOfResources("the grammar matcher exceeded its memory budget of " +
+                              std::to_string(cache->limits.max_matcher_bytes) + " bytes");
+    }
+  }
+
+  std::shared_ptr<SharedCache> cache;
+  uint32_t state = 0;
+  bool ended = false;
+  Status status;
+  std::vector<uint64_t> out_mask;
+};
+
+void SharedCache::walk(uint32_t s, std::vector<uint64_t>& mask) {
   // A forward scan of the trie in pre-order (the node array's order), skipping
   // every subtree that is rejected or accepted whole; `frames` holds the open
   // ancestors as (end of their subtree, their automaton state).
@@ -83,7 +97,7 @@ void GrammarMatcher::Impl::walk(uint32_t s, std::vector<uint64_t>& mask) {
   }
 }
 
-const std::vector<uint64_t>& GrammarMatcher::Impl::mask_of(uint32_t s) {
+const std::vector<uint64_t>& SharedCache::mask_of(uint32_t s) {
   auto it = mask_cache.find(s);
   if (it != mask_cache.end()) return it->second;
   const size_t words = vocab.mask_words();
@@ -91,25 +105,36 @@ const std::vector<uint64_t>& GrammarMatcher::Impl::mask_of(uint32_t s) {
   if ((mask_cache.size() + 1) * mask_bytes > limits.max_matcher_bytes / 2) mask_cache.clear();
   std::vector<uint64_t> mask(words, 0);
   walk(s, mask);
-  update_status();
   if (automaton.exhausted()) return empty_mask;
   return mask_cache.emplace(s, std::move(mask)).first->second;
 }
 
 GrammarMatcher::GrammarMatcher(Grammar grammar, TokenVocabulary vocab, const GrammarLimits& limits)
-    : impl_(std::make_unique<Impl>(std::move(grammar), std::move(vocab), limits)) {
-  impl_->empty_mask.assign(impl_->vocab.mask_words(), 0);
+    : impl_(std::make_unique<Impl>()) {
+  impl_->cache = std::make_shared<SharedCache>(std::move(grammar), std::move(vocab), limits);
+  impl_->state = impl_->cache->automaton.initial_state();
 }
 GrammarMatcher::~GrammarMatcher() = default;
 GrammarMatcher::GrammarMatcher(GrammarMatcher&&) noexcept = default;
 GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
 
+GrammarMatcher GrammarMatcher::fork() const {
+  GrammarMatcher m;
+  m.impl_ = std::make_unique<Impl>();
+  m.impl_->cache = impl_->cache;
+  m.impl_->state = impl_->state;
+  m.impl_->ended = impl_->ended;
+  m.impl_->status = impl_->status;
+  return m;
+}
+
 bool GrammarMatcher::accept_bytes(std::string_view bytes) {
   Impl& m = *impl_;
   if (m.ended) return false;
+  std::lock_guard<std::mutex> lock(m.cache->mu);
   uint32_t s = m.state;
   for (char c : bytes) {
-    const int32_t next = m.automaton.step(s, static_cast<uint8_t>(c));
+    const int32_t next = m.cache->automaton.step(s, static_cast<uint8_t>(c));
     if (next == grammar::Automaton::kDead) {
       m.update_status();
       return false;
@@ -122,22 +147,28 @@ bool GrammarMatcher::accept_bytes(std::string_view bytes) {
 
 bool GrammarMatcher::accept_token(Token id) {
   Impl& m = *impl_;
-  if (m.ended || id < 0 || static_cast<size_t>(id) >= m.vocab.size()) return false;
-  if (m.vocab.is_eos(id)) {
-    if (!m.automaton.accepting(m.state)) return false;
+  const TokenVocabulary& vocab = m.cache->vocab;
+  if (m.ended || id < 0 || static_cast<size_t>(id) >= vocab.size()) return false;
+  if (vocab.is_eos(id)) {
+    if (!can_end()) return false;
     m.ended = true;
     return true;
   }
-  const std::string& bytes = m.vocab.bytes(id);
+  const std::string& bytes = vocab.bytes(id);
   if (bytes.empty()) return false;  // a token no grammar allows
   return accept_bytes(bytes);
 }
 
 bool GrammarMatcher::can_end() const {
-  return !impl_->ended && impl_->automaton.accepting(impl_->state);
+  if (impl_->ended) return false;
+  std::lock_guard<std::mutex> lock(impl_->cache->mu);
+  return impl_->cache->automaton.accepting(impl_->state);
 }
 bool GrammarMatcher::is_complete() const {
-  return can_end() && !impl_->automaton.has_continuation(impl_->state);
+  if (impl_->ended) return false;
+  std::lock_guard<std::mutex> lock(impl_->cache->mu);
+  const grammar::Automaton& a = impl_->cache->automaton;
+  return a.accepting(impl_->state) && !a.has_continuation(impl_->state);
 }
 bool GrammarMatcher::ended() const {
   return impl_->ended;
@@ -147,27 +178,33 @@ GrammarMatcher::Snapshot GrammarMatcher::snapshot() const {
   return Snapshot{impl_->state, impl_->ended};
 }
 void GrammarMatcher::rollback(Snapshot snapshot) {
-  CELLM_CHECK_MSG(snapshot.state < impl_->automaton.num_states(),
-                  "rollback to a snapshot of another matcher");
+  {
+    std::lock_guard<std::mutex> lock(impl_->cache->mu);
+    CELLM_CHECK_MSG(snapshot.state < impl_->cache->automaton.num_states(),
+                    "rollback to a snapshot of another matcher");
+  }
   impl_->state = snapshot.state;
   impl_->ended = snapshot.ended;
 }
 void GrammarMatcher::reset() {
-  impl_->state = impl_->automaton.initial_state();
+  impl_->state = impl_->cache->automaton.initial_state();
   impl_->ended = false;
 }
 
 void GrammarMatcher::fill_next_token_mask(std::span<uint64_t> mask) {
-  CELLM_CHECK(mask.size() == impl_->vocab.mask_words());
-  const std::vector<uint64_t>& src = next_token_mask();
+  Impl& m = *impl_;
+  CELLM_CHECK(mask.size() == m.cache->vocab.mask_words());
+  std::lock_guard<std::mutex> lock(m.cache->mu);
+  const std::vector<uint64_t>& src =
+      (m.ended || m.cache->automaton.exhausted()) ? m.cache->empty_mask : m.cache->mask_of(m.state);
+  m.update_status();
   std::memcpy(mask.data(), src.data(), mask.size() * sizeof(uint64_t));
 }
 
 const std::vector<uint64_t>& GrammarMatcher::next_token_mask() {
-  Impl& m = *impl_;
-  m.update_status();
-  if (m.ended || m.automaton.exhausted()) return m.empty_mask;
-  return m.mask_of(m.state);
+  impl_->out_mask.resize(impl_->cache->vocab.mask_words());
+  fill_next_token_mask(impl_->out_mask);
+  return impl_->out_mask;
 }
 
 const Status& GrammarMatcher::status() const {

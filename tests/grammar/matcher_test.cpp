@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cellm/grammar.h"
@@ -174,6 +175,46 @@ TEST(GrammarMatcherTest, AMemoryBudgetEndsInAnErrorNotACrash) {
   }
   EXPECT_TRUE(stopped);
   EXPECT_EQ(m.status().code(), StatusCode::kOutOfResources) << m.status().to_string();
+}
+
+TEST(GrammarMatcherTest, ForksShareCachesAndWalkOnTheirOwnAcrossThreads) {
+  const TokenVocabulary vocab = synthetic_vocab();
+  const Grammar g = compile_json_object().value();
+  GrammarMatcher root(g, vocab);
+  ASSERT_TRUE(root.accept_bytes("{\"a\":"));
+  const auto snap = root.snapshot();
+  std::vector<std::string> outputs(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t, fork = root.fork()]() mutable {
+      std::mt19937_64 rng(static_cast<uint64_t>(t));
+      for (int i = 0; i < 300 && !fork.ended(); ++i) {
+        std::vector<Token> allowed;
+        const std::vector<uint64_t>& mask = fork.next_token_mask();
+        for (Token id = 0; id < static_cast<Token>(vocab.size()); ++id) {
+          if (bit(mask, id)) allowed.push_back(id);
+        }
+        if (allowed.empty()) break;
+        const Token tok =
+            allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+        if (!fork.accept_token(tok)) break;
+        if (!vocab.is_eos(tok)) outputs[t] += vocab.bytes(tok);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  // Each fork's output continues the root's prefix: an independent matcher agrees.
+  for (const std::string& out : outputs) {
+    GrammarMatcher fresh(g, vocab);
+    EXPECT_TRUE(fresh.accept_bytes("{\"a\":" + out)) << out;
+  }
+  // The root did not move, and its snapshot is valid in a fork.
+  EXPECT_EQ(root.snapshot().state, snap.state);
+  GrammarMatcher other = root.fork();
+  ASSERT_TRUE(other.accept_bytes("1}"));
+  other.rollback(snap);
+  EXPECT_TRUE(other.accept_bytes("[]}"));
+  EXPECT_TRUE(other.can_end());
 }
 
 TEST(TokenVocabularyTest, RejectsBadEosIdsAndEmptyVocabularies) {
