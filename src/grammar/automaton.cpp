@@ -7,6 +7,9 @@ namespace cellm::grammar {
 namespace {
 // Marks an accepting state in its interning key (no node has this id).
 constexpr uint32_t kAcceptKey = 0xFFFFFFFFu;
+constexpr uint32_t kEscapeKey = 0xFFFFFFFEu;
+// The position of hole nodes: past every real position.
+constexpr uint32_t kHolePos = 0xFFFFFFFFu;
 }  // namespace
 
 size_t Automaton::VecHash::operator()(const std::vector<uint32_t>& v) const {
@@ -26,6 +29,7 @@ Automaton::Automaton(std::shared_ptr<const Grammar::Impl> grammar, int max_depth
   nodes_.push_back(Node{0, kBottom, 0});  // kBottom
   scratch_.clear();
   scratch_accepting_ = false;
+  scratch_escaped_ = false;
   ++visit_stamp_;
   for (uint32_t start : positions_.rule_starts[grammar_->ir.root]) {
     uint32_t id;
@@ -73,6 +77,8 @@ void Automaton::closure(uint32_t id) {
     } else if (sym == PositionTable::kEnd) {
       if (nd.parent == kBottom) {
         scratch_accepting_ = true;
+      } else if (nodes_[nd.parent].pos == kHolePos) {
+        scratch_escaped_ = true;
       } else {
         work_.push_back(nd.parent);  // the parent node sits at the return position
       }
@@ -94,15 +100,17 @@ void Automaton::closure(uint32_t id) {
 int32_t Automaton::intern() {
   std::sort(scratch_.begin(), scratch_.end());
   scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
-  if (scratch_.empty() && !scratch_accepting_) return kDead;
+  if (scratch_.empty() && !scratch_accepting_ && !scratch_escaped_) return kDead;
   std::vector<uint32_t> key = scratch_;
   if (scratch_accepting_) key.push_back(kAcceptKey);
+  if (scratch_escaped_) key.push_back(kEscapeKey);
   auto it = state_index_.find(key);
   if (it != state_index_.end()) return static_cast<int32_t>(it->second);
   const auto id = static_cast<uint32_t>(states_.size());
   State st;
   st.stacks = scratch_;
   st.accepting = scratch_accepting_;
+  st.escaped = scratch_escaped_;
   state_bytes_ += 2 * (key.size() * sizeof(uint32_t)) + sizeof(State) + 64;
   states_.push_back(std::move(st));
   state_index_.emplace(std::move(key), id);
@@ -113,6 +121,7 @@ int32_t Automaton::step_slow(uint32_t state, uint8_t b) {
   if (exhausted_) return kDead;
   scratch_.clear();
   scratch_accepting_ = false;
+  scratch_escaped_ = false;
   ++visit_stamp_;
   // Copy: closure() may grow states_ only through intern(), but nodes_ grows here.
   const std::vector<uint32_t>& stacks = states_[state].stacks;
@@ -131,6 +140,47 @@ int32_t Automaton::step_slow(uint32_t state, uint8_t b) {
   }
   tables_[states_[state].table][b] = result;
   enforce_budget();
+  return result;
+}
+
+uint32_t Automaton::hole(uint32_t depth) {
+  auto it = holes_.find(depth);
+  if (it != holes_.end()) return it->second;
+  const auto id = static_cast<uint32_t>(nodes_.size());
+  nodes_.push_back(Node{kHolePos, kBottom, depth});
+  holes_.emplace(depth, id);
+  return id;
+}
+
+uint32_t Automaton::project(uint32_t state) {
+  if (states_[state].projection >= 0) return static_cast<uint32_t>(states_[state].projection);
+  uint32_t min_depth = UINT32_MAX;
+  for (uint32_t n : states_[state].stacks) min_depth = std::min(min_depth, nodes_[n].depth);
+  uint32_t result = state;
+  if (!states_[state].stacks.empty() && min_depth > 1 && !exhausted_) {
+    const uint32_t cut = min_depth - 1;  // nodes at or below this depth are cut
+    const uint32_t h = hole(cut);
+    std::vector<uint32_t> projected, chain;
+    for (uint32_t top : states_[state].stacks) {
+      chain.clear();
+      for (uint32_t n = top; nodes_[n].depth > cut; n = nodes_[n].parent) chain.push_back(n);
+      uint32_t cur = h;
+      for (size_t i = chain.size(); i-- > 0;) {
+        uint32_t id;
+        CELLM_CHECK(node(nodes_[chain[i]].pos, cur, &id));  // same depth as the original
+        cur = id;
+      }
+      projected.push_back(cur);
+    }
+    scratch_ = std::move(projected);
+    scratch_accepting_ = false;
+    scratch_escaped_ = false;
+    const int32_t p = intern();
+    CELLM_CHECK(p != kDead);
+    result = static_cast<uint32_t>(p);
+    enforce_budget();
+  }
+  states_[state].projection = static_cast<int32_t>(result);
   return result;
 }
 

@@ -15,6 +15,13 @@
 // every closure terminates. Stacks deeper than max_depth frames are dropped (the
 // byte that would open them is rejected).
 //
+// Projection (for sharing masks across contexts): project(s) cuts every stack of
+// s below the depth of its shallowest top, replacing what was cut by a hole node.
+// Stepping a projected state behaves as stepping s until some stack pops into
+// the hole; the resulting state is then marked escaped() and the rest of the
+// token depends on the context that was cut. Two states that differ only below
+// the cut (a string value of one property or another) share one projection.
+//
 // Memory: transition tables are dropped when the budget is exceeded (they are
 // rebuilt on demand); states and stacks are kept (snapshots refer to them). Past
 // the budget without tables, exhausted() is set and every step is dead.
@@ -53,6 +60,10 @@ class Automaton {
   bool has_continuation(uint32_t state) const { return !states_[state].stacks.empty(); }
   // The bytes b with step(state, b) == state.
   const ByteSet& self_loop(uint32_t state);
+  // Some stack popped into a hole (only states reached from a projection).
+  bool escaped(uint32_t state) const { return states_[state].escaped; }
+  // The projection of `state` (see above); `state` itself when nothing is cut.
+  uint32_t project(uint32_t state);
 
   bool exhausted() const { return exhausted_; }
   size_t num_states() const { return states_.size(); }
@@ -70,6 +81,8 @@ class Automaton {
   struct State {
     std::vector<uint32_t> stacks;  // sorted node ids whose top is at a byte class
     bool accepting = false;
+    bool escaped = false;
+    int32_t projection = -1;  // project()'s result, once computed
     int32_t table = -1;  // index into tables_, or -1
     int32_t loop = -1;   // index into loops_, or -1
   };
@@ -83,7 +96,9 @@ class Automaton {
   // Adds the closure of node `id` to scratch_ (stacks at a byte class) and
   // scratch_accepting_.
   void closure(uint32_t id);
-  // Interns scratch_ as a state; kDead when empty and not accepting.
+  // The hole node standing for everything at or below depth `depth`.
+  uint32_t hole(uint32_t depth);
+  // Interns scratch_ as a state; kDead when empty, not accepting, not escaped.
   int32_t intern();
   void enforce_budget();
 
@@ -105,6 +120,8 @@ class Automaton {
   // Closure scratch.
   std::vector<uint32_t> scratch_;
   bool scratch_accepting_ = false;
+  bool scratch_escaped_ = false;
+  std::unordered_map<uint32_t, uint32_t> holes_;  // depth -> hole node
   std::vector<uint32_t> work_;
   std::vector<uint32_t> visit_mark_;
   uint32_t visit_stamp_ = 0;

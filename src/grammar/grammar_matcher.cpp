@@ -24,10 +24,26 @@ struct SharedCache {
                   l.max_stack_depth, l.max_matcher_bytes / 2),
         empty_mask(vocab.mask_words(), 0) {}
 
-  // The mask of `s` (EOS included), from the cache or a trie walk; the empty mask
+  // The mask of `s` (EOS included), from the cache or trie walks; the empty mask
   // once the automaton is exhausted. REQUIRES: mu held.
   const std::vector<uint64_t>& mask_of(uint32_t s);
-  void walk(uint32_t s, std::vector<uint64_t>& mask);
+
+  // What a projected state decides on its own: the tokens it accepts without
+  // escaping (bits), and the trie subtrees whose paths escape, as (node, bytes
+  // before the node), to be walked again from each full state.
+  struct Decided {
+    std::vector<uint64_t> bits;
+    std::vector<std::pair<uint32_t, uint32_t>> undecided;
+  };
+  const Decided& decided_of(uint32_t projected);
+
+  // Scans trie nodes [first, last) (a forest whose roots' parent is reached in
+  // `state` after `depth` bytes), appending accepted token ranges to `ranges`;
+  // with `undecided`, escaping subtrees go there instead.
+  void walk_range(uint32_t first, uint32_t last, uint32_t state, uint32_t depth,
+                  std::vector<std::pair<uint32_t, uint32_t>>* undecided);
+  void set_ranges(std::vector<uint64_t>& mask);
+  size_t cache_bytes() const;
 
   std::mutex mu;
   Grammar grammar;
@@ -35,6 +51,8 @@ struct SharedCache {
   GrammarLimits limits;
   grammar::Automaton automaton;
   std::unordered_map<uint32_t, std::vector<uint64_t>> mask_cache;
+  std::unordered_map<uint32_t, Decided> decided_cache;
+  size_t undecided_entries = 0;
   std::vector<uint64_t> empty_mask;
   // Walk scratch: open trie ancestors (subtree end, state); token ranges allowed.
   std::vector<std::pair<uint32_t, uint32_t>> frames;
@@ -58,16 +76,15 @@ struct GrammarMatcher::Impl {
   std::vector<uint64_t> out_mask;
 };
 
-void SharedCache::walk(uint32_t s, std::vector<uint64_t>& mask) {
+void SharedCache::walk_range(uint32_t first, uint32_t last, uint32_t state, uint32_t depth,
+                             std::vector<std::pair<uint32_t, uint32_t>>* undecided) {
   // A forward scan of the trie in pre-order (the node array's order), skipping
-  // every subtree that is rejected or accepted whole; `frames` holds the open
-  // ancestors as (end of their subtree, their automaton state).
+  // every subtree that is rejected, accepted whole or undecided; `frames` holds
+  // the open ancestors as (end of their subtree, their automaton state).
   const TokenVocabulary::Impl& v = vocab.impl();
-  const auto num_nodes = static_cast<uint32_t>(v.nodes.size());
-  ranges.clear();
   frames.clear();
-  frames.emplace_back(num_nodes, s);
-  for (uint32_t c = 1; c < num_nodes;) {
+  frames.emplace_back(last, state);
+  for (uint32_t c = first; c < last;) {
     while (frames.back().first <= c) frames.pop_back();
     const TokenVocabulary::Impl::Node& node = v.nodes[c];
     const int32_t next = automaton.step(frames.back().second, node.byte);
@@ -76,6 +93,11 @@ void SharedCache::walk(uint32_t s, std::vector<uint64_t>& mask) {
       continue;
     }
     const auto ns = static_cast<uint32_t>(next);
+    if (undecided != nullptr && automaton.escaped(ns)) {
+      undecided->emplace_back(c, depth + static_cast<uint32_t>(frames.size()) - 1);
+      c = node.end;
+      continue;
+    }
     if (node.below >= 0 && v.below_sets[node.below].subset_of(automaton.self_loop(ns))) {
       ranges.emplace_back(node.tok_begin, node.tok_end);  // the whole subtree
       c = node.end;
@@ -85,26 +107,70 @@ void SharedCache::walk(uint32_t s, std::vector<uint64_t>& mask) {
     if (node.end > c + 1) frames.emplace_back(node.end, ns);
     ++c;
   }
-  std::fill(mask.begin(), mask.end(), 0);
+}
+
+void SharedCache::set_ranges(std::vector<uint64_t>& mask) {
+  const TokenVocabulary::Impl& v = vocab.impl();
   for (auto [b, e] : ranges) {
     for (uint32_t i = b; i < e; ++i) {
       const auto id = static_cast<uint32_t>(v.sorted_tokens[i]);
       mask[id >> 6] |= uint64_t{1} << (id & 63);
     }
   }
-  if (automaton.accepting(s)) {
-    for (Token id : v.eos_ids) mask[id >> 6] |= uint64_t{1} << (id & 63);
-  }
+  ranges.clear();
+}
+
+size_t SharedCache::cache_bytes() const {
+  const size_t mask_bytes = vocab.mask_words() * sizeof(uint64_t);
+  return (mask_cache.size() + decided_cache.size()) * mask_bytes + undecided_entries * 8;
+}
+
+const SharedCache::Decided& SharedCache::decided_of(uint32_t projected) {
+  auto it = decided_cache.find(projected);
+  if (it != decided_cache.end()) return it->second;
+  const TokenVocabulary::Impl& v = vocab.impl();
+  Decided d;
+  d.bits.assign(vocab.mask_words(), 0);
+  ranges.clear();
+  walk_range(1, static_cast<uint32_t>(v.nodes.size()), projected, 0, &d.undecided);
+  set_ranges(d.bits);
+  undecided_entries += d.undecided.size();
+  return decided_cache.emplace(projected, std::move(d)).first->second;
 }
 
 const std::vector<uint64_t>& SharedCache::mask_of(uint32_t s) {
   auto it = mask_cache.find(s);
   if (it != mask_cache.end()) return it->second;
-  const size_t words = vocab.mask_words();
-  const size_t mask_bytes = words * sizeof(uint64_t);
-  if ((mask_cache.size() + 1) * mask_bytes > limits.max_matcher_bytes / 2) mask_cache.clear();
-  std::vector<uint64_t> mask(words, 0);
-  walk(s, mask);
+  if (cache_bytes() + 2 * vocab.mask_words() * sizeof(uint64_t) > limits.max_matcher_bytes / 2) {
+    mask_cache.clear();
+    decided_cache.clear();
+    undecided_entries = 0;
+  }
+  const TokenVocabulary::Impl& v = vocab.impl();
+  std::vector<uint64_t> mask(vocab.mask_words(), 0);
+  ranges.clear();
+  const uint32_t p = automaton.project(s);
+  if (p == s) {
+    walk_range(1, static_cast<uint32_t>(v.nodes.size()), s, 0, nullptr);
+  } else {
+    // Tokens the projection decides, then the escaping subtrees from s itself:
+    // step s through the subtree's path (the first bytes of any of its tokens).
+    const Decided& d = decided_of(p);
+    mask = d.bits;
+    for (auto [node, depth] : d.undecided) {
+      const std::string& path = v.token_bytes[v.sorted_tokens[v.nodes[node].tok_begin]];
+      int32_t state = static_cast<int32_t>(s);
+      for (uint32_t i = 0; i < depth && state != grammar::Automaton::kDead; ++i) {
+        state = automaton.step(static_cast<uint32_t>(state), static_cast<uint8_t>(path[i]));
+      }
+      if (state == grammar::Automaton::kDead) continue;
+      walk_range(node, v.nodes[node].end, static_cast<uint32_t>(state), depth, nullptr);
+    }
+  }
+  set_ranges(mask);
+  if (automaton.accepting(s)) {
+    for (Token id : v.eos_ids) mask[id >> 6] |= uint64_t{1} << (id & 63);
+  }
   if (automaton.exhausted()) return empty_mask;
   return mask_cache.emplace(s, std::move(mask)).first->second;
 }
