@@ -83,8 +83,8 @@ class Automaton {
     bool accepting = false;
     bool escaped = false;
     int32_t projection = -1;  // project()'s result, once computed
-    int32_t table = -1;  // index into tables_, or -1
-    int32_t loop = -1;   // index into loops_, or -1
+    int32_t table = -1;       // index into tables_, or -1
+    int32_t loop = -1;        // index into loops_, or -1
   };
   struct VecHash {
     size_t operator()(const std::vector<uint32_t>& v) const;
