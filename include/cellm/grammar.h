@@ -11,6 +11,13 @@
 // EOS ids only where the match may end), found by walking a byte trie of the
 // vocabulary through the automaton and cached per automaton state.
 //
+// Use, per model then per request and step:
+//   TokenVocabulary vocab = TokenVocabulary::build(token_bytes, eos_ids).value();
+//   Result<Grammar> g = compile_json_schema(schema);   // an error names what is wrong
+//   GrammarMatcher m(*g, vocab);                       // or family.fork() for a known schema
+//   each step: m.fill_next_token_mask(bits);  mask the logits;  sample t;  m.accept_token(t);
+//   stop on EOS (m.ended()) or when m.is_complete() (only EOS could follow).
+//
 // Generated JSON allows at most kMaxJsonWhitespace bytes of whitespace in each
 // gap between tokens (and after the value), so a model cannot loop on spaces.
 // Strings are valid UTF-8; \u escapes exclude the surrogate range D800-DFFF.
@@ -46,7 +53,7 @@ struct GrammarLimits {
   size_t max_symbols = size_t{1} << 18;         // symbols over all rules
   int max_repetition = 10000;                   // the largest m or n of {m,n}
   int max_stack_depth = 1024;                   // matcher: rule frames per stack
-  size_t max_matcher_bytes = size_t{64} << 20;  // matcher: automaton + mask cache
+  size_t max_matcher_bytes = size_t{64} << 20;  // a matcher and its forks: caches
 };
 
 // A compiled grammar. Errors of the front ends name the position (byte offset,
