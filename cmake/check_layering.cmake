@@ -6,29 +6,32 @@
 #   core    the neutral batching core: the C++ standard library and core only
 #   model   config, safetensors, weights, shared model math: core + model
 #   text    tokenizer, chat template, Jinja: core + text
+#   grammar constrained decoding (grammars, token masks): core + grammar
 #   cpu     the CPU executor: core + model (never text or cuda)
 #   cuda    the CUDA executor: core + model (never cpu or text)
 #   engine  the Engine façade: every library's public headers
-#   serve   the serving library: core + text + engine
+#   serve   the serving library: core + text + grammar + engine
 # A layer may include its own internal headers ("<layer>/...", or a bare name
 # beside the including file) and the public and internal headers of the layers it
 # may use; engine and serve use other layers through their public headers only.
 cmake_minimum_required(VERSION 3.25)
 
-set(LAYERS core model text cpu cuda engine serve)
+set(LAYERS core model text grammar cpu cuda engine serve)
 set(ALLOWED_core core)
 set(ALLOWED_model core model)
 set(ALLOWED_text core text)
+set(ALLOWED_grammar core grammar)
 set(ALLOWED_cpu core model cpu)
 set(ALLOWED_cuda core model cuda)
-set(ALLOWED_engine core model text cpu cuda engine)
-set(ALLOWED_serve core text engine serve)
+set(ALLOWED_engine core model text grammar cpu cuda engine)
+set(ALLOWED_serve core text grammar engine serve)
 
 # Every public header of include/cellm, by layer. A new header must be added here.
 set(PUBLIC_core decode_first_scheduler.h executor.h metrics.h prefix_cache.h runner.h sampler.h
                 scheduler.h status.h types.h)
 set(PUBLIC_model dtype.h model_config.h model_weights.h)
 set(PUBLIC_text chat_template.h tokenizer.h)
+set(PUBLIC_grammar grammar.h)
 set(PUBLIC_cpu cpu_executor.h)
 set(PUBLIC_cuda cuda_executor.h gpu_power.h)
 set(PUBLIC_engine engine.h)
