@@ -46,6 +46,7 @@ constexpr const char* to_string(DType dtype) {
 
 // The tensor type ids of the GGUF format (ggml's type numbering, as stored in a
 // file's tensor infos). Ids 4, 5, 31-33 and 36-38 are retired and not listed.
+// Block sizes are those of the gguf Python package (GGML_QUANT_SIZES).
 enum class GgmlType : uint32_t {
   kF32 = 0,
   kF16 = 1,
@@ -79,6 +80,8 @@ enum class GgmlType : uint32_t {
   kTQ1_0 = 34,
   kTQ2_0 = 35,
   kMXFP4 = 39,
+  kNVFP4 = 40,
+  kQ1_0 = 41,
 };
 
 // How a ggml type stores its elements: blocks of `block_elements` values in
@@ -108,7 +111,7 @@ constexpr std::optional<GgmlTypeInfo> ggml_type_info(uint32_t id) {
     case GgmlType::kQ8_0:
       return GgmlTypeInfo{GgmlType::kQ8_0, "Q8_0", 32, 34};
     case GgmlType::kQ8_1:
-      return GgmlTypeInfo{GgmlType::kQ8_1, "Q8_1", 32, 36};
+      return GgmlTypeInfo{GgmlType::kQ8_1, "Q8_1", 32, 40};
     case GgmlType::kQ2_K:
       return GgmlTypeInfo{GgmlType::kQ2_K, "Q2_K", 256, 84};
     case GgmlType::kQ3_K:
@@ -157,6 +160,10 @@ constexpr std::optional<GgmlTypeInfo> ggml_type_info(uint32_t id) {
       return GgmlTypeInfo{GgmlType::kTQ2_0, "TQ2_0", 256, 66};
     case GgmlType::kMXFP4:
       return GgmlTypeInfo{GgmlType::kMXFP4, "MXFP4", 32, 17};
+    case GgmlType::kNVFP4:
+      return GgmlTypeInfo{GgmlType::kNVFP4, "NVFP4", 64, 36};
+    case GgmlType::kQ1_0:
+      return GgmlTypeInfo{GgmlType::kQ1_0, "Q1_0", 128, 18};
   }
   return std::nullopt;
 }
