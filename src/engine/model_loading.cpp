@@ -156,6 +156,13 @@ Result<std::string> resolve_model_folder(const ModelSource& source) {
       "repository root)");
 }
 
+Result<Tokenizer> load_tokenizer(const std::string& path) {
+  if (!is_gguf_path(path)) return Tokenizer::load(path);
+  CELLM_ASSIGN_OR_RETURN(GgufMetadata metadata, read_gguf_metadata(path));
+  CELLM_ASSIGN_OR_RETURN(GgufVocab vocab, gguf_vocab(metadata));
+  return Tokenizer::from_gguf(vocab, path);
+}
+
 Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
                                                       bool with_tokenizer,
                                                       const LoadProgress& progress) {
