@@ -4,6 +4,7 @@
 // read here (the model layer's reader) and handed to the text layer as plain values.
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -156,7 +157,24 @@ Result<std::string> resolve_model_folder(const ModelSource& source) {
       "repository root)");
 }
 
+namespace {
+
+// NotFound for a path named like a GGUF file that is not there (rather than the
+// model folder's message).
+Status check_gguf_exists(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::error_code ec;
+  if (ext == ".gguf" && !std::filesystem::exists(path, ec)) {
+    return NotFound(path + ": no such GGUF file");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Tokenizer> load_tokenizer(const std::string& path) {
+  CELLM_RETURN_IF_ERROR(check_gguf_exists(path));
   if (!is_gguf_path(path)) return Tokenizer::load(path);
   CELLM_ASSIGN_OR_RETURN(GgufMetadata metadata, read_gguf_metadata(path));
   CELLM_ASSIGN_OR_RETURN(GgufVocab vocab, gguf_vocab(metadata));
@@ -181,6 +199,7 @@ Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
   }
   CELLM_ASSIGN_OR_RETURN(m->dir, resolve_model_folder(source));
   m->name = m->dir;
+  CELLM_RETURN_IF_ERROR(check_gguf_exists(m->dir));
   if (is_gguf_path(m->dir)) {
     std::optional<GgufVocab> vocab;
     std::optional<GgufMetadata> metadata;

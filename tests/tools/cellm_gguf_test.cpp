@@ -106,6 +106,10 @@ TEST(CellmGgufTest, BadFilesGetAClearError) {
   r = run_cellm({"generate", "--model", not_gguf.string(), "--prompt", "hi"});
   EXPECT_TRUE(r.exited && r.exit_code != 0) << r.describe();
   EXPECT_NE(r.err.find("not a GGUF file (wrong magic"), std::string::npos) << r.describe();
+
+  r = run_cellm({"generate", "--model", (tmp.path() / "missing.gguf").string(), "--prompt", "hi"});
+  EXPECT_TRUE(r.exited && r.exit_code != 0) << r.describe();
+  EXPECT_NE(r.err.find("missing.gguf: no such GGUF file"), std::string::npos) << r.describe();
 }
 
 TEST(CellmGgufTest, QuantizedFilesNameTheTensorTheyCannotRun) {
