@@ -212,11 +212,14 @@ Result<ModelWeights> ModelWeights::load_gguf(const std::filesystem::path& path) 
   const GgufParsed& parsed = storage->file.parsed();
 
   const float* rope_freqs = nullptr;
+  std::vector<float> rope_divisors;
   if (const GgufTensorInfo* t = parsed.find("rope_freqs.weight")) {
     if (t->type.type != GgmlType::kF32 || t->dims.size() != 1) {
       return NotSupported(source + ": rope_freqs.weight must be a 1-D F32 tensor");
     }
-    rope_freqs = reinterpret_cast<const float*>(storage->file.data(*t));
+    rope_divisors.resize(static_cast<size_t>(t->dims[0]));
+    std::memcpy(rope_divisors.data(), storage->file.data(*t), t->nbytes);
+    rope_freqs = rope_divisors.data();
     CELLM_ASSIGN_OR_RETURN(std::optional<std::string> arch,
                            parsed.metadata.get_string("general.architecture"));
     CELLM_ASSIGN_OR_RETURN(std::optional<int64_t> heads,
@@ -256,6 +259,11 @@ Result<ModelWeights> ModelWeights::load_gguf(const std::filesystem::path& path) 
     view.shape = slot.shape;
     view.nbytes = t->nbytes;
     view.data = storage->file.data(*t);
+    if (reinterpret_cast<uintptr_t>(view.data) % dtype_size_bytes(dtype) != 0) {
+      return InvalidProgram(source + ": tensor '" + name + "' is not aligned to its " +
+                            to_string(dtype) + " elements (general.alignment " +
+                            std::to_string(parsed.alignment) + ")");
+    }
     const bool is_q = slot.name.find("self_attn.q_proj.") != std::string::npos;
     const bool is_k = slot.name.find("self_attn.k_proj.") != std::string::npos;
     if (permuted && (is_q || is_k)) {
