@@ -284,6 +284,41 @@ TEST(GgufReader, BadTensorsNameTheTensor) {
   EXPECT_NE(parse_error(w.build()).find("duplicate tensor name 'a'"), std::string::npos);
 }
 
+// Mutated headers of a real file (metadata with a 512-token vocabulary, tensor
+// infos) parse or fail with an error, never crash; under ASan also never read out
+// of bounds.
+TEST(GgufReader, MutatedHeadersNeverCrash) {
+  std::ifstream in(fs::path(CELLM_SOURCE_DIR) / "tests/fixtures/gguf/qwen2-tiny.gguf",
+                   std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Result<GgufParsed> whole = parse(bytes);
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  const size_t header = whole->data_offset;
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  const auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  size_t failed = 0;
+  for (int round = 0; round < 400; ++round) {
+    std::string m = bytes;
+    const int flips = 1 + static_cast<int>(next() % 4);
+    for (int f = 0; f < flips; ++f) {
+      m[next() % header] = static_cast<char>(next() & 0xFF);
+    }
+    if (next() % 4 == 0) m.resize(next() % m.size());
+    Result<GgufParsed> r = parse(m);
+    if (!r.ok()) {
+      ++failed;
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidProgram);
+      EXPECT_EQ(r.status().message().rfind("test.gguf: ", 0), 0u) << r.status().message();
+    }
+  }
+  EXPECT_GT(failed, 0u);
+}
+
 TEST(GgufReader, FilesAndPaths) {
   cellm::testing::TempDir dir;
   const fs::path good = dir.path() / "m.GGUF";
