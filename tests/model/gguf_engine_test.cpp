@@ -7,6 +7,7 @@
 // test corpus.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -17,6 +18,7 @@
 
 #include "cellm/cpu_executor.h"
 #include "cellm/engine.h"
+#include "cellm/gguf.h"
 #include "cellm/model_weights.h"
 #include "cpu/cpu_forward.h"
 #include "cpu/executor_driver.h"
@@ -202,6 +204,22 @@ TEST(GgufEngine, SmolLM2TokenizerGivesHuggingFacesIds) {
   }
   EXPECT_EQ(mismatches, 0u);
   EXPECT_GT(ref.at("cases").size(), 1000u);
+  // Its chat template parses and renders as Jinja2 renders it (the template is short:
+  // a default system turn, then ChatML turns).
+  Result<GgufMetadata> meta = read_gguf_metadata(*path);
+  ASSERT_TRUE(meta.ok());
+  Result<std::optional<std::string>> tmpl = meta->get_string("tokenizer.chat_template");
+  ASSERT_TRUE(tmpl.ok() && tmpl->has_value());
+  Result<ChatTemplate> chat = ChatTemplate::parse(**tmpl, "<|im_start|>", "<|im_end|>");
+  ASSERT_TRUE(chat.ok()) << chat.status().to_string();
+  Result<std::string> text = chat->render({{"user", "Hi"}}, true);
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  EXPECT_EQ(*text,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  const std::vector<Token> ids = tok->encode(*text, true);
+  EXPECT_EQ(ids.front(), 1);                            // <|im_start|>, whole
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 2);  // <|im_end|> twice
   // The weights are Q8_0/Q4_1 blocks: the model itself is refused by name.
   ModelSource source;
   source.path = path->string();
