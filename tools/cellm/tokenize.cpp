@@ -11,7 +11,8 @@ namespace cellm::cli {
 namespace {
 
 const std::vector<FlagSpec> kFlags = {
-    {"model", "DIR", "model folder holding tokenizer.json, or a GGUF file (default: the bundled model)"},
+    {"model", "DIR",
+     "model folder holding tokenizer.json, or a GGUF file (default: the bundled model)"},
     {"text", "TEXT", "the text to encode"},
     {"add-special", "", "apply the post-processor (e.g. Llama's BOS)"},
 };
