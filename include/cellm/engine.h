@@ -80,6 +80,10 @@ struct LoadedModel {
 // default is not found; InvalidArgument for a preset (it has no folder).
 Result<std::string> resolve_model_folder(const ModelSource& source);
 
+// The tokenizer of `path`: a model folder's tokenizer.json (Tokenizer::load), or a GGUF
+// file's tokenizer.ggml.* metadata (Tokenizer::from_gguf).
+Result<Tokenizer> load_tokenizer(const std::string& path);
+
 // Loads `source`: the tokenizer first (with_tokenizer; a folder only), then the weights
 // (touching every page, reporting `progress`), then the chat template. Errors name the
 // file (ModelWeights::load, Tokenizer::load); a preset's unknown name is InvalidArgument.

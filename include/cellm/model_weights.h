@@ -16,6 +16,14 @@
 // Each view records its own dtype (BF16, F16 or F32; mixing is allowed). Tensors
 // of the checkpoint outside the table (e.g. rotary inv_freq) are ignored.
 //
+// A GGUF file (llama.cpp's format) loads through the same table: its tensor
+// names (token_embd, blk.N.attn_q, ..., output) map onto the names above, its
+// metadata gives the config, and the rows of q and k that llama.cpp's converter
+// permuted for `llama` files are put back in Hugging Face's order (so RoPE's
+// rotate-half convention gives the same results). F32, F16 and BF16 tensors are
+// views into the mapping (q and k of llama files are rewritten copies); a tensor
+// in a block format (Q4_1, Q8_0, ...) is refused with NotSupported naming it.
+//
 // Copies share the storage, so views of any copy stay valid while one copy lives.
 // Thread-safety: immutable after construction; share freely.
 #pragma once
@@ -57,7 +65,8 @@ struct LayerWeights {
 class ModelWeights {
  public:
   // Reads `dir`/config.json and the safetensors of `dir` (single or sharded) and
-  // binds every weight. Errors name the file or tensor and the problem.
+  // binds every weight; or, when `dir` is a GGUF file (cellm::is_gguf_path), its
+  // metadata and tensors. Errors name the file or tensor and the problem.
   static Result<ModelWeights> load(const std::filesystem::path& dir);
   // Random weights with the config's real shapes, all of `dtype`, in one owned slab
   // of about num_parameters() * dtype size bytes (16 GB for the 8b preset in
@@ -92,6 +101,9 @@ class ModelWeights {
   // checkpoint (its folder) in errors.
   static Result<ModelWeights> from_checkpoint(ModelConfig config, SafetensorsCheckpoint checkpoint,
                                               const std::string& source);
+
+  // Maps the GGUF file at `path` and binds its weights.
+  static Result<ModelWeights> load_gguf(const std::filesystem::path& path);
 
   ModelWeights(ModelConfig config, std::shared_ptr<const void> storage)
       : config_(std::move(config)), storage_(std::move(storage)) {}

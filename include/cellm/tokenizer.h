@@ -14,6 +14,7 @@
 // encode/decode are safe to call from any thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -26,12 +27,33 @@
 
 namespace cellm {
 
+// A tokenizer as a GGUF file's metadata describes it (the tokenizer.ggml.* keys),
+// as plain values: the text layer does not read GGUF files, the engine fills this
+// from the model layer's reader (cellm/gguf.h).
+struct GgufVocab {
+  std::string model;  // tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+  std::string pre;    // tokenizer.ggml.pre: a gpt2 vocab's pre-tokenizer ("" = "default")
+  std::vector<std::string> tokens;   // tokenizer.ggml.tokens, by id
+  std::vector<float> scores;         // tokenizer.ggml.scores (llama: the merge priorities)
+  std::vector<int32_t> token_types;  // tokenizer.ggml.token_type: 1 normal, 2 unknown,
+                                     // 3 control, 4 user defined, 5 unused, 6 byte
+  std::vector<std::string> merges;   // tokenizer.ggml.merges (gpt2): "left right"
+  std::optional<Token> bos_id, eos_id, eot_id, eom_id, unk_id, pad_id;
+  std::optional<bool> add_bos, add_eos;  // default: llama adds BOS, gpt2 nothing
+  std::optional<bool> add_space_prefix;  // llama: "▁" before the text (default true)
+};
+
 class Tokenizer {
  public:
   // Reads model_dir/tokenizer.json and tokenizer_config.json, and when present
   // generation_config.json and config.json (for bos/eos). Errors name the file
   // and the problem: NotFound, IoError, InvalidProgram (malformed), NotSupported.
   static Result<Tokenizer> load(const std::string& model_dir);
+  // Builds the tokenizer a GGUF file describes, giving the ids Hugging Face's
+  // tokenizer of the same model gives (see src/text/gguf_tokenizer.cpp for how
+  // each field maps). `source` names the file in errors (InvalidProgram for
+  // inconsistent fields, NotSupported for another model or pre-tokenizer).
+  static Result<Tokenizer> from_gguf(const GgufVocab& vocab, std::string_view source);
 
   std::vector<Token> encode(std::string_view text, bool add_special_tokens) const;
   std::string decode(std::span<const Token> ids, bool skip_special_tokens = false) const;

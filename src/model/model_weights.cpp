@@ -11,6 +11,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "cellm/gguf.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
 #include "model/half.h"
 #include "model/safetensors.h"
 
@@ -135,6 +138,7 @@ size_t align_up(size_t n) {
 }  // namespace
 
 Result<ModelWeights> ModelWeights::load(const std::filesystem::path& dir) {
+  if (is_gguf_path(dir)) return load_gguf(dir);
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
     return NotFound(dir.string() + ": the model folder does not exist");
@@ -170,6 +174,110 @@ Result<ModelWeights> ModelWeights::from_checkpoint(ModelConfig config,
                             shape_to_string(slot.shape) + " from " + weights.config_.source());
     }
     *slot.view = *found;
+  }
+  if (weights.config_.tie_word_embeddings())
+    weights.tensors_.lm_head = weights.tensors_.embed_tokens;
+  return weights;
+}
+
+namespace {
+
+// What the views of a GGUF model point into: the mapping, and the rewritten
+// copies of llama's q and k.
+struct GgufStorage {
+  GgufFile file;
+  std::vector<std::vector<std::byte>> copies;
+};
+
+Result<DType> gguf_element_type(const GgufTensorInfo& t, const std::string& source) {
+  switch (t.type.type) {
+    case GgmlType::kF32:
+      return DType::kF32;
+    case GgmlType::kF16:
+      return DType::kF16;
+    case GgmlType::kBF16:
+      return DType::kBF16;
+    default:
+      return NotSupported(source + ": tensor " + t.name + " has type " + t.type.name +
+                          ", which this build cannot run yet (supported: F32, F16, BF16)");
+  }
+}
+
+}  // namespace
+
+Result<ModelWeights> ModelWeights::load_gguf(const std::filesystem::path& path) {
+  const std::string source = path.string();
+  CELLM_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+  auto storage = std::make_shared<GgufStorage>(GgufStorage{std::move(file), {}});
+  const GgufParsed& parsed = storage->file.parsed();
+
+  const float* rope_freqs = nullptr;
+  std::vector<float> rope_divisors;
+  if (const GgufTensorInfo* t = parsed.find("rope_freqs.weight")) {
+    if (t->type.type != GgmlType::kF32 || t->dims.size() != 1) {
+      return NotSupported(source + ": rope_freqs.weight must be a 1-D F32 tensor");
+    }
+    rope_divisors.resize(static_cast<size_t>(t->dims[0]));
+    std::memcpy(rope_divisors.data(), storage->file.data(*t), t->nbytes);
+    rope_freqs = rope_divisors.data();
+    CELLM_ASSIGN_OR_RETURN(std::optional<std::string> arch,
+                           parsed.metadata.get_string("general.architecture"));
+    CELLM_ASSIGN_OR_RETURN(std::optional<int64_t> heads,
+                           parsed.metadata.get_int(arch.value_or("") + ".attention.head_count"));
+    CELLM_ASSIGN_OR_RETURN(std::optional<int64_t> hidden,
+                           parsed.metadata.get_int(arch.value_or("") + ".embedding_length"));
+    CELLM_ASSIGN_OR_RETURN(std::optional<int64_t> key_length,
+                           parsed.metadata.get_int(arch.value_or("") + ".attention.key_length"));
+    const int64_t head_dim =
+        key_length.value_or(heads && *heads > 0 ? hidden.value_or(0) / *heads : 0);
+    if (t->dims[0] * 2 != head_dim) {
+      return InvalidProgram(source + ": rope_freqs.weight has " + std::to_string(t->dims[0]) +
+                            " entries, expected half the head dim (" + std::to_string(head_dim) +
+                            ")");
+    }
+  }
+  CELLM_ASSIGN_OR_RETURN(ModelConfig config, gguf_model_config(parsed, rope_freqs, source));
+
+  ModelWeights weights(std::move(config), storage);
+  const bool permuted = gguf_permutes_qk(weights.config_.architecture());
+  for (const Slot<TensorView>& slot : weight_table(weights.config_, weights.tensors_)) {
+    const std::string name = gguf_tensor_name(slot.name);
+    const GgufTensorInfo* t = parsed.find(name);
+    if (t == nullptr) {
+      return InvalidProgram(source + ": missing tensor '" + name + "' (expected shape " +
+                            shape_to_string(slot.shape) + ")");
+    }
+    if (t->shape() != slot.shape) {
+      return InvalidProgram(source + ": tensor '" + name + "' has shape " +
+                            shape_to_string(t->shape()) + ", expected " +
+                            shape_to_string(slot.shape));
+    }
+    CELLM_ASSIGN_OR_RETURN(DType dtype, gguf_element_type(*t, source));
+    TensorView& view = *slot.view;
+    view.name = slot.name;
+    view.dtype = dtype;
+    view.shape = slot.shape;
+    view.nbytes = t->nbytes;
+    view.data = storage->file.data(*t);
+    if (reinterpret_cast<uintptr_t>(view.data) % dtype_size_bytes(dtype) != 0) {
+      return InvalidProgram(source + ": tensor '" + name + "' is not aligned to its " +
+                            to_string(dtype) + " elements (general.alignment " +
+                            std::to_string(parsed.alignment) + ")");
+    }
+    const bool is_q = slot.name.find("self_attn.q_proj.") != std::string::npos;
+    const bool is_k = slot.name.find("self_attn.k_proj.") != std::string::npos;
+    if (permuted && (is_q || is_k)) {
+      const int64_t heads = is_q ? weights.config_.num_heads() : weights.config_.num_kv_heads();
+      const int64_t rows = slot.shape[0];
+      if (rows % (2 * heads) != 0) {
+        return InvalidProgram(source + ": tensor '" + name + "' has " + std::to_string(rows) +
+                              " rows, not whole heads of an even size");
+      }
+      std::vector<std::byte>& copy = storage->copies.emplace_back(t->nbytes);
+      unpermute_qk_rows(storage->file.data(*t), copy.data(), rows,
+                        t->nbytes / static_cast<size_t>(rows), heads);
+      view.data = copy.data();
+    }
   }
   if (weights.config_.tie_word_embeddings())
     weights.tensors_.lm_head = weights.tensors_.embed_tokens;

@@ -11,7 +11,8 @@ namespace cellm::cli {
 namespace {
 
 const std::vector<FlagSpec> kFlags = {
-    {"model", "DIR", "model folder holding tokenizer.json (default: the bundled model)"},
+    {"model", "DIR",
+     "model folder holding tokenizer.json, or a GGUF file (default: the bundled model)"},
     {"text", "TEXT", "the text to encode"},
     {"add-special", "", "apply the post-processor (e.g. Llama's BOS)"},
 };
@@ -37,7 +38,7 @@ int run_tokenize(int argc, const char* const* argv) {
   source.path = args->get("model").value_or("");
   Result<std::string> dir = resolve_model_folder(source);
   if (!dir.ok()) return fail(cmd, dir.status());
-  Result<Tokenizer> tok = Tokenizer::load(*dir);
+  Result<Tokenizer> tok = load_tokenizer(*dir);
   if (!tok.ok()) return fail(cmd, tok.status());
   const std::vector<Token> ids = tok->encode(*text, args->has("add-special"));
   nlohmann::json j;
