@@ -16,6 +16,15 @@
 // Callbacks run on the engine thread: they must not block on the runner (no
 // wait(), no future.get()), but may start generations, clone, cancel, destroy
 // sessions or request shutdown().
+//
+// KV policies (RunnerOptions::policy) share the executor's pool of KV cells
+// among generations by need; with kNone (the default) every generation is
+// submitted at once, as above. Under a policy (and an executor whose
+// kv_budget() knows its capacity) a generation whose session would pass
+// min(the model's context, the pool) is failed at once with a message naming
+// the sizes; the others wait in one FIFO queue until they are admitted:
+//   kReserve: when the pool can reserve cells for the whole generation (the
+//     tokens it feeds plus max_new_tokens), so no step runs out of cells.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +41,15 @@
 #include "cellm/types.h"
 
 namespace cellm {
+
+// How generations share the executor's KV cells (see the header comment).
+enum class KvPolicy { kNone, kReserve };
+// "none", "reserve".
+const char* to_string(KvPolicy policy);
+
+struct RunnerOptions {
+  KvPolicy policy = KvPolicy::kNone;
+};
 
 enum class FinishReason { kStopToken, kNewTokenLimit, kCancelled, kFailed };
 // "stop_token", "token_limit", "cancelled", "failed".
@@ -150,12 +168,19 @@ class Runner {
   // Starts the engine thread, which calls executor.initialize() first.
   // The executor must outlive shutdown() (or the Runner).
   Runner(Executor& executor, std::unique_ptr<Scheduler> scheduler);
+  Runner(Executor& executor, std::unique_ptr<Scheduler> scheduler, const RunnerOptions& options);
   ~Runner();  // shutdown()
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
   // nullopt at capacity or when shutting down.
   std::future<std::optional<Session>> open_session_async();
+  // Opens a session for a prompt that starts with `prefix_of`: the session
+  // attaches the executor's longest cached prefix of prefix_of[0, n - 1), so
+  // the last token is always fed (and gets a forward). Its position() is the
+  // number of tokens attached; the caller's first generation feeds the rest,
+  // prefix_of[position(), n) and beyond. With no prefix cache, as above.
+  std::future<std::optional<Session>> open_session_async(std::vector<Token> prefix_of);
 
   // Idempotent. From outside the engine thread: blocks until the engine has
   // stopped, every generation has ended and every session is closed. From a
@@ -166,6 +191,8 @@ class Runner {
   EngineMetrics metrics() const;
   // The executor's KV metrics as sampled after the latest step.
   KvMetrics kv_metrics() const;
+  // The executor's KV budget, sampled with kv_metrics().
+  KvBudget kv_budget() const;
   // The executor's initialize() result: Ok while it runs and after it succeeds;
   // its error once it failed (every open is then refused, so a caller whose open
   // settled as nullopt reads the cause here).
