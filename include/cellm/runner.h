@@ -24,7 +24,18 @@
 // min(the model's context, the pool) is failed at once with a message naming
 // the sizes; the others wait in one FIFO queue until they are admitted:
 //   kReserve: when the pool can reserve cells for the whole generation (the
-//     tokens it feeds plus max_new_tokens), so no step runs out of cells.
+//     tokens it feeds plus max_new_tokens), so no step runs out of cells;
+//   kOvercommit: when the tokens it feeds fit now (less one cell for each
+//     running generation's next decode and the prompts they have yet to
+//     feed). When a step would still run out of cells, the running generation
+//     admitted most recently is preempted: its cells go back (to the
+//     executor's prefix cache when it has one) and it waits at the head of
+//     the queue, to resume by feeding its committed tokens again (those still
+//     cached are attached, not recomputed). Its next token is sampled at the
+//     same (seed, position) as without preemption, so its stream sees only a
+//     delay. The oldest running generation is never preempted: if it alone
+//     cannot fit, its step fails as under kNone. Idle sessions keep their
+//     cells under both policies.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +54,8 @@
 namespace cellm {
 
 // How generations share the executor's KV cells (see the header comment).
-enum class KvPolicy { kNone, kReserve };
-// "none", "reserve".
+enum class KvPolicy { kNone, kReserve, kOvercommit };
+// "none", "reserve", "overcommit".
 const char* to_string(KvPolicy policy);
 
 struct RunnerOptions {
@@ -140,11 +151,15 @@ class Session {
   bool valid() const { return core_ != nullptr && record_ != nullptr; }
   SessionId id() const;  // 0 when invalid
   // Committed length, excluding a pending token. Readable from any thread.
+  // While its generation is preempted this is the length it resumes at; when
+  // it resumes, it drops to what the executor's cache still holds and grows
+  // back as the rest is fed again.
   Position position() const;
 
   // A new session holding this one's committed [0, upto): idle, no pending
   // token, no sampling. nullopt if refused (unsupported, beyond the committed
-  // position, capacity, poisoned, shutting down); the source is unaffected.
+  // position, capacity, poisoned, preempted, shutting down); the source is
+  // unaffected.
   std::future<std::optional<Session>> clone_async(Position upto) const;
 
   // A non-owning reference to this session (default when invalid).

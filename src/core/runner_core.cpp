@@ -432,6 +432,7 @@ struct StepSession {
 bool RunnerCore::execute_one_batch() {
   std::vector<Task> tasks = scheduler_->get_work();
   if (tasks.empty()) return false;
+  if (policy_ == KvPolicy::kOvercommit && !preempt_for_step(tasks)) return true;
 
   std::vector<StepSession> step_sessions;
   std::unordered_map<SessionId, size_t> index;

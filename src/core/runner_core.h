@@ -24,7 +24,10 @@
 // its history [0, position) and its feed (at position) are fed again, less
 // what the executor's cache still attaches, when it is admitted. Waiting
 // sessions are released only when nothing runs and their cells keep the
-// head out.
+// head out, or (kOvercommit) by preempt_for_step(): before a step that would
+// run out of cells it preempts the running generations admitted most
+// recently (admit_seq, stamped at the first admission), and puts them back at
+// the head of the queue.
 #pragma once
 
 #include <atomic>
@@ -230,6 +233,16 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
   // Releases the cells of the newest waiting session (not the head) that
   // holds any; false if none could.
   bool release_a_waiting_session();
+  // kOvercommit: cells the running generations will take before the next
+  // admission could: one decode each, plus the feed they have yet to submit.
+  int64_t promised_cells() const;
+  // Before a step under kOvercommit: preempts the most recently admitted
+  // running generations while the step's tokens exceed the pool's room, and
+  // drops their tasks. False if that emptied the step.
+  bool preempt_for_step(std::vector<Task>& tasks);
+  // Takes the running generation's cells back and requeues it at the head;
+  // false (nothing changes) if the executor cannot release them.
+  bool preempt(const std::shared_ptr<SessionRecord>& record);
   // Leaves the queue or the running set; drops a reservation.
   void leave_kv(SessionRecord& record, ActiveGeneration& gen);
   // Keeps history equal to the committed tokens when an input commits.

@@ -1,5 +1,6 @@
 // RunnerCore under a KV policy (RunnerOptions::policy): the waiting queue,
-// admission by the executor's KV budget, and the history kept for it.
+// admission by the executor's KV budget, preemption and resume, and the
+// history kept for them.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -15,6 +16,8 @@ const char* to_string(KvPolicy policy) {
       return "none";
     case KvPolicy::kReserve:
       return "reserve";
+    case KvPolicy::kOvercommit:
+      return "overcommit";
   }
   return "unknown";
 }
@@ -69,13 +72,18 @@ bool RunnerCore::try_admit(std::shared_ptr<SessionRecord> record) {
   // back from the cache: those cells are counted in `cached` too.
   const int64_t feed =
       (r.released ? int64_t{r.position.load()} : 0) + static_cast<int64_t>(gen.feed->size());
-  if (feed + gen.remaining_tokens > room) return false;
-  if (r.released) reattach(r);
-  // The tokens it feeds and those it may generate; cells the session already
-  // holds (an attached prefix) count once.
-  const int64_t cells = static_cast<int64_t>(gen.feed->size()) + gen.remaining_tokens;
-  if (!executor_.reserve(r.sid, cells)) return false;
-  gen.reserved = true;
+  if (policy_ == KvPolicy::kReserve) {
+    if (feed + gen.remaining_tokens > room) return false;
+    if (r.released) reattach(r);
+    // The tokens it feeds and those it may generate; cells the session
+    // already holds (an attached prefix) count once.
+    const int64_t cells = static_cast<int64_t>(gen.feed->size()) + gen.remaining_tokens;
+    if (!executor_.reserve(r.sid, cells)) return false;
+    gen.reserved = true;
+  } else {
+    if (feed > room - promised_cells()) return false;
+    if (r.released) reattach(r);
+  }
 
   waiting_.pop_front();
   gen.admitted = true;
@@ -121,6 +129,70 @@ bool RunnerCore::release_a_waiting_session() {
     return true;
   }
   return false;
+}
+
+int64_t RunnerCore::promised_cells() const {
+  int64_t cells = 0;
+  for (const std::shared_ptr<SessionRecord>& r : running_) {
+    const ActiveGeneration& gen = *r->active;
+    cells += 1;
+    if (gen.in_prefill) {
+      cells += int64_t{gen.feed_base} + static_cast<int64_t>(gen.feed->size()) - r->position.load();
+    }
+  }
+  return cells;
+}
+
+bool RunnerCore::preempt_for_step(std::vector<Task>& tasks) {
+  int64_t need = 0;
+  for (const Task& task : tasks) need += static_cast<int64_t>(task.input.size);
+  // The oldest running generation is never preempted.
+  while (running_.size() > 1) {
+    const KvBudget budget = executor_.kv_budget();
+    if (need <= budget.free + budget.cached - budget.reserved) break;
+    const std::shared_ptr<SessionRecord> victim = *std::max_element(
+        running_.begin(), running_.end(),
+        [](const std::shared_ptr<SessionRecord>& a, const std::shared_ptr<SessionRecord>& b) {
+          return a->active->admit_seq < b->active->admit_seq;
+        });
+    if (!preempt(victim)) break;
+    const SessionId sid = victim->sid;
+    const auto mine = [sid](const Task& task) { return task.input.sid == sid; };
+    for (const Task& task : tasks) need -= mine(task) ? static_cast<int64_t>(task.input.size) : 0;
+    tasks.erase(std::remove_if(tasks.begin(), tasks.end(), mine), tasks.end());
+  }
+  return !tasks.empty();
+}
+
+bool RunnerCore::preempt(const std::shared_ptr<SessionRecord>& record) {
+  SessionRecord& r = *record;
+  ActiveGeneration& gen = *r.active;
+  if (!executor_.release_cells(r.sid)) return false;
+  (void)scheduler_->cancel(r.sid);
+  // What is left to feed at `position`: the unsent part of the feed, or the
+  // pending token a decode would have fed. Everything before it is history.
+  const Position position = r.position.load();
+  std::vector<Token> rest;
+  if (gen.in_prefill) {
+    CELLM_CHECK_MSG(position >= gen.feed_base &&
+                        static_cast<size_t>(position - gen.feed_base) < gen.feed->size(),
+                    "session " + std::to_string(r.sid) + ": preempted past its feed");
+    rest.assign(gen.feed->begin() + (position - gen.feed_base), gen.feed->end());
+  } else {
+    CELLM_CHECK_MSG(r.pending.has_value(),
+                    "session " + std::to_string(r.sid) + ": a decoding generation without a token");
+    rest.push_back(*r.pending);
+  }
+  gen.feed = std::make_shared<const std::vector<Token>>(std::move(rest));
+  gen.feed_base = position;
+  gen.in_prefill = true;
+  r.released = true;
+  gen.admitted = false;
+  running_.erase(std::find(running_.begin(), running_.end(), record));
+  waiting_.push_front(record);
+  metrics_.preemptions++;
+  gen.metrics.n_preemptions++;
+  return true;
 }
 
 void RunnerCore::leave_kv(SessionRecord& record, ActiveGeneration& gen) {
