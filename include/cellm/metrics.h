@@ -27,6 +27,7 @@ struct GenerationMetrics {
   int64_t n_generated_tokens = 0;  // tokens delivered
   int64_t n_prefill_steps = 0;     // steps with this generation's prefill chunks
   int64_t n_decode_steps = 0;      // steps with this generation's decode
+  int64_t n_preemptions = 0;       // times its cells were taken back (KvPolicy::kOvercommit)
 
   // Inter-token latency. The first burst sets t_first_token and contributes
   // (emitted - 1) zero-time samples; each later burst adds `emitted` samples,
@@ -96,6 +97,13 @@ struct EngineMetrics {
   int64_t t_first_step_us = 0;
   int64_t t_last_step_us = 0;
   int64_t init_us = 0;  // executor initialize(); outside the wall time
+
+  // KV policies (RunnerOptions::policy); all 0 under KvPolicy::kNone.
+  int64_t generations_waiting = 0;    // waiting for cells now (queued or preempted)
+  int64_t admission_waits = 0;        // generations not admitted as soon as they started
+  int64_t admission_wait_us_sum = 0;  // their time from start to first admission
+  int64_t preemptions = 0;            // generations whose cells were taken back
+  int64_t recomputed_tokens = 0;      // committed tokens fed again at a resume
 
   int64_t wall_us() const;             // last step - first step
   double idle_fraction() const;        // 1 - step latency / wall

@@ -16,6 +16,26 @@
 // Callbacks run on the engine thread: they must not block on the runner (no
 // wait(), no future.get()), but may start generations, clone, cancel, destroy
 // sessions or request shutdown().
+//
+// KV policies (RunnerOptions::policy) share the executor's pool of KV cells
+// among generations by need; with kNone (the default) every generation is
+// submitted at once, as above. Under a policy (and an executor whose
+// kv_budget() knows its capacity) a generation whose session would pass
+// min(the model's context, the pool) is failed at once with a message naming
+// the sizes; the others wait in one FIFO queue until they are admitted:
+//   kReserve: when the pool can reserve cells for the whole generation (the
+//     tokens it feeds plus max_new_tokens), so no step runs out of cells;
+//   kOvercommit: when the tokens it feeds fit now (less one cell for each
+//     running generation's next decode and the prompts they have yet to
+//     feed). When a step would still run out of cells, the running generation
+//     admitted most recently is preempted: its cells go back (to the
+//     executor's prefix cache when it has one) and it waits at the head of
+//     the queue, to resume by feeding its committed tokens again (those still
+//     cached are attached, not recomputed). Its next token is sampled at the
+//     same (seed, position) as without preemption, so its stream sees only a
+//     delay. The oldest running generation is never preempted: if it alone
+//     cannot fit, its step fails as under kNone. Idle sessions keep their
+//     cells under both policies.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +52,15 @@
 #include "cellm/types.h"
 
 namespace cellm {
+
+// How generations share the executor's KV cells (see the header comment).
+enum class KvPolicy { kNone, kReserve, kOvercommit };
+// "none", "reserve", "overcommit".
+const char* to_string(KvPolicy policy);
+
+struct RunnerOptions {
+  KvPolicy policy = KvPolicy::kNone;
+};
 
 enum class FinishReason { kStopToken, kNewTokenLimit, kCancelled, kFailed };
 // "stop_token", "token_limit", "cancelled", "failed".
@@ -122,11 +151,15 @@ class Session {
   bool valid() const { return core_ != nullptr && record_ != nullptr; }
   SessionId id() const;  // 0 when invalid
   // Committed length, excluding a pending token. Readable from any thread.
+  // While its generation is preempted this is the length it resumes at; when
+  // it resumes, it drops to what the executor's cache still holds and grows
+  // back as the rest is fed again.
   Position position() const;
 
   // A new session holding this one's committed [0, upto): idle, no pending
   // token, no sampling. nullopt if refused (unsupported, beyond the committed
-  // position, capacity, poisoned, shutting down); the source is unaffected.
+  // position, capacity, poisoned, preempted, shutting down); the source is
+  // unaffected.
   std::future<std::optional<Session>> clone_async(Position upto) const;
 
   // A non-owning reference to this session (default when invalid).
@@ -150,12 +183,19 @@ class Runner {
   // Starts the engine thread, which calls executor.initialize() first.
   // The executor must outlive shutdown() (or the Runner).
   Runner(Executor& executor, std::unique_ptr<Scheduler> scheduler);
+  Runner(Executor& executor, std::unique_ptr<Scheduler> scheduler, const RunnerOptions& options);
   ~Runner();  // shutdown()
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
   // nullopt at capacity or when shutting down.
   std::future<std::optional<Session>> open_session_async();
+  // Opens a session for a prompt that starts with `prefix_of`: the session
+  // attaches the executor's longest cached prefix of prefix_of[0, n - 1), so
+  // the last token is always fed (and gets a forward). Its position() is the
+  // number of tokens attached; the caller's first generation feeds the rest,
+  // prefix_of[position(), n) and beyond. With no prefix cache, as above.
+  std::future<std::optional<Session>> open_session_async(std::vector<Token> prefix_of);
 
   // Idempotent. From outside the engine thread: blocks until the engine has
   // stopped, every generation has ended and every session is closed. From a
@@ -166,6 +206,8 @@ class Runner {
   EngineMetrics metrics() const;
   // The executor's KV metrics as sampled after the latest step.
   KvMetrics kv_metrics() const;
+  // The executor's KV budget, sampled with kv_metrics().
+  KvBudget kv_budget() const;
   // The executor's initialize() result: Ok while it runs and after it succeeds;
   // its error once it failed (every open is then refused, so a caller whose open
   // settled as nullopt reads the cause here).

@@ -80,6 +80,7 @@ void write(Writer& w, const GenerationMetrics& m) {
   w.i("n_generated_tokens", m.n_generated_tokens);
   w.i("n_prefill_steps", m.n_prefill_steps);
   w.i("n_decode_steps", m.n_decode_steps);
+  w.i("n_preemptions", m.n_preemptions);
   w.i("itl_count", m.itl_count);
   w.i("itl_sum_us", m.itl_sum_us);
   w.i("itl_min_us", m.min_itl_us());
@@ -130,6 +131,11 @@ void write(Writer& w, const EngineMetrics& m) {
   w.i("t_first_step_us", m.t_first_step_us);
   w.i("t_last_step_us", m.t_last_step_us);
   w.i("init_us", m.init_us);
+  w.i("generations_waiting", m.generations_waiting);
+  w.i("admission_waits", m.admission_waits);
+  w.i("admission_wait_us_sum", m.admission_wait_us_sum);
+  w.i("preemptions", m.preemptions);
+  w.i("recomputed_tokens", m.recomputed_tokens);
   w.i("wall_us", m.wall_us());
   w.d("idle_fraction", m.idle_fraction());
   w.i("model_input_tokens", m.model_input_tokens());

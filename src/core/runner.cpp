@@ -198,7 +198,11 @@ GenerationHandle Session::generate_async(std::vector<Token> delta, const GenConf
 // Runner
 
 Runner::Runner(Executor& executor, std::unique_ptr<Scheduler> scheduler)
-    : core_(std::make_shared<detail::RunnerCore>(executor, std::move(scheduler))) {
+    : Runner(executor, std::move(scheduler), RunnerOptions{}) {}
+
+Runner::Runner(Executor& executor, std::unique_ptr<Scheduler> scheduler,
+               const RunnerOptions& options)
+    : core_(std::make_shared<detail::RunnerCore>(executor, std::move(scheduler), options)) {
   core_->start();
 }
 
@@ -208,6 +212,10 @@ Runner::~Runner() {
 
 std::future<std::optional<Session>> Runner::open_session_async() {
   return core_->open_session();
+}
+
+std::future<std::optional<Session>> Runner::open_session_async(std::vector<Token> prefix_of) {
+  return core_->open_session(std::move(prefix_of));
 }
 
 void Runner::shutdown() {
@@ -220,6 +228,10 @@ EngineMetrics Runner::metrics() const {
 
 KvMetrics Runner::kv_metrics() const {
   return core_->kv_metrics();
+}
+
+KvBudget Runner::kv_budget() const {
+  return core_->kv_budget();
 }
 
 Status Runner::initialize_status() const {

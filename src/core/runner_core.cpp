@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 #include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -37,8 +38,9 @@ void advance(SessionRecord& record, int64_t n_tokens) {
 
 }  // namespace
 
-RunnerCore::RunnerCore(Executor& executor, std::unique_ptr<Scheduler> scheduler)
-    : executor_(executor), scheduler_(std::move(scheduler)) {
+RunnerCore::RunnerCore(Executor& executor, std::unique_ptr<Scheduler> scheduler,
+                       const RunnerOptions& options)
+    : executor_(executor), scheduler_(std::move(scheduler)), options_(options) {
   CELLM_CHECK_MSG(scheduler_ != nullptr, "Runner needs a scheduler");
 }
 
@@ -77,8 +79,9 @@ void RunnerCore::request_stop() {
   wake_cv_.notify_all();
 }
 
-std::future<std::optional<Session>> RunnerCore::open_session() {
+std::future<std::optional<Session>> RunnerCore::open_session(std::vector<Token> prefix_of) {
   OpenCommand cmd;
+  cmd.prefix_of = std::move(prefix_of);
   std::future<std::optional<Session>> reply = cmd.reply.get_future();
   if (!enqueue(cmd)) cmd.reply.set_value(std::nullopt);
   return reply;
@@ -135,6 +138,11 @@ KvMetrics RunnerCore::kv_metrics() const {
   return published_kv_;
 }
 
+KvBudget RunnerCore::kv_budget() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return published_budget_;
+}
+
 // ---------------------------------------------------------------------------
 // Engine thread.
 
@@ -156,12 +164,15 @@ void RunnerCore::engine_main() {
     std::lock_guard<std::mutex> lock(mu_);
     init_status_ = std::move(init);
   }
+  if (initialized_) resolve_policy();
   publish_engine_state(initialized_);
   if (!initialized_) request_stop();
 
   while (!stop_requested()) {
+    ++loop_;
     const bool handled = process_commands_until_idle();
     if (stop_requested()) break;
+    admit_waiting();
     const bool ran = execute_one_batch();
     // Commands change KV use too (a close frees cells): sample after either.
     publish_engine_state(ran || handled);
@@ -180,10 +191,18 @@ void RunnerCore::wait_for_work() {
 
 void RunnerCore::publish_engine_state(bool sample_kv) {
   KvMetrics kv;
-  if (sample_kv) kv = executor_.kv_metrics();
+  KvBudget budget;
+  if (sample_kv) {
+    kv = executor_.kv_metrics();
+    budget = executor_.kv_budget();
+  }
+  metrics_.generations_waiting = static_cast<int64_t>(waiting_.size());
   std::lock_guard<std::mutex> lock(mu_);
   published_metrics_ = metrics_;
-  if (sample_kv) published_kv_ = kv;
+  if (sample_kv) {
+    published_kv_ = kv;
+    published_budget_ = budget;
+  }
 }
 
 // Commands queued by callbacks (terminal callbacks of rejected or reaped
@@ -239,7 +258,15 @@ void RunnerCore::handle(OpenCommand& cmd) {
   }
   CELLM_CHECK_MSG(ids_ever_opened_.insert(*id).second,
                   "executor reused session id " + std::to_string(*id));
-  auto record = std::make_shared<SessionRecord>(*id, 0);
+  Position attached = 0;
+  if (cmd.prefix_of.size() > 1) {
+    // The last token is left to the first generation, so it gets a forward.
+    const std::span<const Token> prefix(cmd.prefix_of.data(), cmd.prefix_of.size() - 1);
+    attached = std::clamp<Position>(executor_.attach_prefix(*id, prefix), 0,
+                                    static_cast<Position>(prefix.size()));
+  }
+  auto record = std::make_shared<SessionRecord>(*id, attached);
+  if (policy_on()) record->history.assign(cmd.prefix_of.begin(), cmd.prefix_of.begin() + attached);
   sessions_.emplace(*id, record);
   cmd.reply.set_value(make_session(record));
 }
@@ -290,6 +317,13 @@ void RunnerCore::handle(StartCommand& cmd) {
   if (end > kMaxPosition) return reject(FinishReason::kFailed, kMsgRange);
   if (record->poisoned) return reject(FinishReason::kFailed, kMsgPoisoned);
   if (record->active) return reject(FinishReason::kFailed, kMsgActive);
+  if (policy_on()) {
+    if (std::optional<std::string> error =
+            never_fits(*record, n_pending + static_cast<int64_t>(cmd.delta.size()),
+                       cmd.config.max_new_tokens)) {
+      return conclude(*gen, FinishReason::kFailed, std::move(*error), {});
+    }
+  }
 
   gen->metrics.n_prompt_tokens = static_cast<int64_t>(cmd.delta.size());
   metrics_.total_prompt_tokens += gen->metrics.n_prompt_tokens;
@@ -302,35 +336,47 @@ void RunnerCore::handle(StartCommand& cmd) {
   gen->stop_tokens = cmd.config.stop_tokens;
   gen->wants_logprobs = cmd.config.sampling.num_logprobs > 0;
   gen->remaining_tokens = cmd.config.max_new_tokens;
+  gen->feed = std::move(buffer);
+  gen->feed_base = record->position.load();
   record->active = std::move(gen);
   n_active_++;
 
+  if (policy_on()) {
+    park(cmd.record);
+  } else {
+    submit_feed(*record);
+  }
+}
+
+void RunnerCore::submit_feed(SessionRecord& record) {
+  ActiveGeneration& gen = *record.active;
+  gen.in_prefill = true;
   // Chunks share one buffer and one base position; only the last wants output.
   const size_t chunk = scheduler_->max_prefill_chunk_size();
   CELLM_CHECK_MSG(chunk > 0, "scheduler reports a zero chunk size");
-  std::shared_ptr<const std::vector<Token>> tokens = std::move(buffer);
+  const std::shared_ptr<const std::vector<Token>>& tokens = gen.feed;
   std::vector<Task> tasks;
   for (size_t offset = 0; offset < tokens->size(); offset += chunk) {
     Task task;
     task.tid = next_tid_++;
     task.is_decode = false;
-    task.input.sid = record->sid;
+    task.input.sid = record.sid;
     task.input.offset = offset;
     task.input.size = std::min(chunk, tokens->size() - offset);
     task.input.produce_output = offset + task.input.size == tokens->size();
     task.input.tokens = tokens;
-    task.input.position = record->position.load();
+    task.input.position = gen.feed_base;
     tasks.push_back(std::move(task));
   }
   if (!scheduler_->submit(std::move(tasks))) {
-    finish(*record, FinishReason::kFailed, kMsgRejected);
+    finish(record, FinishReason::kFailed, kMsgRejected);
   }
 }
 
 void RunnerCore::handle(CloneCommand& cmd) {
   SessionRecord* source = stop_requested() ? nullptr : find_open(cmd.source->sid);
-  if (source == nullptr || source != cmd.source.get() || source->poisoned || cmd.upto < 0 ||
-      cmd.upto > source->position.load()) {
+  if (source == nullptr || source != cmd.source.get() || source->poisoned || source->released ||
+      cmd.upto < 0 || cmd.upto > source->position.load()) {
     cmd.reply.set_value(std::nullopt);
     return;
   }
@@ -347,6 +393,9 @@ void RunnerCore::handle(CloneCommand& cmd) {
   CELLM_CHECK_MSG(ids_ever_opened_.insert(*child).second,
                   "executor reused session id " + std::to_string(*child));
   auto record = std::make_shared<SessionRecord>(*child, cmd.upto);
+  if (policy_on()) {
+    record->history.assign(source->history.begin(), source->history.begin() + cmd.upto);
+  }
   sessions_.emplace(*child, record);
   cmd.reply.set_value(make_session(record));
 }
@@ -383,6 +432,7 @@ struct StepSession {
 bool RunnerCore::execute_one_batch() {
   std::vector<Task> tasks = scheduler_->get_work();
   if (tasks.empty()) return false;
+  if (policy_ == KvPolicy::kOvercommit && !preempt_for_step(tasks)) return true;
 
   std::vector<StepSession> step_sessions;
   std::unordered_map<SessionId, size_t> index;
@@ -471,6 +521,7 @@ bool RunnerCore::execute_one_batch() {
   for (const Input& input : batch.inputs) {
     SessionRecord* record = find_open(input.sid);
     if (record == nullptr) continue;
+    if (policy_on()) note_input(*record, input);
     advance(*record, static_cast<int64_t>(input.size));
     record->pending.reset();  // a pending token always leads the next input
   }
@@ -510,6 +561,7 @@ void RunnerCore::poison_and_fail(SessionRecord& record, const std::string& messa
 
 void RunnerCore::handle_output(SessionRecord& record, const Input& input, const Output& output) {
   ActiveGeneration& gen = *record.active;
+  gen.in_prefill = false;  // the feed's output: from now on the generation decodes
   const int64_t room = kMaxPosition - int64_t{input.end()};
   // Logprobs are parallel to the tokens when the generation asked for them, and
   // absent otherwise.
@@ -542,6 +594,10 @@ void RunnerCore::handle_output(SessionRecord& record, const Input& input, const 
   // The executor committed all but the last output token; the session keeps
   // only the delivered ones (a suffix after a stop token is rewound later).
   const size_t committed = std::min(emitted.size(), output.tokens.size() - 1);
+  if (policy_on()) {
+    record.history.insert(record.history.end(), output.tokens.begin(),
+                          output.tokens.begin() + static_cast<ptrdiff_t>(committed));
+  }
   advance(record, static_cast<int64_t>(committed));
   record_delivery(gen, static_cast<int64_t>(emitted.size()), now_us());
   metrics_.total_generated_tokens += static_cast<int64_t>(emitted.size());
@@ -620,6 +676,7 @@ void RunnerCore::finish(SessionRecord& record, FinishReason reason, std::string 
   std::unique_ptr<ActiveGeneration> gen = std::move(record.active);
   CELLM_CHECK_MSG(gen != nullptr, "finish() without an active generation");
   (void)scheduler_->cancel(record.sid);
+  if (policy_on()) leave_kv(record, *gen);
   n_active_--;
   if (gen->metrics.t_first_token_us != 0) n_ready_--;
   conclude(*gen, reason, std::move(message), std::move(delivery));

@@ -15,6 +15,19 @@
 // Lifetime. Sessions and handles hold shared pointers, so they may outlive the
 // Runner: after shutdown the inbox refuses everything and each call settles on
 // the caller's thread (opens and clones as nullopt, generations as Cancelled).
+//
+// KV policies (runner_kv.cpp). Under a policy a started generation keeps its
+// feed (the tokens to submit) and waits in waiting_; admit_waiting(), once per
+// loop before the step, admits the head while the pool has room, strictly in
+// FIFO order. Admitted generations are running_. Each record keeps its
+// committed tokens (history). A `released` session holds no executor cells:
+// its history [0, position) and its feed (at position) are fed again, less
+// what the executor's cache still attaches, when it is admitted. Waiting
+// sessions are released only when nothing runs and their cells keep the
+// head out, or (kOvercommit) by preempt_for_step(): before a step that would
+// run out of cells it preempts the running generations admitted most
+// recently (admit_seq, stamped at the first admission), and puts them back at
+// the head of the queue.
 #pragma once
 
 #include <atomic>
@@ -86,6 +99,20 @@ struct ActiveGeneration {
   GenerationMetrics metrics;
   int64_t t_last_delivery_us = 0;
   bool callback_threw = false;  // the callback is never called again
+
+  // Submission. feed holds the tokens submitted (or to submit on admission) as
+  // prefill chunks, the first at position feed_base; in_prefill until its
+  // output arrives (then the generation decodes its pending token).
+  std::shared_ptr<const std::vector<Token>> feed;
+  Position feed_base = 0;
+  bool in_prefill = true;
+
+  // KV policies (engine only).
+  bool admitted = false;    // running: in RunnerCore::running_
+  bool reserved = false;    // holds an executor reservation (kReserve)
+  int64_t admit_seq = 0;    // order of the first admission (0 = never admitted)
+  int64_t t_parked_us = 0;  // when it started waiting for its first admission
+  int64_t parked_loop = 0;  // the engine loop that parked it
 };
 
 struct SessionRecord {
@@ -102,10 +129,14 @@ struct SessionRecord {
   bool poisoned = false;         // an executor failure touched this session
   bool closed = false;           // retired: executor session closed or closing
   std::unique_ptr<ActiveGeneration> active;
+  // Under a KV policy: the committed tokens [0, position).
+  std::vector<Token> history;
+  bool released = false;  // the executor holds none of its cells (see RunnerCore)
 };
 
 struct OpenCommand {
   std::promise<std::optional<Session>> reply;
+  std::vector<Token> prefix_of;  // attach a cached prefix of [0, n - 1)
 };
 struct CloseCommand {
   std::shared_ptr<SessionRecord> record;
@@ -127,7 +158,8 @@ using Command = std::variant<OpenCommand, CloseCommand, StartCommand, CloneComma
 
 class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
  public:
-  RunnerCore(Executor& executor, std::unique_ptr<Scheduler> scheduler);
+  RunnerCore(Executor& executor, std::unique_ptr<Scheduler> scheduler,
+             const RunnerOptions& options = {});
   ~RunnerCore();
   RunnerCore(const RunnerCore&) = delete;
   RunnerCore& operator=(const RunnerCore&) = delete;
@@ -136,7 +168,7 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
   void start();
 
   // Public API entry points; callable from any thread, callbacks included.
-  std::future<std::optional<Session>> open_session();
+  std::future<std::optional<Session>> open_session(std::vector<Token> prefix_of = {});
   void close_session(std::shared_ptr<SessionRecord> record);
   GenerationHandle start_generation(std::shared_ptr<SessionRecord> record, std::vector<Token> delta,
                                     const GenConfig& config, GenerationCallback callback,
@@ -147,6 +179,7 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
 
   EngineMetrics metrics() const;
   KvMetrics kv_metrics() const;
+  KvBudget kv_budget() const;
   Status initialize_status() const;
   size_t queued_tasks() const { return scheduler_->num_queued(); }
 
@@ -173,6 +206,47 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
   void fail_batch(const BatchInput& batch, const std::string& message);
   void poison_and_fail(SessionRecord& record, const std::string& message);
   void submit_continuation(SessionRecord& record);
+  // Submits the active generation's feed as prefill chunks at feed_base (only
+  // the last wants output); a refusal fails the generation.
+  void submit_feed(SessionRecord& record);
+
+  // KV policies (runner_kv.cpp).
+  bool policy_on() const { return policy_ != KvPolicy::kNone; }
+  // After initialize(): the policy in force (kNone when the executor's
+  // capacity is unknown).
+  void resolve_policy();
+  // An error message if the generation can never fit; nullopt otherwise.
+  std::optional<std::string> never_fits(const SessionRecord& record, int64_t feed,
+                                        int32_t max_new_tokens) const;
+  // Parks the record's (new) active generation at the back of the queue.
+  void park(const std::shared_ptr<SessionRecord>& record);
+  // Admits waiting generations from the head while the pool has room. When
+  // nothing runs and the head does not fit, the cells of waiting sessions
+  // behind it are released (newest first) until it does.
+  void admit_waiting();
+  // Admits the head `record` if the pool has room for it now (kReserve:
+  // reserves its cells); false leaves it waiting.
+  bool try_admit(std::shared_ptr<SessionRecord> record);  // a copy: it leaves waiting_
+  // A released session attaches what the cache still holds of its history;
+  // the rest of the history goes before its feed.
+  void reattach(SessionRecord& record);
+  // Releases the cells of the newest waiting session (not the head) that
+  // holds any; false if none could.
+  bool release_a_waiting_session();
+  // kOvercommit: cells the running generations will take before the next
+  // admission could: one decode each, plus the feed they have yet to submit.
+  int64_t promised_cells() const;
+  // Before a step under kOvercommit: preempts the most recently admitted
+  // running generations while the step's tokens exceed the pool's room, and
+  // drops their tasks. False if that emptied the step.
+  bool preempt_for_step(std::vector<Task>& tasks);
+  // Takes the running generation's cells back and requeues it at the head;
+  // false (nothing changes) if the executor cannot release them.
+  bool preempt(const std::shared_ptr<SessionRecord>& record);
+  // Leaves the queue or the running set; drops a reservation.
+  void leave_kv(SessionRecord& record, ActiveGeneration& gen);
+  // Keeps history equal to the committed tokens when an input commits.
+  void note_input(SessionRecord& record, const Input& input);
   void retire(SessionRecord& record);
   void stop();
   void wait_for_work();
@@ -204,6 +278,7 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
   std::atomic<bool> stop_requested_{false};  // written under mu_
   EngineMetrics published_metrics_;          // guarded by mu_
   KvMetrics published_kv_;                   // guarded by mu_
+  KvBudget published_budget_;                // guarded by mu_
   Status init_status_;                       // guarded by mu_; the executor's initialize()
 
   std::mutex join_mu_;  // serializes external shutdown() callers
@@ -217,6 +292,14 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
   int64_t n_ready_ = 0;   // of those, the ones past their first token
   bool initialized_ = false;
   EngineMetrics metrics_;
+
+  // KV policies (engine only).
+  const RunnerOptions options_;
+  KvPolicy policy_ = KvPolicy::kNone;
+  std::deque<std::shared_ptr<SessionRecord>> waiting_;
+  std::vector<std::shared_ptr<SessionRecord>> running_;
+  int64_t next_admit_seq_ = 1;
+  int64_t loop_ = 0;  // engine loop iterations
 };
 
 }  // namespace cellm::detail

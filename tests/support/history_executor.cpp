@@ -107,6 +107,11 @@ void HistoryExecutor::release() {
   cv_.notify_all();
 }
 
+bool HistoryExecutor::wait_parked() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::seconds(5), [this] { return parked_; });
+}
+
 int HistoryExecutor::open_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return table_.size();
@@ -236,7 +241,12 @@ std::vector<Token> HistoryExecutor::read_history(SeqId seq, Position end) const 
 
 Status HistoryExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !held_; });
+  if (held_) {
+    parked_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return !held_; });
+    parked_ = false;
+  }
   const int64_t index = n_batches_++;
   out.outputs.assign(batch.inputs.size(), std::nullopt);
   std::vector<SessionId>& sids = batches_.emplace_back();

@@ -98,6 +98,9 @@ class HistoryExecutor : public Executor {
   // the runner, so the next batches mix every session started meanwhile).
   void hold();
   void release();
+  // Waits until execute() is parked by hold(); false after 5 s. Commands a
+  // test queues after this all reach the engine in one drain.
+  bool wait_parked() const;
 
   // --- observations (any thread) ---
   int open_count() const;
@@ -145,6 +148,7 @@ class HistoryExecutor : public Executor {
   int fail_allocations_ = 0;
   std::optional<Position> retention_window_;
   bool held_ = false;
+  bool parked_ = false;  // execute() waits in hold()
 
   int64_t n_batches_ = 0;
   std::vector<HistoryInput> inputs_;
