@@ -113,6 +113,9 @@ struct EngineOptions {
   ExecutorLimits limits;
   CpuExecutorOptions cpu;    // used when the CPU executor runs the model
   CudaExecutorOptions cuda;  // used when the CUDA executor runs the model
+  // How generations share the KV pool (runner.h): kNone keeps every generation
+  // submitted at once, the policies admit by the cells they need.
+  RunnerOptions runner;
   LoadProgress load_progress;
 };
 

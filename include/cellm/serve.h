@@ -3,15 +3,16 @@
 // tokenizer, and runs each request as a Job that delivers text deltas to a JobSink:
 //
 //   cellm::serve::ServeMetrics metrics;
-//   cellm::serve::ServeEngine serving(engine.runner(), *engine.tokenizer(), 16, metrics);
+//   cellm::serve::ServeEngine serving(engine.runner(), *engine.tokenizer(), metrics);
 //   auto job = serving.start(spec, {}, cellm::now_us());   // Result<unique_ptr<Job>>
 //   (*job)->run(my_sink);                                   // on the caller's thread
 //
-// What it owns: the prefix cache (a prompt's longest cached prefix is cloned instead of
-// prefilled), n-choice requests (choices 1..n-1 are clones of choice 0's prompt),
+// What it owns: n-choice requests (choices 1..n-1 are clones of choice 0's prompt),
 // detokenization with stop strings, admission of requests to session slots, and the
-// serving counters rendered as Prometheus text. The HTTP front end of `cellm serve`
-// (tools/cellm/serve/) is one user of it.
+// serving counters rendered as Prometheus text. The prefix cache is the executor's
+// (every session opens on the longest cached prefix of its prompt: Runner::
+// open_session_async(prompt)). The HTTP front end of `cellm serve` (tools/cellm/serve/)
+// is one user of it.
 #pragma once
 
 #include <condition_variable>
@@ -28,7 +29,6 @@
 #include <vector>
 
 #include "cellm/metrics.h"
-#include "cellm/prefix_cache.h"
 #include "cellm/runner.h"
 #include "cellm/status.h"
 #include "cellm/tokenizer.h"
@@ -106,10 +106,16 @@ class Admission {
 //   time_to_first_token_seconds          histogram, request arrival -> first token
 //   inter_token_latency_seconds          histogram, gaps between delivered tokens
 //   requests_waiting, requests_running, sessions_running   gauges (admission)
-//   kv_cells_in_use, kv_cells_capacity   gauges (Runner::kv_metrics())
+//   kv_cells_used, kv_cells_cached, kv_cells_free, kv_cells_capacity, kv_cells_reserved
+//                                        gauges (Runner::kv_metrics()): cells generations
+//                                        hold, cells only the prefix cache holds
+//                                        (evictable), cells nobody holds; kv_cells_in_use
+//                                        is used + sessions the server keeps idle
 //   prefix_cache_lookups_total, prefix_cache_hits_total,
-//   prefix_cache_matched_tokens_total, prefix_cache_entries
-//   engine_steps_total, engine_queued_tasks
+//   prefix_cache_matched_tokens_total, prefix_cache_evicted_cells_total
+//   engine_steps_total, engine_steps_failed_total, engine_queued_tasks
+//   generations_waiting_for_kv, preemptions_total, recomputed_tokens_total
+//                                        the runner's KV policy (Runner::metrics())
 //
 // Thread-safe: every method may be called from any handler thread (never from
 // a runner callback; they take a mutex).
@@ -136,10 +142,6 @@ struct ServeGauges {
   KvMetrics kv;
   EngineMetrics engine;
   int64_t queued_tasks = 0;
-  int64_t prefix_lookups = 0;
-  int64_t prefix_hits = 0;
-  int64_t prefix_matched_tokens = 0;
-  int64_t prefix_entries = 0;
 };
 
 class ServeMetrics {
@@ -169,11 +171,10 @@ class ServeMetrics {
 // slots to its last token, on the thread that runs it (in `cellm serve`, the HTTP
 // handler thread that serves the request).
 //
-// ServeEngine::start() takes the request's first session, from the prefix
-// cache (the longest cached prefix of the prompt, cloned) or freshly opened,
-// and starts choice 0 on it with a prompt capture, so the prompt becomes a
-// cached snapshot at its first output. Job::run() then drives everything on
-// the calling thread:
+// ServeEngine::start() opens the request's first session on the longest cached
+// prefix of its prompt (the executor's prefix cache: its cells are shared, not
+// recomputed) and starts choice 0 with the rest. Job::run() then drives
+// everything on the calling thread:
 //   - Runner callbacks (engine thread) only append to the job's event queue
 //     under its mutex and notify; the handler thread waits on it.
 //   - When choice 0 delivers its first token the prompt is in the KV cache;
@@ -183,12 +184,11 @@ class ServeMetrics {
 //     and a StopMatcher; a stop string cancels that choice at once.
 //   - The sink reports a client that has gone (a failed write or a closed
 //     socket): every choice is cancelled and the job ends within one step.
-// When run() returns, every generation has ended, the prompt snapshot has been
-// collected into the cache and the sessions are destroyed (their cells go back
-// to the pool); the admission ticket is released with the Job.
-//
-// The PrefixCache is used only on handler threads, under ServeEngine's mutex,
-// never from a runner callback.
+//   - A choice's session is destroyed as soon as the choice has ended (and, for
+//     choice 0, its clones are taken): its cells become the prefix cache's, so
+//     a finished choice never holds cells another generation waits for.
+// When run() returns, every generation has ended and every session is
+// destroyed; the admission ticket is released with the Job.
 
 // One request: its prompt and how to generate its choices.
 struct JobSpec {
@@ -261,6 +261,9 @@ class Job {
   GenerationCallback callback_for(int32_t index) const;
   GenConfig config_for(int32_t index) const;
   void start_clones();
+  // Destroys the session of every choice that has ended (once the clones are
+  // taken): its cells go to the prefix cache instead of waiting for the job's end.
+  void release_ended_sessions();
   // Turns one event into a delta (nullopt: nothing to say).
   std::optional<ChoiceDelta> process(Event& event);
   void settle();  // cancel + wait for every started generation
@@ -271,7 +274,6 @@ class Job {
   const int64_t t_arrival_us_;
   std::shared_ptr<Channel> channel_ = std::make_shared<Channel>();
   std::vector<std::unique_ptr<Choice>> choices_;
-  PromptCapture capture_;
   int64_t prompt_tokens_cached_ = 0;
   bool clones_started_ = false;
 
@@ -282,9 +284,7 @@ class Job {
 
 class ServeEngine {
  public:
-  ServeEngine(Runner& runner, Tokenizer tokenizer, size_t prefix_cache_entries,
-              ServeMetrics& metrics);
-  ~ServeEngine();
+  ServeEngine(Runner& runner, Tokenizer tokenizer, ServeMetrics& metrics);
 
   // Takes the first session and starts choice 0; `ticket` is the request's admission
   // (an empty Ticket when the caller admits requests itself) and is released with the Job.
@@ -297,8 +297,6 @@ class ServeEngine {
   const Tokenizer& tokenizer() const { return tokenizer_; }
   Runner& runner() { return runner_; }
   ServeMetrics& metrics() { return metrics_; }
-  // Prefix-cache counters for /metrics: lookups, hits, matched tokens, entries.
-  void prefix_stats(ServeGauges& g);
 
  private:
   friend class Job;
@@ -308,9 +306,6 @@ class ServeEngine {
   Runner& runner_;
   const Tokenizer tokenizer_;
   ServeMetrics& metrics_;
-
-  std::mutex cache_mu_;
-  PrefixCache cache_;  // guarded by cache_mu_
 
   std::mutex jobs_mu_;
   std::set<Job*> jobs_;    // guarded by jobs_mu_

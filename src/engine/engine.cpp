@@ -139,7 +139,8 @@ Result<Engine> Engine::create(std::shared_ptr<const LoadedModel> model,
   CELLM_ASSIGN_OR_RETURN(engine.executor_, make_executor(engine.kind_, model->weights, options,
                                                          engine.limits_, engine.kv_pool_));
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(engine.limits_));
-  engine.runner_ = std::make_unique<Runner>(*engine.executor_, std::move(scheduler));
+  engine.runner_ =
+      std::make_unique<Runner>(*engine.executor_, std::move(scheduler), options.runner);
   engine.model_ = std::move(model);
   return engine;
 }

@@ -40,12 +40,7 @@ Job::Job(ServeEngine& engine, JobSpec spec, Admission::Ticket ticket, int64_t t_
 Job::~Job() {
   settle();
   engine_.withdraw(this);
-  // Collecting after a cancel still keeps the prompt: its snapshot is complete.
-  {
-    std::lock_guard<std::mutex> lock(engine_.cache_mu_);
-    capture_.collect();
-  }
-  choices_.clear();  // destroys the sessions: their cells return to the pool
+  choices_.clear();  // destroys the sessions: their cells go to the prefix cache
 }
 
 GenerationCallback Job::callback_for(int32_t index) const {
@@ -180,6 +175,13 @@ std::optional<ChoiceDelta> Job::process(Event& event) {
   return d;
 }
 
+void Job::release_ended_sessions() {
+  if (!clones_started_) return;  // choice 0's session is the clones' source
+  for (const auto& c : choices_) {
+    if (c->ended && c->session.valid()) c->session = Session();
+  }
+}
+
 JobSummary Job::run(JobSink& sink) {
   JobSummary summary;
   summary.prompt_tokens = static_cast<int64_t>(spec_.prompt.size());
@@ -212,6 +214,7 @@ JobSummary Job::run(JobSink& sink) {
       // The prompt is in the cache once choice 0 has its first token (or has
       // ended): the other choices start from it.
       if (!clones_started_ && (first_of_choice0 || choices_[0]->ended)) start_clones();
+      release_ended_sessions();
     }
     if (std::chrono::steady_clock::now() >= t_next_poll) {
       if (!summary.client_gone && !sink.alive()) client_gone();
@@ -220,6 +223,7 @@ JobSummary Job::run(JobSink& sink) {
     if (summary.client_gone && !clones_started_) {
       clones_started_ = true;
       for (size_t i = 1; i < choices_.size(); ++i) choices_[i]->ended = true;
+      release_ended_sessions();
     }
   }
   for (const auto& c : choices_) summary.completion_tokens += c->n_tokens;

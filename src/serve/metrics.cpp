@@ -117,37 +117,54 @@ std::string ServeMetrics::render(const ServeGauges& g) const {
       {"cellm_requests_waiting", g.requests_waiting},
       {"cellm_requests_running", g.requests_running},
       {"cellm_sessions_running", g.sessions_running},
+      {"cellm_kv_cells_used", static_cast<double>(g.kv.cells_in_use)},
       {"cellm_kv_cells_in_use", static_cast<double>(g.kv.cells_in_use)},
+      {"cellm_kv_cells_cached", static_cast<double>(g.kv.cells_cached)},
+      {"cellm_kv_cells_free",
+       static_cast<double>(g.kv.cells_capacity - g.kv.cells_in_use - g.kv.cells_cached)},
       {"cellm_kv_cells_capacity", static_cast<double>(g.kv.cells_capacity)},
+      {"cellm_kv_cells_reserved", static_cast<double>(g.kv.cells_reserved)},
       {"cellm_kv_allocated_bytes", static_cast<double>(g.kv.allocated_bytes)},
       {"cellm_engine_queued_tasks", static_cast<double>(g.queued_tasks)},
-      {"cellm_prefix_cache_entries", static_cast<double>(g.prefix_entries)},
+      {"cellm_generations_waiting_for_kv", static_cast<double>(g.engine.generations_waiting)},
   };
   const char* gauge_help[] = {
       "Requests waiting for session slots (the admission queue).",
       "Requests holding session slots.",
       "Session slots held by generations.",
-      "KV cells owned by at least one session (prefix-cache snapshots included).",
+      "KV cells held by sessions (running generations).",
+      "KV cells held by sessions (the same as cellm_kv_cells_used).",
+      "KV cells only the prefix cache holds (evicted when cells are needed).",
+      "KV cells nobody holds.",
       "KV cells the pool may hand out.",
+      "KV cells reserved for admitted generations and not yet taken.",
       "KV storage allocated, bytes.",
       "Tasks queued in the scheduler.",
-      "Prompt snapshots held by the prefix cache.",
+      "Generations waiting for KV cells (not yet admitted, or preempted).",
   };
   for (size_t i = 0; i < std::size(gauges); ++i) {
     head(out, gauges[i].first, "gauge", gauge_help[i]);
     line(out, gauges[i].first, gauges[i].second);
   }
   const std::pair<const char*, double> counters[] = {
-      {"cellm_prefix_cache_lookups_total", static_cast<double>(g.prefix_lookups)},
-      {"cellm_prefix_cache_hits_total", static_cast<double>(g.prefix_hits)},
-      {"cellm_prefix_cache_matched_tokens_total", static_cast<double>(g.prefix_matched_tokens)},
+      {"cellm_prefix_cache_lookups_total", static_cast<double>(g.kv.prefix_lookups)},
+      {"cellm_prefix_cache_hits_total", static_cast<double>(g.kv.prefix_hits)},
+      {"cellm_prefix_cache_matched_tokens_total", static_cast<double>(g.kv.prefix_hit_tokens)},
+      {"cellm_prefix_cache_evicted_cells_total", static_cast<double>(g.kv.evicted_cells)},
       {"cellm_engine_steps_total", static_cast<double>(g.engine.steps)},
+      {"cellm_engine_steps_failed_total", static_cast<double>(g.engine.steps_failed)},
+      {"cellm_preemptions_total", static_cast<double>(g.engine.preemptions)},
+      {"cellm_recomputed_tokens_total", static_cast<double>(g.engine.recomputed_tokens)},
   };
   const char* counter_help[] = {
-      "Prefix-cache lookups.",
-      "Prefix-cache lookups that reused a snapshot.",
-      "Prompt tokens served from snapshots instead of forwarded.",
+      "Sessions opened on the prefix cache.",
+      "Those that shared at least one cached token.",
+      "Prompt tokens served from the prefix cache instead of forwarded.",
+      "Cached cells evicted because a step needed cells.",
       "Engine steps (forwards).",
+      "Engine steps whose forward failed.",
+      "Generations whose cells were taken back to let others run (overcommit).",
+      "Committed tokens forwarded again when a preempted generation resumed.",
   };
   for (size_t i = 0; i < std::size(counters); ++i) {
     head(out, counters[i].first, "counter", counter_help[i]);

@@ -33,7 +33,11 @@ Result<Engine> small_engine() {
   options.executor = ExecutorKind::kCpu;
   options.limits.max_sessions = 8;
   options.limits.max_session_tokens = 128;
+  options.limits.max_cells = 2048;
+  options.limits.capacity_rule = false;  // one pool shared by need, as `cellm serve` runs it
+  options.limits.prefix_cache = true;
   options.limits.step_width = 64;
+  options.runner.policy = KvPolicy::kReserve;
   options.cpu.num_threads = 2;
   return Engine::create(options);
 }
@@ -51,13 +55,13 @@ TEST(ServeEngineTest, RunsAJobOfSeveralChoicesAndReusesItsPromptFromThePrefixCac
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   ASSERT_NE(engine->tokenizer(), nullptr);
   ServeMetrics metrics;
-  ServeEngine serving(engine->runner(), *engine->tokenizer(), /*prefix_cache_entries=*/4, metrics);
+  ServeEngine serving(engine->runner(), *engine->tokenizer(), metrics);
 
   Result<std::unique_ptr<Job>> first = serving.start(spec_for(*engine, 2), {}, now_us());
   ASSERT_TRUE(first.ok()) << first.status().to_string();
   CollectSink a(2);
   const JobSummary sa = (*first)->run(a);
-  first->reset();  // ends the job: its prompt snapshot enters the cache
+  first->reset();  // ends the job: its cells enter the prefix cache
   EXPECT_EQ(sa.completion_tokens, 12);
   EXPECT_EQ(a.finish, (std::vector<std::string>{"length", "length"}));
   EXPECT_FALSE(a.text[0].empty());
@@ -68,7 +72,8 @@ TEST(ServeEngineTest, RunsAJobOfSeveralChoicesAndReusesItsPromptFromThePrefixCac
   ASSERT_TRUE(second.ok()) << second.status().to_string();
   CollectSink b(1);
   const JobSummary sb = (*second)->run(b);
-  EXPECT_GT(sb.prompt_tokens_cached, 0);
+  // The whole prompt but its last token, which is fed again to sample.
+  EXPECT_EQ(sb.prompt_tokens_cached, static_cast<int64_t>(spec_for(*engine, 1).prompt.size()) - 1);
   EXPECT_EQ(b.text[0], a.text[0]);
 }
 
@@ -76,7 +81,7 @@ TEST(ServeEngineTest, RefusesJobsOnceCancelled) {
   Result<Engine> engine = small_engine();
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   ServeMetrics metrics;
-  ServeEngine serving(engine->runner(), *engine->tokenizer(), 0, metrics);
+  ServeEngine serving(engine->runner(), *engine->tokenizer(), metrics);
   serving.cancel_all();
   Result<std::unique_ptr<Job>> job = serving.start(spec_for(*engine, 1), {}, now_us());
   ASSERT_FALSE(job.ok());

@@ -19,7 +19,8 @@
 // with each request's time to first token (TTFT: mean and 99th percentile) and time per
 // output token after it (TPOT, the mean gap between its tokens), and how the runner's
 // steps ran: rows a decode step decoded, steps with prefill chunks and their latency,
-// and the share of T inside steps.
+// and the share of T inside steps. bench_load.h describes the load and its prefix-cache
+// workloads (--shared-prefix, --turns).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_load.h"
 #include "cellm/engine.h"
 #include "cellm/gpu_power.h"
 #include "cellm/runner.h"
@@ -86,6 +88,17 @@ const std::vector<FlagSpec> kFlags = [] {
           {"requests", "N",
            "a serving load instead: B clients send N requests in all, each opening a session, "
            "prefilling PP tokens, generating TG/2 to 3 TG/2 tokens and closing it"},
+          {"shared-prefix", "S",
+           "--requests: every prompt starts with the same S tokens (a system prompt); the pool "
+           "is shared by need and each row runs without and with the prefix cache"},
+          {"turns", "T",
+           "--requests: each request is a conversation of T turns (turn k's prompt: turn k-1's "
+           "prompt, its reply and PP new tokens); the pool as with --shared-prefix"},
+          {"kv-policy", "P",
+           "--requests: share the KV pool by need, admitting by overcommit or reserve (default "
+           "with --shared-prefix or --turns: overcommit; otherwise fixed slots)"},
+          {"prefix-cache", "WHEN",
+           "with a shared pool: on, off or both (default both: a row each)"},
           {"step-width", "W", "tokens per forward (default 512)"},
           {"threads", "N", "CPU threads; 0 = all (default 0)"},
           {"seed", "S",
@@ -137,19 +150,6 @@ class PowerProbe {
   std::unique_ptr<DevicePowerProbe> device_;
 };
 
-// One row of the serving load (--requests).
-struct LoadRow {
-  int64_t pp = 0, tg = 0, b = 0, requests = 0;
-  int64_t prompt_tokens = 0, generated_tokens = 0;
-  double t = 0;  // seconds, first request sent to last one done
-  // Per request: time to first token, and time per output token after it (the mean gap
-  // between its tokens; requests of one token have none).
-  std::vector<double> ttft_ms, tpot_ms;
-  EngineMetrics engine;  // the runner's steps: how the batches formed
-  std::optional<StepTimeReport> steps;
-  SamplingParams sampling;  // how every token was drawn
-};
-
 // Runs one generation of each session concurrently (session i draws with seed `seed` +
 // i) and returns the wall time in seconds.
 double run_phase(std::vector<Session>& sessions, const std::vector<std::vector<Token>>& deltas,
@@ -174,17 +174,6 @@ double weight_bytes_per_step(const ModelWeights& w) {
   double bytes = static_cast<double>(w.total_bytes());
   if (!w.config().tie_word_embeddings()) bytes -= static_cast<double>(w.embed_tokens().nbytes);
   return bytes;
-}
-
-// Sizes an engine for `b` sessions of up to `tokens` positions each.
-EngineOptions options_for(EngineOptions options, int64_t b, int64_t tokens) {
-  ExecutorLimits& limits = options.limits;
-  limits.max_sessions = static_cast<int32_t>(b);
-  limits.max_session_tokens = static_cast<int32_t>(tokens);
-  // A forward never needs more cells than the pool has.
-  limits.step_width = static_cast<int32_t>(std::min<int64_t>(
-      limits.step_width, int64_t{limits.max_sessions} * limits.max_session_tokens));
-  return options;
 }
 
 Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const EngineOptions& options,
@@ -235,173 +224,6 @@ Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const Eng
   }
   runner.shutdown();
   return row;
-}
-
-// The serving load: `b` client threads take requests from one counter until `requests`
-// have run. Request i's prompt and length come from an rng seeded with (seed, i), so a
-// row is the same work whatever the order the clients take them in.
-Result<LoadRow> load_one(const std::shared_ptr<const LoadedModel>& model,
-                         const EngineOptions& options, int64_t pp, int64_t tg, int64_t b,
-                         int64_t requests, uint64_t seed, const SamplingParams& sampling) {
-  const int64_t tg_min = std::max<int64_t>(1, tg / 2), tg_max = tg + tg / 2;
-  // The executor and the scheduler both sized for b sessions (the scheduler decodes up to
-  // max_sessions a step).
-  CELLM_ASSIGN_OR_RETURN(Engine engine,
-                         Engine::create(model, options_for(options, b, pp + tg_max + 2)));
-  Runner& runner = engine.runner();
-  const int64_t vocab = model->weights->config().vocab_size();
-  LoadRow row{pp, tg, b, requests, 0, 0, 0, {}, {}, {}, std::nullopt, sampling};
-  std::atomic<int64_t> next{0};
-  std::mutex mu;  // guards row's counts, its per-request times and error
-  std::string error;
-  const auto client = [&] {
-    for (int64_t i = next++; i < requests; i = next++) {
-      std::mt19937_64 rng(seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1)));
-      std::uniform_int_distribution<Token> pick(0, static_cast<Token>(vocab - 1));
-      std::vector<Token> prompt(static_cast<size_t>(pp));
-      for (Token& t : prompt) t = pick(rng);
-      GenConfig config;  // no stop tokens
-      config.sampling = sampling;
-      config.seed = seed + static_cast<uint64_t>(i);
-      config.max_new_tokens =
-          static_cast<int32_t>(std::uniform_int_distribution<int64_t>(tg_min, tg_max)(rng));
-      std::optional<Session> session = runner.open_session_async().get();
-      if (!session) {
-        const std::lock_guard<std::mutex> lock(mu);
-        if (error.empty()) error = "the runner refused the session of request " + std::to_string(i);
-        return;
-      }
-      GenerationHandle h = session->generate_async(std::move(prompt), config, nullptr);
-      h.wait();
-      const GenerationMetrics m = h.metrics();
-      const std::lock_guard<std::mutex> lock(mu);
-      if (h.finish_reason() == FinishReason::kFailed && error.empty()) error = h.error_message();
-      row.prompt_tokens += m.n_prompt_tokens;
-      row.generated_tokens += m.n_generated_tokens;
-      row.ttft_ms.push_back(static_cast<double>(m.ttft_us()) / 1e3);
-      if (m.itl_count > 0) row.tpot_ms.push_back(m.itl_mean_us() / 1e3);
-    }  // the session closes here, before this client opens the next
-  };
-  // The runner answers its first command once the executor is initialized (on CUDA, the
-  // decode graphs captured and the GEMMs tuned: seconds): the clock starts after it.
-  if (!runner.open_session_async().get()) {
-    CELLM_RETURN_IF_ERROR(runner.initialize_status());
-    return OutOfResources("the executor refused a session before the load");
-  }
-  const int64_t t0 = now_us();
-  std::vector<std::thread> clients;
-  for (int64_t c = 0; c < b; ++c) clients.emplace_back(client);
-  for (std::thread& c : clients) c.join();
-  row.t = static_cast<double>(now_us() - t0) / 1e6;
-  if (!error.empty()) return Internal("a request failed: " + error);
-  row.engine = runner.metrics();
-  row.steps = engine.step_time_report();
-  runner.shutdown();
-  return row;
-}
-
-void print_load_header(bool with_steps) {
-  std::printf(
-      "|    PP |     TG |    B |  reqs |  prompt |  gen tok |      T s | S_GEN t/s |    S t/s |"
-      " TTFT ms | p99 TTFT | TPOT ms | p99 TPOT |  steps | rows/dec | w/ prefill | pf ms | busy %% "
-      "|%s\n",
-      with_steps ? " step ms |  dev ms | ahead used | dropped |" : "");
-  std::printf(
-      "|-------|--------|------|-------|---------|----------|----------|-----------|----------|"
-      "---------|----------|---------|----------|--------|----------|------------|-------|--------|"
-      "%s\n",
-      with_steps ? "---------|---------|------------|---------|" : "");
-}
-
-// The mean of `v` (0 when empty).
-double mean_of(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x;
-  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
-}
-
-// The nearest-rank 99th percentile of `v` (0 when empty): the smallest value at least 99%
-// of the values do not exceed.
-double p99_of(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const auto rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(v.size())));
-  return v[std::max<size_t>(rank, 1) - 1];
-}
-
-// The mean latency of a step with prefill chunks (with decodes beside them or not).
-double prefill_step_ms(const EngineMetrics& m) {
-  return m.steps_with_prefill > 0
-             ? static_cast<double>(m.mixed_latency_sum_us + m.prefill_only_latency_sum_us) / 1e3 /
-                   static_cast<double>(m.steps_with_prefill)
-             : 0.0;
-}
-
-// The share of the row's wall time the runner spent inside steps (the rest: no work
-// queued, or the host between steps).
-double busy_fraction(const LoadRow& r) {
-  return r.t > 0 ? static_cast<double>(r.engine.step_latency_sum_us) / 1e6 / r.t : 0.0;
-}
-
-void print_load_row(const LoadRow& r) {
-  std::printf("| %5lld | %6lld | %4lld | %5lld | %7lld | %8lld | %8.3f | %9.2f | %8.2f | %7.2f |",
-              static_cast<long long>(r.pp), static_cast<long long>(r.tg),
-              static_cast<long long>(r.b), static_cast<long long>(r.requests),
-              static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.generated_tokens),
-              r.t, static_cast<double>(r.generated_tokens) / r.t,
-              static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t, mean_of(r.ttft_ms));
-  std::printf(" %8.2f | %7.3f | %8.3f |", p99_of(r.ttft_ms), mean_of(r.tpot_ms), p99_of(r.tpot_ms));
-  std::printf(" %6lld | %8.2f | %10lld | %5.2f | %5.1f%% |", static_cast<long long>(r.engine.steps),
-              r.engine.mean_admitted_decode_sessions(),
-              static_cast<long long>(r.engine.steps_with_prefill), prefill_step_ms(r.engine),
-              100.0 * busy_fraction(r));
-  if (r.steps && r.steps->decode_steps > 0) {
-    const auto n = static_cast<double>(r.steps->decode_steps);
-    std::printf(" %7.3f | %7.3f | %10lld | %7lld |", r.steps->wall_ms / n, r.steps->device_ms / n,
-                static_cast<long long>(r.steps->ahead_used),
-                static_cast<long long>(r.steps->ahead_dropped));
-  }
-  std::printf("\n");
-  std::fflush(stdout);
-}
-
-// The decode steps' columns of a JSON row (--step-times on the CUDA executor).
-void add_step_json(nlohmann::json& j, const std::optional<StepTimeReport>& steps) {
-  if (!steps || steps->decode_steps == 0) return;
-  const auto n = static_cast<double>(steps->decode_steps);
-  j["decode_steps"] = steps->decode_steps;
-  j["decode_step_ms"] = steps->wall_ms / n;
-  j["decode_device_ms"] = steps->device_ms / n;
-  j["decode_steps_ahead_used"] = steps->ahead_used;
-  j["decode_steps_ahead_dropped"] = steps->ahead_dropped;
-  j["startup_s"] = steps->startup_s;
-  j["warmed_prefill_kernels"] = steps->warmed_prefill_kernels;
-}
-
-void print_load_json(const LoadRow& r, const std::string& device) {
-  nlohmann::json j = {{"pp", r.pp},
-                      {"tg", r.tg},
-                      {"pl", r.b},
-                      {"requests", r.requests},
-                      {"prompt_tokens", r.prompt_tokens},
-                      {"generated_tokens", r.generated_tokens},
-                      {"t", r.t},
-                      {"speed_gen", static_cast<double>(r.generated_tokens) / r.t},
-                      {"speed", static_cast<double>(r.prompt_tokens + r.generated_tokens) / r.t},
-                      {"ttft_ms", mean_of(r.ttft_ms)},
-                      {"ttft_p99_ms", p99_of(r.ttft_ms)},
-                      {"tpot_ms", mean_of(r.tpot_ms)},
-                      {"tpot_p99_ms", p99_of(r.tpot_ms)},
-                      {"steps", r.engine.steps},
-                      {"decode_rows_per_step", r.engine.mean_admitted_decode_sessions()},
-                      {"steps_with_prefill", r.engine.steps_with_prefill},
-                      {"prefill_step_ms", prefill_step_ms(r.engine)},
-                      {"busy_fraction", busy_fraction(r)},
-                      {"sampling", describe_sampling(r.sampling)}};
-  if (!device.empty()) j["device"] = device;
-  add_step_json(j, r.steps);
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
 }
 
 void print_header(bool with_floor, bool with_steps, bool with_clocks) {
@@ -509,10 +331,48 @@ int run_bench(int argc, const char* const* argv) {
   Result<int64_t> threads = args->get_int("threads", 0, 0, 1024);
   Result<int64_t> seed = args->get_int("seed", 1, 0, INT64_MAX);
   Result<int64_t> requests = args->get_int("requests", 0, 1, 1 << 24);
-  for (const Status* s : {&npp.status(), &ntg.status(), &npl.status(), &step_width.status(),
-                          &threads.status(), &seed.status(), &requests.status()}) {
+  Result<int64_t> shared_prefix = args->get_int("shared-prefix", 0, 0, 1 << 24);
+  Result<int64_t> turns = args->get_int("turns", 1, 1, 1 << 10);
+  for (const Status* s :
+       {&npp.status(), &ntg.status(), &npl.status(), &step_width.status(), &threads.status(),
+        &seed.status(), &requests.status(), &shared_prefix.status(), &turns.status()}) {
     if (!s->ok()) return fail(cmd, *s);
   }
+  // The serving load's pool: fixed slots, or shared by need under a policy.
+  LoadSpec load;
+  load.shared_prefix = *shared_prefix;
+  load.turns = *turns;
+  load.shared_pool = *shared_prefix > 0 || *turns > 1 || args->has("kv-policy");
+  if (const std::optional<std::string> policy = args->get("kv-policy")) {
+    if (*policy == "overcommit") {
+      load.policy = KvPolicy::kOvercommit;
+    } else if (*policy == "reserve") {
+      load.policy = KvPolicy::kReserve;
+    } else {
+      return fail(
+          cmd, InvalidArgument("--kv-policy must be overcommit or reserve, not '" + *policy + "'"));
+    }
+  }
+  std::vector<bool> cache_modes = {false, true};
+  if (const std::optional<std::string> when = args->get("prefix-cache")) {
+    if (*when == "on") {
+      cache_modes = {true};
+    } else if (*when == "off") {
+      cache_modes = {false};
+    } else if (*when != "both") {
+      return fail(cmd,
+                  InvalidArgument("--prefix-cache must be on, off or both, not '" + *when + "'"));
+    }
+  }
+  if ((load.shared_pool || args->has("prefix-cache")) && *requests == 0) {
+    return fail(cmd, InvalidArgument("--shared-prefix, --turns, --kv-policy and --prefix-cache "
+                                     "shape the serving load: give --requests N"));
+  }
+  if (args->has("prefix-cache") && !load.shared_pool) {
+    return fail(cmd, InvalidArgument("--prefix-cache needs a shared pool: give --shared-prefix, "
+                                     "--turns or --kv-policy"));
+  }
+  if (!load.shared_pool) cache_modes = {false};
   Result<SamplingParams> sampling = parse_sampling_flags(*args);
   if (!sampling.ok()) return fail(cmd, sampling.status());
   std::optional<double> peak_gbs;
@@ -588,17 +448,26 @@ int run_bench(int argc, const char* const* argv) {
   note_startup("warm-up ", 1, *warm);
   const bool with_steps = options.cuda.time_steps && *kind == ExecutorKind::kCuda;
   if (*requests > 0) {
-    if (!json) print_load_header(with_steps);
+    if (!json) print_load_header(with_steps, load.shared_pool);
     for (int64_t pp : *npp) {
       for (int64_t tg : *ntg) {
         for (int64_t b : *npl) {
-          Result<LoadRow> row = load_one(model, options, pp, tg, b, *requests,
-                                         static_cast<uint64_t>(*seed), *sampling);
-          if (!row.ok()) return fail(cmd, row.status());
-          if (json) {
-            print_load_json(*row, device);
-          } else {
-            print_load_row(*row);
+          for (bool cache : cache_modes) {
+            LoadSpec spec = load;
+            spec.pp = pp;
+            spec.tg = tg;
+            spec.b = b;
+            spec.requests = *requests;
+            spec.seed = static_cast<uint64_t>(*seed);
+            spec.sampling = *sampling;
+            spec.prefix_cache = cache;
+            Result<LoadRow> row = load_one(model, options, spec);
+            if (!row.ok()) return fail(cmd, row.status());
+            if (json) {
+              print_load_json(*row, device);
+            } else {
+              print_load_row(*row, load.shared_pool);
+            }
           }
         }
       }

@@ -1,14 +1,17 @@
 // `cellm serve`: an OpenAI-compatible HTTP server over one Runner.
 //
-// Sizing. --max-sessions counts the sessions generations may hold at once (a
-// request with n choices holds n). The executor is created with room for more,
-// because every resident session counts against its capacity rule
-// (max_sessions x max_session_tokens < cells):
-//   executor sessions = max_sessions            generations, n-clones included
-//                     + max_sessions            one prompt snapshot being captured
-//                                               per running generation
-//                     + prefix_cache_entries    snapshots the prefix cache keeps
-// Cells are reserved, not allocated: KV storage grows with use.
+// Sizing. The KV pool is one budget of cells shared by need (ExecutorLimits with
+// the capacity rule off): --kv-cells, or memory (--kv-memory GiB on the CPU,
+// --kv-memory-fraction of the device memory left after the weights on CUDA). A
+// session holds the cells of its own tokens, up to the model's context (or
+// --max-session-tokens) and the pool. --max-sessions counts the generations that
+// may run at once (a request with n choices runs n). The runner admits them by
+// the cells they need (--kv-policy): `overcommit` starts a generation when its
+// prompt fits and preempts the latest admitted one when a step runs short;
+// `reserve` starts it only when its prompt and max_tokens fit. Finished
+// generations leave their cells to the executor's prefix cache, which later
+// prompts share and which is evicted, least recently used first, when cells are
+// needed (--no-prefix-cache turns it off).
 //
 // Threads. cpp-httplib serves each connection on a worker of a fixed pool
 // (max_sessions + max_queued_requests + 64: running, waiting, plus room for
@@ -49,11 +52,20 @@ const std::vector<FlagSpec> kFlags = {
     {"host", "ADDR", "address to listen on (default 127.0.0.1)"},
     {"port", "N", "TCP port; 0 picks a free one (default 8080)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
-    {"max-sessions", "N", "generations resident at once; n choices count n (default 16)"},
+    {"max-sessions", "N", "generations running at once; n choices count n (default 16)"},
     {"max-session-tokens", "N",
-     "positions per session, prompt and completion (default: min(1024, context))"},
+     "positions per session, prompt and completion (default: the model's context, capped by "
+     "the KV pool)"},
+    {"kv-cells", "N", "KV cells in the pool (default: from memory)"},
+    {"kv-memory", "GiB", "CPU: the KV pool's memory (default: a quarter of the machine's RAM)"},
+    {"kv-memory-fraction", "F",
+     "CUDA: the share of device memory left after the weights that the KV pool takes "
+     "(default 0.90)"},
+    {"kv-policy", "P",
+     "overcommit (admit when the prompt fits; preempt and recompute when cells run out) or "
+     "reserve (admit when prompt + max_tokens fit) (default overcommit)"},
+    {"no-prefix-cache", "", "do not keep finished generations' cells for later prompts"},
     {"max-queued-requests", "N", "requests that may wait for a session; more get 429 (default 64)"},
-    {"prefix-cache-entries", "N", "prompt snapshots kept for prefix reuse; 0 = off (default 16)"},
     {"api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/ endpoints"},
     {"served-model-name", "NAMES",
      "the model's name in /v1/models and requests; a comma-separated list gives aliases "
@@ -89,7 +101,11 @@ struct Flags {
   int32_t max_sessions = 16;
   std::optional<int32_t> max_session_tokens;
   int32_t max_queued = 64;
-  int32_t prefix_entries = 16;
+  std::optional<int32_t> kv_cells;
+  std::optional<double> kv_memory_gib;
+  std::optional<double> kv_memory_fraction;
+  KvPolicy kv_policy = KvPolicy::kOvercommit;
+  bool prefix_cache = true;
   std::optional<std::string> api_key;
   std::vector<std::string> served_names;
   std::optional<std::string> chat_template_file;
@@ -105,7 +121,6 @@ Result<Flags> read_flags(const Args& args) {
   CELLM_ASSIGN_OR_RETURN(int64_t port, args.get_int("port", 8080, 0, 65535));
   CELLM_ASSIGN_OR_RETURN(int64_t max_sessions, args.get_int("max-sessions", 16, 1, 4096));
   CELLM_ASSIGN_OR_RETURN(int64_t max_queued, args.get_int("max-queued-requests", 64, 0, 100000));
-  CELLM_ASSIGN_OR_RETURN(int64_t entries, args.get_int("prefix-cache-entries", 16, 0, 4096));
   CELLM_ASSIGN_OR_RETURN(int64_t step_width, args.get_int("step-width", 256, 2, 1 << 16));
   CELLM_ASSIGN_OR_RETURN(int64_t threads, args.get_int("threads", 0, 0, 1024));
   if (args.has("max-session-tokens")) {
@@ -117,7 +132,32 @@ Result<Flags> read_flags(const Args& args) {
   f.port = static_cast<int>(port);
   f.max_sessions = static_cast<int32_t>(max_sessions);
   f.max_queued = static_cast<int32_t>(max_queued);
-  f.prefix_entries = static_cast<int32_t>(entries);
+  if (args.has("kv-cells")) {
+    CELLM_ASSIGN_OR_RETURN(int64_t cells, args.get_int("kv-cells", 0, 2, (int64_t{1} << 31) - 2));
+    f.kv_cells = static_cast<int32_t>(cells);
+  }
+  if (args.has("kv-memory")) {
+    CELLM_ASSIGN_OR_RETURN(double gib, args.get_float("kv-memory", 0));
+    if (!(gib > 0)) return InvalidArgument("--kv-memory must be a positive number of GiB");
+    f.kv_memory_gib = gib;
+  }
+  if (args.has("kv-memory-fraction")) {
+    CELLM_ASSIGN_OR_RETURN(double fraction, args.get_float("kv-memory-fraction", 0));
+    if (!(fraction > 0 && fraction <= 1)) {
+      return InvalidArgument("--kv-memory-fraction must be in (0, 1]");
+    }
+    f.kv_memory_fraction = fraction;
+  }
+  if (const std::optional<std::string> policy = args.get("kv-policy")) {
+    if (*policy == "overcommit") {
+      f.kv_policy = KvPolicy::kOvercommit;
+    } else if (*policy == "reserve") {
+      f.kv_policy = KvPolicy::kReserve;
+    } else {
+      return InvalidArgument("--kv-policy must be overcommit or reserve, not '" + *policy + "'");
+    }
+  }
+  f.prefix_cache = !args.has("no-prefix-cache");
   f.step_width = static_cast<int32_t>(step_width);
   f.threads = static_cast<int32_t>(threads);
   f.cuda_graphs = !args.has("no-cuda-graphs");
@@ -250,11 +290,19 @@ int run_serve(int argc, const char* const* argv) {
   const ModelConfig& config = (*model)->weights->config();
 
   ExecutorLimits& limits = options.limits;
-  limits.max_session_tokens = flags.max_session_tokens.value_or(
-      std::min<int32_t>(1024, static_cast<int32_t>(config.max_position_embeddings())));
-  const int64_t executor_sessions = 2 * int64_t{flags.max_sessions} + int64_t{flags.prefix_entries};
-  limits.max_sessions = static_cast<int32_t>(executor_sessions);
-  limits.step_width = std::min(flags.step_width, limits.max_session_tokens);
+  limits.capacity_rule = false;  // one pool shared by need
+  limits.prefix_cache = flags.prefix_cache;
+  limits.max_sessions = flags.max_sessions;
+  limits.max_session_tokens = flags.max_session_tokens.value_or(0);  // 0: the model's context
+  if (flags.kv_cells) limits.max_cells = *flags.kv_cells;
+  if (flags.kv_memory_gib) {
+    limits.kv_memory_bytes = static_cast<int64_t>(*flags.kv_memory_gib * double(int64_t{1} << 30));
+  }
+  if (flags.kv_memory_fraction) limits.kv_memory_fraction = *flags.kv_memory_fraction;
+  limits.step_width = std::min<int32_t>(
+      flags.step_width,
+      static_cast<int32_t>(std::min<int64_t>(config.max_position_embeddings(), 1 << 30)));
+  options.runner.policy = flags.kv_policy;
   options.cpu.num_threads = flags.threads;
   options.cuda.cuda_graph_for_decode = flags.cuda_graphs;
   options.cuda.overlap_decode = flags.overlap_decode;
@@ -264,8 +312,7 @@ int run_serve(int argc, const char* const* argv) {
   const Tokenizer& tokenizer = *engine->tokenizer();
   ServeMetrics metrics;
   Admission admission(flags.max_sessions, flags.max_queued);
-  auto serving = std::make_unique<ServeEngine>(runner, tokenizer,
-                                               static_cast<size_t>(flags.prefix_entries), metrics);
+  auto serving = std::make_unique<ServeEngine>(runner, tokenizer, metrics);
 
   ServeContext ctx;
   ctx.model_dir = flags.model_dir;
@@ -291,7 +338,10 @@ int run_serve(int argc, const char* const* argv) {
   }
   ctx.created_unix = unix_now();
   ctx.limits.max_n = flags.max_sessions;
-  ctx.limits.max_session_tokens = limits.max_session_tokens;
+  // What the executor resolved: the context a session may use, capped by the pool.
+  ctx.limits.max_session_tokens = engine->limits().max_session_tokens;
+  ctx.limits.model_context = static_cast<int64_t>(config.max_position_embeddings());
+  ctx.limits.kv_cells = engine->kv_pool().cells;
   ctx.limits.vocab_size = static_cast<int32_t>(config.vocab_size());
   ctx.api_key = flags.api_key;
   ctx.tokenizer = tokenizer;
@@ -422,7 +472,6 @@ int run_serve(int argc, const char* const* argv) {
     g.kv = runner.kv_metrics();
     g.engine = runner.metrics();
     g.queued_tasks = static_cast<int64_t>(runner.queued_tasks());
-    serving->prefix_stats(g);
     res.set_content(metrics.render(g), "text/plain; version=0.0.4");
   });
 
@@ -447,14 +496,15 @@ int run_serve(int argc, const char* const* argv) {
     svr.stop();
   });
   std::fprintf(stderr,
-               "cellm serve: model %s (%s executor, %d sessions x %d tokens, %d generation "
-               "slots, prefix cache %d), listening on http://%s:%d\n",
-               ctx.model_id.c_str(), to_string(engine->executor_kind()), limits.max_sessions,
-               limits.max_session_tokens, flags.max_sessions, flags.prefix_entries,
-               flags.host.c_str(), port);
+               "cellm serve: model %s (%s executor, %d generations at once, %s admission, "
+               "prefix cache %s)\n",
+               ctx.model_id.c_str(), to_string(engine->executor_kind()), flags.max_sessions,
+               to_string(flags.kv_policy), flags.prefix_cache ? "on" : "off");
+  std::fprintf(stderr, "cellm serve: %s\n", describe_kv_pool(engine->kv_pool()).c_str());
+  std::fprintf(stderr, "cellm serve: listening on http://%s:%d\n", flags.host.c_str(), port);
   const bool listened = svr.listen_after_bind();
   signals.join();
-  serving.reset();  // releases the prefix cache's snapshots
+  serving.reset();
   runner.shutdown();
   std::fprintf(stderr, "cellm serve: stopped\n");
   return listened || stopping.load() ? 0 : 1;

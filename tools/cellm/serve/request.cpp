@@ -389,16 +389,28 @@ ApiResult<CompletionRequest> parse_completion_request(const json& body,
 std::optional<ApiError> check_session_budget(size_t prompt_tokens, int32_t max_tokens,
                                              const RequestLimits& limits) {
   const auto budget = static_cast<size_t>(limits.max_session_tokens);
+  // Why a session holds no more: the model's context, the KV pool, or a set cap.
+  std::string why;
+  if (limits.model_context > 0 && budget >= static_cast<size_t>(limits.model_context)) {
+    why = " (the model's context)";
+  } else if (limits.kv_cells > 0 && budget + 1 >= static_cast<size_t>(limits.kv_cells)) {
+    why = " (the KV pool has " + std::to_string(limits.kv_cells) + " cells)";
+  } else if (limits.model_context > 0) {
+    why = " (--max-session-tokens; the model's context is " + std::to_string(limits.model_context) +
+          ")";
+  }
   if (prompt_tokens >= budget) {
     return invalid_field("prompt", "the prompt has " + std::to_string(prompt_tokens) +
-                                       " tokens; a session holds " + std::to_string(budget) +
-                                       " (prompt and completion together)");
+                                       " tokens; a session holds at most " +
+                                       std::to_string(budget) + why +
+                                       ", prompt and completion together");
   }
   if (prompt_tokens + static_cast<size_t>(max_tokens) > budget) {
     return invalid_field("max_tokens", "the prompt (" + std::to_string(prompt_tokens) +
                                            " tokens) plus max_tokens (" +
                                            std::to_string(max_tokens) + ") exceeds the " +
-                                           std::to_string(budget) + " positions of a session");
+                                           std::to_string(budget) + " positions of a session" +
+                                           why);
   }
   return std::nullopt;
 }

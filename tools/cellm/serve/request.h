@@ -32,6 +32,8 @@ struct GenerationDefaults {
 struct RequestLimits {
   int32_t max_n = 1;               // choices per request: at most the session slots
   int32_t max_session_tokens = 0;  // prompt + max_tokens must fit
+  int64_t model_context = 0;       // the model's context (for error messages)
+  int64_t kv_cells = 0;            // the KV pool's cells (for error messages)
   int32_t vocab_size = 0;          // token-id prompts must lie in [0, vocab_size)
   GenerationDefaults defaults;     // where a request gives no sampling field
 };
