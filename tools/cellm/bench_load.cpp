@@ -105,6 +105,8 @@ Result<LoadRow> load_one(const std::shared_ptr<const LoadedModel>& model,
     sized = options_for(options, spec.b, spec.shared_prefix + spec.turns * (spec.pp + tg_max) + 2);
   }
   CELLM_ASSIGN_OR_RETURN(Engine engine, Engine::create(model, sized));
+  // How the shared pool came out (cells, bytes, context), beside the table on stderr.
+  if (spec.shared_pool) std::fprintf(stderr, "%s\n", describe_kv_pool(engine.kv_pool()).c_str());
   Runner& runner = engine.runner();
   const int64_t vocab = model->weights->config().vocab_size();
   LoadRow row;
