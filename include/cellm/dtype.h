@@ -175,8 +175,8 @@ constexpr std::optional<GgmlTypeInfo> ggml_type_info(uint32_t id) {
 // elements: each row of shape.back() elements is shape.back() / block_elements
 // consecutive blocks of block_bytes, and nbytes counts the blocks; `dtype` is
 // then meaningless. Code that reads elements by `dtype` must first check that
-// `block_type` is unset (ModelWeights refuses to bind a block-format tensor
-// until an executor can run it, so no executor sees one yet).
+// `block_type` is unset (ModelWeights binds the block types that the CPU
+// executor's quantized matmul runs; the CUDA executor refuses them at create()).
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;

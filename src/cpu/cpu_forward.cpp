@@ -10,6 +10,8 @@
 #include "cpu/kernels/matmul.h"
 #include "cpu/kernels/rmsnorm.h"
 #include "cpu/kernels/rope.h"
+#include "cpu/quant/block_formats.h"
+#include "cpu/quant/quant_matmul.h"
 #include "model/rope.h"
 
 namespace cellm::cpu {
@@ -21,6 +23,35 @@ TypedPtr typed(const TensorView& t) {
 
 TypedPtr typed(const std::optional<TensorView>& t) {
   return t ? typed(*t) : TypedPtr{};
+}
+
+// The quant view of a block-format weight [rows, cols]. REQUIRES: w.block_type set.
+quant::QuantWeights quant_weights(const TensorView& w) {
+  return {w.data, static_cast<quant::QuantType>(static_cast<uint32_t>(*w.block_type)), w.shape[0],
+          w.shape[1]};
+}
+
+// y = x · Wᵀ (+ bias): block-format weights through quant_matmul (activations
+// quantized to 8 bits), every other weight through cpu::matmul unchanged.
+void linear(ThreadPool& pool, const float* x, int64_t m, int64_t k, const TensorView& w, int64_t n,
+            TypedPtr bias, float* y) {
+  if (w.block_type) {
+    quant::quant_matmul(pool, x, m, quant_weights(w), bias, y);
+  } else {
+    matmul(pool, x, m, k, typed(w), n, bias, y);
+  }
+}
+
+// out[i, :] = the embedding rows of tokens[i], dequantized from their blocks.
+void embedding_gather_blocks(const TensorView& table, std::span<const Token> tokens, float* out) {
+  const quant::QuantWeights w = quant_weights(table);
+  const int64_t row_bytes = quant::row_bytes(w.type, w.cols).value();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const Token t = tokens[i];
+    CELLM_CHECK_MSG(t >= 0 && t < w.rows, "embedding_gather: token id out of range");
+    quant::dequantize_row(w.type, static_cast<const unsigned char*>(w.data) + t * row_bytes, w.cols,
+                          out + static_cast<int64_t>(i) * w.cols);
+  }
 }
 
 }  // namespace
@@ -54,7 +85,11 @@ void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> lo
   CELLM_CHECK(static_cast<int64_t>(slice.seq_cells.size()) == n);
   CELLM_CHECK(static_cast<int64_t>(logits.size()) == n_sel * c.vocab_size());
 
-  embedding_gather(typed(weights_->embed_tokens()), c.vocab_size(), d, slice.tokens, x_.data());
+  if (weights_->embed_tokens().block_type) {
+    embedding_gather_blocks(weights_->embed_tokens(), slice.tokens, x_.data());
+  } else {
+    embedding_gather(typed(weights_->embed_tokens()), c.vocab_size(), d, slice.tokens, x_.data());
+  }
   for (int64_t l = 0; l < c.num_layers(); ++l) layer(l, slice, n, kv);
 
   // Final norm only for the rows that need logits; h_ holds them compacted.
@@ -65,6 +100,14 @@ void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> lo
   }
   rmsnorm(pool_, h_.data(), n_sel, d, typed(weights_->final_norm()),
           static_cast<float>(c.rms_norm_eps()), h_.data());
+  if (weights_->lm_head().block_type) {
+    // h_ holds exactly the selected rows, in order.
+    if (n_sel > 0) {
+      quant::quant_matmul(pool_, h_.data(), n_sel, quant_weights(weights_->lm_head()), TypedPtr{},
+                          logits.data());
+    }
+    return;
+  }
   std::vector<int32_t> rows(static_cast<size_t>(n_sel));
   for (int64_t s = 0; s < n_sel; ++s) rows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
   cpu::logits(pool_, h_.data(), n_sel, d, rows, typed(weights_->lm_head()), c.vocab_size(),
@@ -80,9 +123,9 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
 
   // Attention block.
   rmsnorm(pool_, x_.data(), n, d, typed(w.input_norm), eps, h_.data());
-  matmul(pool_, h_.data(), n, d, typed(w.q_proj), c.q_dim(), typed(w.q_bias), q_.data());
-  matmul(pool_, h_.data(), n, d, typed(w.k_proj), c.kv_dim(), typed(w.k_bias), k_.data());
-  matmul(pool_, h_.data(), n, d, typed(w.v_proj), c.kv_dim(), typed(w.v_bias), v_.data());
+  linear(pool_, h_.data(), n, d, w.q_proj, c.q_dim(), typed(w.q_bias), q_.data());
+  linear(pool_, h_.data(), n, d, w.k_proj, c.kv_dim(), typed(w.k_bias), k_.data());
+  linear(pool_, h_.data(), n, d, w.v_proj, c.kv_dim(), typed(w.v_bias), v_.data());
   if (c.qk_norm()) {
     rmsnorm(pool_, q_.data(), n * c.num_heads(), hd, typed(w.q_norm), eps, q_.data());
     rmsnorm(pool_, k_.data(), n * c.num_kv_heads(), hd, typed(w.k_norm), eps, k_.data());
@@ -105,15 +148,15 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
   args.window = static_cast<int32_t>(c.window(l));
   args.out = attn_.data();
   attention(pool_, args);
-  matmul(pool_, attn_.data(), n, c.q_dim(), typed(w.o_proj), d, typed(w.o_bias), o_.data());
+  linear(pool_, attn_.data(), n, c.q_dim(), w.o_proj, d, typed(w.o_bias), o_.data());
 
   // MLP block: x += o, h = rmsnorm(x) fused.
   add_rmsnorm(pool_, x_.data(), o_.data(), n, d, typed(w.post_attention_norm), eps, h_.data());
   const int64_t ff = c.intermediate_size();
-  matmul(pool_, h_.data(), n, d, typed(w.gate_proj), ff, TypedPtr{}, gate_.data());
-  matmul(pool_, h_.data(), n, d, typed(w.up_proj), ff, TypedPtr{}, up_.data());
+  linear(pool_, h_.data(), n, d, w.gate_proj, ff, TypedPtr{}, gate_.data());
+  linear(pool_, h_.data(), n, d, w.up_proj, ff, TypedPtr{}, up_.data());
   silu_mul(pool_, gate_.data(), up_.data(), n * ff, gate_.data());
-  matmul(pool_, gate_.data(), n, ff, typed(w.down_proj), d, TypedPtr{}, o_.data());
+  linear(pool_, gate_.data(), n, ff, w.down_proj, d, TypedPtr{}, o_.data());
   for (int64_t i = 0; i < n * d; ++i) x_[static_cast<size_t>(i)] += o_[static_cast<size_t>(i)];
 }
 

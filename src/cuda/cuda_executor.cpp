@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <set>
 #include <span>
 #include <utility>
@@ -573,6 +574,17 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
     const CudaExecutorOptions& options) {
   CELLM_ASSIGN_OR_RETURN(ExecutorLimits l, cuda::validate_limits(weights.get(), limits, options));
+  // The device kernels read bf16/f16/f32 elements only; a block-format (GGUF
+  // quantized) tensor is refused by name rather than read as elements.
+  for (const TensorView* t : weights->tensors()) {
+    if (t->block_type) {
+      const std::optional<GgmlTypeInfo> info =
+          ggml_type_info(static_cast<uint32_t>(*t->block_type));
+      return NotSupported(cuda::prefixed("the CUDA executor cannot run block-quantized tensor " +
+                                         t->name + " (" + (info ? info->name : "?") +
+                                         ") yet; use the CPU executor (--executor cpu)"));
+    }
+  }
   const CudaExecutorOptions& o = options;
   if (!cuda::gpu_available()) {
     return NotSupported(cuda::prefixed("no usable CUDA device (cudaGetDeviceCount found none)"));

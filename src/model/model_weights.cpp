@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -189,18 +190,53 @@ struct GgufStorage {
   std::vector<std::vector<std::byte>> copies;
 };
 
-Result<DType> gguf_element_type(const GgufTensorInfo& t, const std::string& source) {
+// How a GGUF tensor's elements are held: a DType for the float types, or a block
+// type the CPU executor's quantized matmul (src/cpu/quant) runs (kept in its blocks, no
+// dequantize at load). `cols` is the tensor's row length.
+struct GgufElement {
+  DType dtype = DType::kF32;
+  std::optional<GgmlType> block_type;
+};
+
+Result<GgufElement> gguf_element_type(const GgufTensorInfo& t, int64_t cols,
+                                      const std::string& source) {
   switch (t.type.type) {
     case GgmlType::kF32:
-      return DType::kF32;
+      return GgufElement{DType::kF32, std::nullopt};
     case GgmlType::kF16:
-      return DType::kF16;
+      return GgufElement{DType::kF16, std::nullopt};
     case GgmlType::kBF16:
-      return DType::kBF16;
+      return GgufElement{DType::kBF16, std::nullopt};
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      break;
     default:
       return NotSupported(source + ": tensor " + t.name + " has type " + t.type.name +
-                          ", which this build cannot run yet (supported: F32, F16, BF16)");
+                          ", which this build cannot run yet (supported: F32, F16, BF16, Q8_0, "
+                          "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
   }
+  // Each row must be whole blocks (the matmul's check; the model layer reads the
+  // same ggml type table that src/cpu/quant mirrors, since it cannot link it).
+  const int64_t per_block = t.type.block_elements;
+  if (cols <= 0 || cols % per_block != 0) {
+    return InvalidProgram(source + ": tensor " + t.name + " has rows of " + std::to_string(cols) +
+                          " weights, not a whole number of " + t.type.name + " blocks of " +
+                          std::to_string(per_block));
+  }
+  const int64_t rows = t.numel() / cols;
+  const auto row = static_cast<uint64_t>(cols / per_block) * t.type.block_bytes;
+  if (row * static_cast<uint64_t>(rows) != t.nbytes) {
+    return InvalidProgram(source + ": tensor " + t.name + " holds " + std::to_string(t.nbytes) +
+                          " bytes, not " + std::to_string(rows) + " rows of " +
+                          std::to_string(row) + " bytes of " + t.type.name);
+  }
+  return GgufElement{DType::kF32, t.type.type};
 }
 
 }  // namespace
@@ -252,17 +288,23 @@ Result<ModelWeights> ModelWeights::load_gguf(const std::filesystem::path& path) 
                             shape_to_string(t->shape()) + ", expected " +
                             shape_to_string(slot.shape));
     }
-    CELLM_ASSIGN_OR_RETURN(DType dtype, gguf_element_type(*t, source));
+    CELLM_ASSIGN_OR_RETURN(const GgufElement element,
+                           gguf_element_type(*t, slot.shape.back(), source));
     TensorView& view = *slot.view;
     view.name = slot.name;
-    view.dtype = dtype;
+    view.dtype = element.dtype;
+    view.block_type = element.block_type;
     view.shape = slot.shape;
     view.nbytes = t->nbytes;
     view.data = storage->file.data(*t);
-    if (reinterpret_cast<uintptr_t>(view.data) % dtype_size_bytes(dtype) != 0) {
+    // Blocks hold 16-bit scales (every block size is even): 2-byte alignment.
+    const size_t align = element.block_type ? 2 : dtype_size_bytes(element.dtype);
+    if (reinterpret_cast<uintptr_t>(view.data) % align != 0) {
       return InvalidProgram(source + ": tensor '" + name + "' is not aligned to its " +
-                            to_string(dtype) + " elements (general.alignment " +
-                            std::to_string(parsed.alignment) + ")");
+                            (element.block_type
+                                 ? std::string(t->type.name) + " blocks"
+                                 : std::string(to_string(element.dtype)) + " elements") +
+                            " (general.alignment " + std::to_string(parsed.alignment) + ")");
     }
     const bool is_q = slot.name.find("self_attn.q_proj.") != std::string::npos;
     const bool is_k = slot.name.find("self_attn.k_proj.") != std::string::npos;

@@ -166,25 +166,32 @@ std::string with_type(std::string bytes, const std::string& name, uint32_t type)
   return bytes;
 }
 
-TEST(GgufModel, BlockFormatTensorsAreRefusedByName) {
+TEST(GgufModel, BlockFormatTensorsLoadInTheirBlocksOrAreRefusedByName) {
   std::ifstream in(fixture("llama-tiny.gguf"), std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   cellm::testing::TempDir dir;
+  // A type the CPU executor runs: bound as blocks, not elements (the bytes are the
+  // F16 tensor's, read as Q4_1 blocks: valid blocks of other values).
   const fs::path path = dir.path() / "q.gguf";
   cellm::testing::write_file(path, with_type(bytes, "blk.1.ffn_up.weight", 3));  // Q4_1
   Result<ModelWeights> w = ModelWeights::load(path);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  const TensorView& up = w->layer(1).up_proj;
+  ASSERT_TRUE(up.block_type.has_value());
+  EXPECT_EQ(*up.block_type, GgmlType::kQ4_1);
+  // The reader describes the tensor correctly: 64 x 32 Q4_1 is 64 rows of one block.
+  EXPECT_EQ(up.nbytes, 64u * 20u);
+  EXPECT_FALSE(w->layer(1).down_proj.block_type.has_value());
+  // A type it does not run is refused by name.
+  const fs::path iq = dir.path() / "iq.gguf";
+  cellm::testing::write_file(iq, with_type(bytes, "blk.1.ffn_up.weight", 20));  // IQ4_NL
+  w = ModelWeights::load(iq);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), StatusCode::kNotSupported);
   EXPECT_NE(w.status().message().find(
-                "tensor blk.1.ffn_up.weight has type Q4_1, which this build cannot run yet"),
+                "tensor blk.1.ffn_up.weight has type IQ4_NL, which this build cannot run yet"),
             std::string::npos)
       << w.status().message();
-  // The reader itself describes the tensor correctly: 64 x 32 Q4_1 is 64 rows of one block.
-  Result<GgufFile> f = GgufFile::open(path);
-  ASSERT_TRUE(f.ok());
-  const GgufTensorInfo* t = f->parsed().find("blk.1.ffn_up.weight");
-  EXPECT_EQ(t->type.type, GgmlType::kQ4_1);
-  EXPECT_EQ(t->nbytes, 64u * 20u);
 }
 
 TEST(GgufModel, UnsupportedArchitecturesAndRopeAreNamed) {
@@ -228,12 +235,14 @@ TEST(GgufModel, SmolLM2ConfigFromTheRealFile) {
   EXPECT_NEAR(c->rms_norm_eps(), 1e-5, 1e-12);
   EXPECT_TRUE(c->tie_word_embeddings());
   EXPECT_EQ(c->eos_token_ids(), std::vector<Token>{2});
+  // Its Q8_0 and Q4_1 matrices load in their blocks.
   Result<ModelWeights> w = ModelWeights::load(*path);
-  ASSERT_FALSE(w.ok());
-  EXPECT_NE(w.status().message().find("tensor token_embd.weight has type Q8_0, which this "
-                                      "build cannot run yet"),
-            std::string::npos)
-      << w.status().message();
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->embed_tokens().block_type, std::optional<GgmlType>(GgmlType::kQ8_0));
+  EXPECT_EQ(w->lm_head().block_type, std::optional<GgmlType>(GgmlType::kQ8_0));  // tied
+  EXPECT_EQ(w->layer(0).q_proj.block_type, std::optional<GgmlType>(GgmlType::kQ4_1));
+  EXPECT_EQ(w->layer(0).q_proj.nbytes, 576u * 576u / 32u * 20u);
+  EXPECT_FALSE(w->final_norm().block_type.has_value());
 }
 
 }  // namespace
