@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <set>
+#include <span>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -131,21 +132,16 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
-SafetensorsFile::~SafetensorsFile() = default;
-
-Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
-  const std::string file = path.string();
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::open(path));
-  const uint64_t file_bytes = mapping->size();
+Result<std::vector<TensorView>> parse_safetensors(std::span<const std::byte> bytes,
+                                                  const std::string& file) {
+  const uint64_t file_bytes = bytes.size();
   if (file_bytes < kHeaderLengthBytes) {
     return InvalidProgram(file + ": truncated: " + std::to_string(file_bytes) +
                           " bytes, shorter than the 8-byte header length");
   }
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) {
-    header_bytes = (header_bytes << 8) | static_cast<uint8_t>(mapping->data()[i]);
+    header_bytes = (header_bytes << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
   }
   if (header_bytes > kMaxHeaderBytes) {
     return InvalidProgram(file + ": header length " + std::to_string(header_bytes) +
@@ -156,13 +152,13 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path)
                           " runs past the end of the file (" + std::to_string(file_bytes) +
                           " bytes; truncated?)");
   }
-  const char* header_text = reinterpret_cast<const char*>(mapping->data() + kHeaderLengthBytes);
+  const char* header_text = reinterpret_cast<const char*>(bytes.data() + kHeaderLengthBytes);
   CELLM_ASSIGN_OR_RETURN(json header, parse_json_text(std::string_view(header_text, header_bytes),
                                                       file + " (safetensors header)"));
   if (!header.is_object()) {
     return InvalidProgram(file + ": the safetensors header is not a JSON object");
   }
-  const std::byte* data_section = mapping->data() + kHeaderLengthBytes + header_bytes;
+  const std::byte* data_section = bytes.data() + kHeaderLengthBytes + header_bytes;
   const uint64_t data_bytes = file_bytes - kHeaderLengthBytes - header_bytes;
 
   std::vector<Entry> entries;
@@ -182,14 +178,28 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path)
                             entries[i].view.name + "' overlap in the data section");
     }
   }
+  std::vector<TensorView> views;
+  views.reserve(entries.size());
+  for (Entry& entry : entries) views.push_back(std::move(entry.view));
+  return views;
+}
 
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::open(path));
+  CELLM_ASSIGN_OR_RETURN(
+      std::vector<TensorView> views,
+      parse_safetensors(std::span<const std::byte>(mapping->data(), mapping->size()),
+                        path.string()));
   SafetensorsFile result;
   result.path_ = path;
   result.mapping_ = std::move(mapping);
-  result.tensors_.reserve(entries.size());
-  for (Entry& entry : entries) {
-    result.index_.emplace(entry.view.name, result.tensors_.size());
-    result.tensors_.push_back(std::move(entry.view));
+  result.tensors_ = std::move(views);
+  for (size_t i = 0; i < result.tensors_.size(); ++i) {
+    result.index_.emplace(result.tensors_[i].name, i);
   }
   return result;
 }
