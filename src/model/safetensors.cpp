@@ -65,6 +65,10 @@ Result<Entry> parse_entry(const std::string& name, const json& value, const std:
   const uint64_t element_bytes = dtype_size_bytes(entry.view.dtype);
   uint64_t expected_bytes = element_bytes;
   bool too_large = false;
+  // The product of the non-zero dimensions must fit int64 even when a zero
+  // dimension makes the tensor empty: TensorView::numel() multiplies them all.
+  uint64_t nonzero_numel = 1;
+  bool numel_overflows = false;
   for (const json& d : *shape_it) {
     CELLM_ASSIGN_OR_RETURN(int64_t dim, non_negative_int(d, file, name, "shape"));
     entry.view.shape.push_back(dim);
@@ -74,6 +78,15 @@ Result<Entry> parse_entry(const std::string& name, const json& value, const std:
     } else {
       expected_bytes *= udim;
     }
+    if (udim != 0 && nonzero_numel > uint64_t{INT64_MAX} / udim) {
+      numel_overflows = true;
+    } else if (udim != 0) {
+      nonzero_numel *= udim;
+    }
+  }
+  if (numel_overflows) {
+    return InvalidProgram(where + ": shape " + shape_to_string(entry.view.shape) +
+                          ": its dimensions multiply past 2^63");
   }
   if (std::find(entry.view.shape.begin(), entry.view.shape.end(), 0) != entry.view.shape.end()) {
     expected_bytes = 0;

@@ -325,7 +325,7 @@ TEST(ModelConfigTest, NonPositiveSizesAndBadNumbersAreRejected) {
               {"cfg.json", "eos_token_id", "100", "vocabulary"});
 }
 
-// Found by fuzzing: every size within its own limit, but layers * hidden *
+// Found with the fuzz targets (tests/fuzz): every size within its own limit, but layers * hidden *
 // intermediate overflowed int64 in num_parameters() (undefined behaviour).
 TEST(ModelConfigTest, SizesWhoseParameterCountOverflowsAreRejected) {
   const char* huge = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16777216,

@@ -549,8 +549,8 @@ TEST_F(TokenizerFolderTest, AMergeOfUnknownTokensIsRejected) {
   EXPECT_NE(t.status().message().find("'x'"), std::string::npos);
 }
 
-// Found by fuzzing: a vocabulary id of 2^31 - 1 overflowed int32 (max id + 1)
-// and sized the id -> token table at 2^31 strings; ids now stay below 2^24.
+// Found with the fuzz targets (tests/fuzz): a vocabulary id of 2^31 - 1 overflowed int32 (max id +
+// 1) and sized the id -> token table at 2^31 strings; ids now stay below 2^24.
 TEST_F(TokenizerFolderTest, TokenIdsPastTheLimitAreRejectedNotAllocated) {
   write("tokenizer_config.json", "{}");
   json j = tiny_tokenizer();
