@@ -339,6 +339,13 @@ TEST(ModelConfigTest, SizesWhoseParameterCountOverflowsAreRejected) {
   EXPECT_EQ(eight->num_parameters(), 8030261248);
 }
 
+// Found by the model_config fuzz target: a number past the range of a double
+// threw nlohmann's out_of_range (not a parse_error) out of parse(): a crash.
+TEST(ModelConfigTest, NumbersTooLargeForADoubleAreMalformedJsonNotACrash) {
+  ExpectError(Parse(TinyWith("\"rope_theta\": 1e3082")).status(), StatusCode::kInvalidProgram,
+              {"cfg.json", "malformed JSON", "number overflow", "1e3082"});
+}
+
 TEST(ModelConfigTest, HeadsThatDoNotDivideAreRejected) {
   std::string json = kTinyValid;
   json.replace(json.find("\"num_attention_heads\": 4"), 24, "\"num_attention_heads\": 5");

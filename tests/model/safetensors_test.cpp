@@ -220,6 +220,16 @@ TEST(SafetensorsFileTest, EmptyShapesWhoseOtherDimensionsOverflowAreRejected) {
                "multiply past 2^63"});
 }
 
+// Found with the model_config fuzz target (the header parser is shared): a
+// number past the range of a double threw out of the parser instead of an error.
+TEST(SafetensorsFileTest, AHeaderNumberTooLargeForADoubleIsMalformedJson) {
+  TempDir dir;
+  write_file(dir / "big.safetensors",
+             safetensors_with_header("{\"__metadata__\":{\"x\":-1e999}}", 0));
+  ExpectError(OpenStatus(dir / "big.safetensors"), StatusCode::kInvalidProgram,
+              {"big.safetensors", "malformed JSON", "number overflow"});
+}
+
 // parse_safetensors checks bytes held in memory exactly as open() checks a file.
 TEST(SafetensorsFileTest, ParsesAFileHeldInMemory) {
   const std::string bytes = safetensors_with_header(
