@@ -6,6 +6,9 @@ set -euo pipefail
 
 debs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
       libcpp-httplib-dev)
+# The fuzz targets (CELLM_FUZZ=ON): Debian's default clang and its runtime
+# libraries (libclang-rt-dev: the sanitizer runtimes and libFuzzer).
+debs+=(clang libclang-rt-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

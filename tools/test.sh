@@ -3,7 +3,9 @@
 #   1. a release build and every test (GPU tests skip without a GPU);
 #   2. the core, model, text, grammar, CPU and tools suites under AddressSanitizer + UndefinedBehaviorSanitizer
 #      (the tools suite runs the sanitized `cellm` command as a child process);
-#   3. the core suite under ThreadSanitizer.
+#   3. the core suite under ThreadSanitizer;
+#   4. the libFuzzer fuzz targets (clang, ASan + UBSan), each fuzzing for
+#      CELLM_FUZZ_SECONDS (default 30) over its seed corpus.
 # Each stage prints a ctest summary; the script fails on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,3 +28,11 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCELLM_SANI
 cmake --build build-tsan -j "$jobs" --target core_tests
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L core
+
+echo "== fuzz: every parser of untrusted input under libFuzzer, ASan + UBSan"
+# Only the fuzz targets and the libraries they link are built (tests off).
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+  -DCMAKE_CXX_COMPILER=clang++ -DCELLM_BUILD_CUDA=OFF -DCELLM_BUILD_TESTS=OFF -DCELLM_FUZZ=ON \
+  -DCELLM_FUZZ_SECONDS="${CELLM_FUZZ_SECONDS:-30}" >/dev/null
+cmake --build build-fuzz -j "$jobs" --target fuzz_targets
+ctest --test-dir build-fuzz --output-on-failure -j "$jobs" -L fuzz

@@ -16,12 +16,16 @@
 namespace cellm {
 
 // Parses `text`; a syntax error becomes InvalidProgram naming `source` and the byte.
+// A number too large for a double (1e400) is not a syntax error to nlohmann::json
+// but an out_of_range exception: it becomes InvalidProgram as well.
 inline Result<nlohmann::json> parse_json_text(std::string_view text, std::string_view source) {
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     return InvalidProgram(std::string(source) + ": malformed JSON at byte " +
                           std::to_string(e.byte) + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidProgram(std::string(source) + ": malformed JSON: " + e.what());
   }
 }
 

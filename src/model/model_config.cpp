@@ -18,6 +18,27 @@ using nlohmann::json;
 // Bounds that keep every product of sizes inside int64 and reject garbage early.
 constexpr int64_t kMaxDimension = int64_t{1} << 24;
 constexpr int64_t kMaxLayers = int64_t{1} << 16;
+// Each size alone is bounded above, but their products are not: layers * hidden *
+// intermediate can pass 2^63. A model has at most this many parameters (2^50,
+// about 10^15, far beyond any real one), which keeps num_parameters() in int64.
+constexpr double kMaxParameters = static_cast<double>(int64_t{1} << 50);
+
+// The parameter count of num_parameters(), in any arithmetic type (double to
+// check the bound without overflowing, int64_t once it holds).
+template <typename T>
+T parameter_count(const ModelSpec& spec) {
+  const T h = static_cast<T>(spec.hidden_size);
+  const T q_dim = static_cast<T>(spec.num_attention_heads) * static_cast<T>(spec.head_dim);
+  const T kv_dim = static_cast<T>(spec.num_key_value_heads) * static_cast<T>(spec.head_dim);
+  T per_layer = 2 * h                                              // input and post-attention norms
+                + h * q_dim + 2 * h * kv_dim + q_dim * h           // q, k, v, o
+                + 3 * h * static_cast<T>(spec.intermediate_size);  // gate, up, down
+  if (spec.qkv_bias) per_layer += q_dim + 2 * kv_dim;
+  if (spec.o_bias) per_layer += h;
+  if (spec.qk_norm) per_layer += 2 * static_cast<T>(spec.head_dim);
+  const T embeddings = static_cast<T>(spec.vocab_size) * h * (spec.tie_word_embeddings ? 1 : 2);
+  return embeddings + static_cast<T>(spec.num_hidden_layers) * per_layer + h;
+}
 
 Status spec_error(std::string_view source, std::string_view field, const std::string& problem) {
   return InvalidProgram(std::string(source) + ": " + std::string(field) + ": " + problem);
@@ -363,6 +384,13 @@ Result<ModelConfig> ModelConfig::from_spec(ModelSpec spec, std::string_view sour
       }
     }
   }
+  if (const double n = parameter_count<double>(spec); n > kMaxParameters) {
+    std::ostringstream os;
+    os << "the sizes give " << n << " parameters, more than the limit " << kMaxParameters
+       << " (hidden_size " << spec.hidden_size << ", intermediate_size " << spec.intermediate_size
+       << ", vocab_size " << spec.vocab_size << ")";
+    return spec_error(source, "num_hidden_layers", os.str());
+  }
   auto check_token = [&](std::string_view field, Token id) -> Status {
     if (id < 0 || id >= spec.vocab_size) {
       return spec_error(source, field,
@@ -436,15 +464,7 @@ bool ModelConfig::has_sliding_window() const {
 }
 
 int64_t ModelConfig::num_parameters() const {
-  const int64_t h = hidden_size();
-  int64_t per_layer = 2 * h  // input and post-attention norms
-                      + h * q_dim() + 2 * h * kv_dim() + q_dim() * h  // q, k, v, o
-                      + 3 * h * intermediate_size();                  // gate, up, down
-  if (qkv_bias()) per_layer += q_dim() + 2 * kv_dim();
-  if (o_bias()) per_layer += h;
-  if (qk_norm()) per_layer += 2 * head_dim();
-  const int64_t embeddings = vocab_size() * h * (tie_word_embeddings() ? 1 : 2);
-  return embeddings + num_layers() * per_layer + h;
+  return parameter_count<int64_t>(spec_);  // from_spec bounded it
 }
 
 }  // namespace cellm

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <set>
+#include <span>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +65,10 @@ Result<Entry> parse_entry(const std::string& name, const json& value, const std:
   const uint64_t element_bytes = dtype_size_bytes(entry.view.dtype);
   uint64_t expected_bytes = element_bytes;
   bool too_large = false;
+  // The product of the non-zero dimensions must fit int64 even when a zero
+  // dimension makes the tensor empty: TensorView::numel() multiplies them all.
+  uint64_t nonzero_numel = 1;
+  bool numel_overflows = false;
   for (const json& d : *shape_it) {
     CELLM_ASSIGN_OR_RETURN(int64_t dim, non_negative_int(d, file, name, "shape"));
     entry.view.shape.push_back(dim);
@@ -73,6 +78,15 @@ Result<Entry> parse_entry(const std::string& name, const json& value, const std:
     } else {
       expected_bytes *= udim;
     }
+    if (udim != 0 && nonzero_numel > uint64_t{INT64_MAX} / udim) {
+      numel_overflows = true;
+    } else if (udim != 0) {
+      nonzero_numel *= udim;
+    }
+  }
+  if (numel_overflows) {
+    return InvalidProgram(where + ": shape " + shape_to_string(entry.view.shape) +
+                          ": its dimensions multiply past 2^63");
   }
   if (std::find(entry.view.shape.begin(), entry.view.shape.end(), 0) != entry.view.shape.end()) {
     expected_bytes = 0;
@@ -131,21 +145,16 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
-SafetensorsFile::~SafetensorsFile() = default;
-
-Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
-  const std::string file = path.string();
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::open(path));
-  const uint64_t file_bytes = mapping->size();
+Result<std::vector<TensorView>> parse_safetensors(std::span<const std::byte> bytes,
+                                                  const std::string& file) {
+  const uint64_t file_bytes = bytes.size();
   if (file_bytes < kHeaderLengthBytes) {
     return InvalidProgram(file + ": truncated: " + std::to_string(file_bytes) +
                           " bytes, shorter than the 8-byte header length");
   }
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) {
-    header_bytes = (header_bytes << 8) | static_cast<uint8_t>(mapping->data()[i]);
+    header_bytes = (header_bytes << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
   }
   if (header_bytes > kMaxHeaderBytes) {
     return InvalidProgram(file + ": header length " + std::to_string(header_bytes) +
@@ -156,13 +165,13 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path)
                           " runs past the end of the file (" + std::to_string(file_bytes) +
                           " bytes; truncated?)");
   }
-  const char* header_text = reinterpret_cast<const char*>(mapping->data() + kHeaderLengthBytes);
+  const char* header_text = reinterpret_cast<const char*>(bytes.data() + kHeaderLengthBytes);
   CELLM_ASSIGN_OR_RETURN(json header, parse_json_text(std::string_view(header_text, header_bytes),
                                                       file + " (safetensors header)"));
   if (!header.is_object()) {
     return InvalidProgram(file + ": the safetensors header is not a JSON object");
   }
-  const std::byte* data_section = mapping->data() + kHeaderLengthBytes + header_bytes;
+  const std::byte* data_section = bytes.data() + kHeaderLengthBytes + header_bytes;
   const uint64_t data_bytes = file_bytes - kHeaderLengthBytes - header_bytes;
 
   std::vector<Entry> entries;
@@ -182,14 +191,28 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path)
                             entries[i].view.name + "' overlap in the data section");
     }
   }
+  std::vector<TensorView> views;
+  views.reserve(entries.size());
+  for (Entry& entry : entries) views.push_back(std::move(entry.view));
+  return views;
+}
 
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::open(path));
+  CELLM_ASSIGN_OR_RETURN(
+      std::vector<TensorView> views,
+      parse_safetensors(std::span<const std::byte>(mapping->data(), mapping->size()),
+                        path.string()));
   SafetensorsFile result;
   result.path_ = path;
   result.mapping_ = std::move(mapping);
-  result.tensors_.reserve(entries.size());
-  for (Entry& entry : entries) {
-    result.index_.emplace(entry.view.name, result.tensors_.size());
-    result.tensors_.push_back(std::move(entry.view));
+  result.tensors_ = std::move(views);
+  for (size_t i = 0; i < result.tensors_.size(); ++i) {
+    result.index_.emplace(result.tensors_[i].name, i);
   }
   return result;
 }

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,12 @@ namespace cellm {
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
 class MappedFile;
+
+// Validates a whole safetensors file held in `bytes` (`file` names it in errors)
+// and returns its tensors in ascending data offset, viewing into `bytes`: what
+// SafetensorsFile::open checks once the file is mapped. Errors as open's.
+Result<std::vector<TensorView>> parse_safetensors(std::span<const std::byte> bytes,
+                                                  const std::string& file);
 
 class SafetensorsFile {
  public:

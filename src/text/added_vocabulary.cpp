@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bpe.h"
 #include "unicode.h"
 
 namespace cellm {
@@ -17,9 +18,9 @@ Result<AddedVocabulary> AddedVocabulary::parse(const nlohmann::json& added_token
     AddedToken token;
     token.content = t.at("content").get<std::string>();
     const int64_t id = t.at("id").get<int64_t>();
-    if (id < 0 || id > INT32_MAX) {
+    if (id < 0 || id >= kTokenIdLimit) {
       return InvalidProgram("added token '" + token.content + "' has id " + std::to_string(id) +
-                            ", out of range");
+                            ", out of range [0, " + std::to_string(kTokenIdLimit) + ")");
     }
     if (token.content.empty()) return InvalidProgram("an added token has empty content");
     token.id = static_cast<Token>(id);

@@ -30,9 +30,9 @@ Result<BpeModel> BpeModel::parse(const nlohmann::json& model) {
       return InvalidProgram("model.vocab id of '" + token + "' is not an integer");
     }
     const int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > INT32_MAX) {
+    if (id < 0 || id >= kTokenIdLimit) {
       return InvalidProgram("model.vocab id " + std::to_string(id) + " of '" + token +
-                            "' is out of range");
+                            "' is out of range [0, " + std::to_string(kTokenIdLimit) + ")");
     }
     bpe.vocab_.emplace(token, static_cast<Token>(id));
     max_id = std::max(max_id, static_cast<Token>(id));

@@ -24,6 +24,11 @@
 
 namespace cellm {
 
+// Token ids of tokenizer.json (the vocabulary and the added tokens) lie below
+// this bound, as config.json's vocab_size does (ModelConfig): the id -> token
+// table is sized by the largest id, so one huge id would ask for gigabytes.
+constexpr int64_t kTokenIdLimit = int64_t{1} << 24;
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }

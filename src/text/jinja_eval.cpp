@@ -84,9 +84,9 @@ Value repeat(Budget& budget, const Value& sequence, int64_t times) {
   }
   const auto& items = sequence.as_list().items;
   if (n != 0 && items.size() > budget.limits().max_string_bytes / n) {
-    budget.charge_items(budget.limits().max_string_bytes + 1, "list");
+    budget.charge_list_items(budget.limits().max_string_bytes + 1, "list");
   }
-  budget.charge_items(items.size() * n, "list");
+  budget.charge_list_items(items.size() * n, "list");
   std::vector<Value> out;
   out.reserve(items.size() * n);
   for (size_t i = 0; i < n; ++i) out.insert(out.end(), items.begin(), items.end());
@@ -114,7 +114,7 @@ Value arithmetic(Budget& budget, const std::string& op, const Value& a, const Va
     if (a.is_list() && b.is_list() && a.as_list().is_tuple == b.as_list().is_tuple) {
       const auto& x = a.as_list().items;
       const auto& y = b.as_list().items;
-      budget.charge_items(x.size() + y.size(), "list");
+      budget.charge_list_items(x.size() + y.size(), "list");
       std::vector<Value> items = x;
       items.insert(items.end(), y.begin(), y.end());
       return Value::list(std::move(items), a.as_list().is_tuple);
@@ -482,7 +482,7 @@ class Evaluator {
         std::vector<Value> items;
         items.reserve(e.children.size());
         for (const auto& c : e.children) items.push_back(eval(*c, scope));
-        budget_.charge_items(items.size(), "list");
+        budget_.charge_list_items(items.size(), "list");
         return Value::list(std::move(items), e.kind == Expr::Kind::kTuple);
       }
       case Expr::Kind::kDict: {
@@ -493,7 +493,7 @@ class Evaluator {
           if (key.is_dict()) type_error("unhashable type: 'dict'");
           items.emplace_back(std::move(key), eval(*e.children[i + 1], scope));
         }
-        budget_.charge_items(items.size(), "dict");
+        budget_.charge_list_items(items.size(), "dict");
         return Value::dict(std::move(items));
       }
       case Expr::Kind::kGetAttr:

@@ -332,7 +332,7 @@ Value apply_filter(Budget& budget, std::string_view name, const Value& value, Ca
   if (name == "list") {
     const BoundArgs a(args, n, {});
     std::vector<Value> items = iterate(value);
-    budget.charge_items(items.size(), "list");
+    budget.charge_list_items(items.size(), "list");
     return Value::list(std::move(items));
   }
   if (name == "items") {
@@ -381,6 +381,7 @@ Value apply_filter(Budget& budget, std::string_view name, const Value& value, Ca
     const bool case_sensitive = flag(a.get(0), false);
     std::vector<Value> out, seen;
     for (const Value& item : iterate(value)) {
+      budget.check_time();  // quadratic in the distinct items
       const Value k =
           sort_key(a.get(1) ? attribute_path(budget, item, *a.get(1)) : item, case_sensitive);
       if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, k); })) {

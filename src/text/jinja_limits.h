@@ -8,7 +8,9 @@
 // A Budget belongs to one render on one thread. Private to src/text.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,11 +28,19 @@ struct Limits {
   int max_call_depth = 100;                   // macro calls
   int max_nesting = 100;                      // blocks inside blocks (checked when parsing)
   int max_expression_depth = 256;             // expression tree height (checked when parsing)
+  // Wall-clock bound on one render. The bounds above cap what a render builds,
+  // not what it reads: each of 100k loop iterations may scan a list or string
+  // of 1M items (`in`, comparisons), and `unique` compares every pair. Real chat
+  // templates render in milliseconds.
+  int64_t max_render_milliseconds = 10000;
 };
 
 class Budget {
  public:
-  explicit Budget(const Limits& limits) : limits_(limits) {}
+  explicit Budget(const Limits& limits)
+      : limits_(limits),
+        deadline_(std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(limits.max_render_milliseconds)) {}
   ~Budget() {
     for (const auto& ns : namespaces_) ns->attrs.clear();
   }
@@ -50,6 +60,15 @@ class Budget {
     check_size(n, what);
     charge(n);
   }
+  // Charges building a list or dict of `n` items. An item costs far more than a
+  // byte of string (a Value copied, often a string allocated for it), so each
+  // counts as kItemWorkBytes: copying a long list over and over stops about as
+  // soon as building strings would, not minutes later.
+  static constexpr size_t kItemWorkBytes = 64;
+  void charge_list_items(size_t n, const char* what) {
+    check_size(n, what);
+    charge(n * kItemWorkBytes);
+  }
   // A new, empty namespace object, owned until the render ends.
   Value new_namespace() {
     charge_items(1, "namespace");
@@ -61,6 +80,14 @@ class Budget {
       throw TemplateError("template exceeded " + std::to_string(limits_.max_loop_iterations) +
                           " loop iterations");
     }
+    check_time();
+  }
+  // Throws once the render has run past its time bound.
+  void check_time() const {
+    if (std::chrono::steady_clock::now() > deadline_) {
+      throw TemplateError("template exceeded its time budget (" +
+                          std::to_string(limits_.max_render_milliseconds) + " ms)");
+    }
   }
 
  private:
@@ -71,6 +98,7 @@ class Budget {
     }
   }
   void charge(size_t n) {
+    check_time();
     work_ += n;
     if (work_ > limits_.max_work_bytes) {
       throw TemplateError("template exceeded its work budget (" +
@@ -79,6 +107,7 @@ class Budget {
   }
 
   Limits limits_;
+  std::chrono::steady_clock::time_point deadline_;
   size_t iterations_ = 0;
   size_t work_ = 0;
   std::vector<std::shared_ptr<NamespaceData>> namespaces_;

@@ -31,7 +31,7 @@ int64_t int_arg(const Value* v, std::string_view function, int64_t fallback) {
 }
 
 Value string_list(Budget& budget, std::vector<std::string> parts) {
-  budget.charge_items(parts.size(), "list");
+  budget.charge_list_items(parts.size(), "list");
   std::vector<Value> items;
   items.reserve(parts.size());
   for (auto& p : parts) items.push_back(budget.string(std::move(p)));
@@ -303,7 +303,7 @@ Value get_slice(Budget& budget, const Value& object, const Value& start, const V
   if (object.is_list()) {
     const auto& items = object.as_list().items;
     const std::vector<size_t> picks = slice_indices(items.size(), start, stop, step);
-    budget.charge_items(picks.size(), "list");
+    budget.charge_list_items(picks.size(), "list");
     std::vector<Value> out;
     out.reserve(picks.size());
     for (size_t i : picks) out.push_back(items[i]);
@@ -371,7 +371,7 @@ std::vector<std::pair<std::string, Value>> global_functions(Budget& budget,
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
           items.push_back(Value::integer(i));
         }
-        budget.charge_items(items.size(), "list");
+        budget.charge_list_items(items.size(), "list");
         return Value::list(std::move(items));
       }));
   out.emplace_back("namespace", Value::callable("namespace", [&budget](CallArgs& args) {

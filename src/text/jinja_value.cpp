@@ -231,13 +231,14 @@ Value Value::dict(std::vector<std::pair<Value, Value>> items) {
   for (const auto& [k, v] : items) depth = std::max({depth, k.depth(), v.depth()});
   check_depth(depth + 1);
   auto data = std::make_shared<DictData>();
-  for (auto& [k, v] : items) {
+  // A named pair, not a structured binding: clang before 16 cannot capture those.
+  for (auto& item : items) {
     auto it = std::find_if(data->items.begin(), data->items.end(),
-                           [&](const auto& e) { return equals(e.first, k); });
+                           [&](const auto& e) { return equals(e.first, item.first); });
     if (it != data->items.end()) {
-      it->second = std::move(v);
+      it->second = std::move(item.second);
     } else {
-      data->items.emplace_back(std::move(k), std::move(v));
+      data->items.emplace_back(std::move(item.first), std::move(item.second));
     }
   }
   data->depth = depth + 1;

@@ -325,6 +325,27 @@ TEST(ModelConfigTest, NonPositiveSizesAndBadNumbersAreRejected) {
               {"cfg.json", "eos_token_id", "100", "vocabulary"});
 }
 
+// Found with the fuzz targets (tests/fuzz): every size within its own limit, but layers * hidden *
+// intermediate overflowed int64 in num_parameters() (undefined behaviour).
+TEST(ModelConfigTest, SizesWhoseParameterCountOverflowsAreRejected) {
+  const char* huge = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16777216,
+      "num_hidden_layers": 65536, "num_attention_heads": 1, "intermediate_size": 16777216,
+      "vocab_size": 16777216, "max_position_embeddings": 8, "rms_norm_eps": 1e-5})";
+  ExpectError(Parse(huge).status(), StatusCode::kInvalidProgram,
+              {"cfg.json", "parameters", "more than the limit", "hidden_size 16777216"});
+  // The largest real models stay far below the bound.
+  Result<ModelConfig> eight = ModelConfig::preset("8b");
+  ASSERT_TRUE(eight.ok()) << eight.status().to_string();
+  EXPECT_EQ(eight->num_parameters(), 8030261248);
+}
+
+// Found by the model_config fuzz target: a number past the range of a double
+// threw nlohmann's out_of_range (not a parse_error) out of parse(): a crash.
+TEST(ModelConfigTest, NumbersTooLargeForADoubleAreMalformedJsonNotACrash) {
+  ExpectError(Parse(TinyWith("\"rope_theta\": 1e3082")).status(), StatusCode::kInvalidProgram,
+              {"cfg.json", "malformed JSON", "number overflow", "1e3082"});
+}
+
 TEST(ModelConfigTest, HeadsThatDoNotDivideAreRejected) {
   std::string json = kTinyValid;
   json.replace(json.find("\"num_attention_heads\": 4"), 24, "\"num_attention_heads\": 5");

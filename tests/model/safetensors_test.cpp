@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -201,6 +202,50 @@ TEST(SafetensorsFileTest, ShapesWhoseSizeOverflowsAreRejected) {
                  "{\"w\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8));
   ExpectError(OpenStatus(dir / "n.safetensors"), StatusCode::kInvalidProgram,
               {"n.safetensors", "'w'", "shape"});
+}
+
+// Found with the fuzz targets (tests/fuzz): a zero dimension made the tensor empty (0 bytes,
+// accepted), but numel() still multiplied the other dimensions past int64 (undefined behaviour) for
+// whoever asked.
+TEST(SafetensorsFileTest, EmptyShapesWhoseOtherDimensionsOverflowAreRejected) {
+  const std::string bytes = safetensors_with_header(
+      "{\"w\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4611686018427387904,0],"
+      "\"data_offsets\":[0,0]}}",
+      0);
+  Result<std::vector<TensorView>> views = parse_safetensors(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()),
+      "mem.safetensors");
+  ExpectError(views.status(), StatusCode::kInvalidProgram,
+              {"mem.safetensors", "'w'", "[4611686018427387904, 4611686018427387904, 0]",
+               "multiply past 2^63"});
+}
+
+// Found with the model_config fuzz target (the header parser is shared): a
+// number past the range of a double threw out of the parser instead of an error.
+TEST(SafetensorsFileTest, AHeaderNumberTooLargeForADoubleIsMalformedJson) {
+  TempDir dir;
+  write_file(dir / "big.safetensors",
+             safetensors_with_header("{\"__metadata__\":{\"x\":-1e999}}", 0));
+  ExpectError(OpenStatus(dir / "big.safetensors"), StatusCode::kInvalidProgram,
+              {"big.safetensors", "malformed JSON", "number overflow"});
+}
+
+// parse_safetensors checks bytes held in memory exactly as open() checks a file.
+TEST(SafetensorsFileTest, ParsesAFileHeldInMemory) {
+  const std::string bytes = safetensors_with_header(
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"e\":{\"dtype\":\"F16\",\"shape\":[3,0],\"data_offsets\":[8,8]}}",
+      8);
+  Result<std::vector<TensorView>> views = parse_safetensors(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()),
+      "mem.safetensors");
+  ASSERT_TRUE(views.ok()) << views.status().to_string();
+  ASSERT_EQ(views->size(), 2u);
+  EXPECT_EQ((*views)[0].name, "a");
+  EXPECT_EQ((*views)[0].nbytes, 8u);
+  EXPECT_EQ((*views)[1].numel(), 0);
+  EXPECT_EQ(static_cast<const std::byte*>((*views)[0].data),
+            reinterpret_cast<const std::byte*>(bytes.data()) + bytes.size() - 8);
 }
 
 TEST(SafetensorsFileTest, OverlappingTensorsAreRejected) {

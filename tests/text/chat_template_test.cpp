@@ -317,6 +317,28 @@ TEST(ChatTemplateLimitsTest, RunawayOutputAndStringsStopAtTheirLimits) {
             std::string::npos);
 }
 
+// Found while writing the chat_template fuzz target: copying a list of 1M
+// items 1000 times stayed inside the work budget (one unit per item) but ran
+// for minutes under ASan; items now weigh 64 bytes of work each.
+TEST(ChatTemplateLimitsTest, CopyingLongListsOverAndOverRunsIntoTheWorkBudget) {
+  EXPECT_NE(render_error("{% set l = ('a' * 1000000) | list %}{% for i in range(1000) %}"
+                         "{% set m = l | list %}{% endfor %}")
+                .find("work budget"),
+            std::string::npos);
+}
+
+// Reading builds nothing the work budget counts: 100k scans of a 1M-item list,
+// or `unique` over 100k distinct items (every pair compared), stop at the render's
+// time bound (10 s) instead of running for hours.
+TEST(ChatTemplateLimitsTest, ScansAndQuadraticFiltersStopAtTheTimeBudget) {
+  EXPECT_NE(render_error("{% set l = ('a' * 1000000) | list %}{% for i in range(100000) %}"
+                         "{% if 'b' in l %}{% endif %}{% endfor %}")
+                .find("time budget"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ range(100000) | unique | length }}").find("time budget"),
+            std::string::npos);
+}
+
 TEST(ChatTemplateLimitsTest, RecursionAndNestingAreBounded) {
   EXPECT_NE(render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
                 .find("macro calls nested deeper than 100"),

@@ -549,6 +549,34 @@ TEST_F(TokenizerFolderTest, AMergeOfUnknownTokensIsRejected) {
   EXPECT_NE(t.status().message().find("'x'"), std::string::npos);
 }
 
+// Found with the fuzz targets (tests/fuzz): a vocabulary id of 2^31 - 1 overflowed int32 (max id +
+// 1) and sized the id -> token table at 2^31 strings; ids now stay below 2^24.
+TEST_F(TokenizerFolderTest, TokenIdsPastTheLimitAreRejectedNotAllocated) {
+  write("tokenizer_config.json", "{}");
+  json j = tiny_tokenizer();
+  j["model"]["vocab"]["a"] = 2147483647;
+  write("tokenizer.json", j.dump());
+  Result<Tokenizer> t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidProgram);
+  EXPECT_NE(t.status().message().find("model.vocab id 2147483647 of 'a' is out of range"),
+            std::string::npos)
+      << t.status().message();
+  j = tiny_tokenizer();
+  j["added_tokens"][1]["id"] = 16777216;
+  write("tokenizer.json", j.dump());
+  t = Tokenizer::load(dir_.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("added token '</s>' has id 16777216, out of range"),
+            std::string::npos)
+      << t.status().message();
+  j["added_tokens"][1]["id"] = 16777215;  // the largest id allowed
+  write("tokenizer.json", j.dump());
+  t = Tokenizer::load(dir_.string());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->vocab_size(), 16777216u);
+}
+
 TEST_F(TokenizerFolderTest, AMissingTokenizerConfigIsNamed) {
   write("tokenizer.json", tiny_tokenizer().dump());
   const Result<Tokenizer> t = Tokenizer::load(dir_.string());

@@ -34,61 +34,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr size_t kMaxMessages = 4096;
-
-// A message's content: a string, null (an assistant turn with no text), or a
-// list of parts of which only {"type": "text", "text": ...} are accepted.
-ApiResult<std::string> message_content(const json& m, size_t i) {
-  const std::string param = "messages[" + std::to_string(i) + "].content";
-  auto it = m.find("content");
-  if (it == m.end() || it->is_null()) return std::string();
-  if (it->is_string()) return it->get<std::string>();
-  if (!it->is_array())
-    return invalid_field(param, "'" + param + "' must be a string or a list of parts");
-  std::string text;
-  for (const json& part : *it) {
-    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
-        !part["text"].is_string()) {
-      return invalid_field(param,
-                           "'" + param + "' parts must be {\"type\": \"text\", \"text\": ...}");
-    }
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
-ApiResult<std::vector<ChatMessage>> parse_messages(const json& body) {
-  auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) {
-    return invalid_field("messages", "'messages' must be a non-empty list");
-  }
-  if (it->size() > kMaxMessages) {
-    return invalid_field("messages", "'messages' holds at most " + std::to_string(kMaxMessages));
-  }
-  std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    const std::string param = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) return invalid_field(param, "'" + param + "' must be an object");
-    // A message's other keys (tool_calls, tool_call_id, name, ...) would reach the
-    // template as nothing: refused rather than dropped.
-    for (const auto& [key, value] : m.items()) {
-      if (key != "role" && key != "content") {
-        return invalid_field(param + "." + key,
-                             "'" + param + "." + key + "' is not supported on this server");
-      }
-    }
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
-      return invalid_field(param + ".role", "'" + param + ".role' must be a non-empty string");
-    }
-    ApiResult<std::string> content = message_content(m, i);
-    if (auto* e = std::get_if<ApiError>(&content)) return *e;
-    messages.push_back(ChatMessage{role->get<std::string>(), std::get<std::string>(content)});
-  }
-  return messages;
-}
-
 // The chat logprobs object for `tokens`.
 json chat_logprobs(const Tokenizer& tok, const std::vector<Token>& tokens,
                    const std::vector<TokenLogprobs>& logprobs, int32_t top_n) {
@@ -115,7 +60,7 @@ json chat_logprobs(const Tokenizer& tok, const std::vector<Token>& tokens,
 
 ApiResult<std::vector<Token>> chat_prompt(const ServeContext& ctx, const ChatEndpoint& endpoint,
                                           const json& body, bool add_generation_prompt) {
-  ApiResult<std::vector<ChatMessage>> messages = parse_messages(body);
+  ApiResult<std::vector<ChatMessage>> messages = parse_chat_messages(body);
   if (auto* e = std::get_if<ApiError>(&messages)) return *e;
   if (!endpoint.chat_template.ok()) {
     return ApiError{400,

@@ -1,0 +1,91 @@
+// Fuzzes the /v1/chat/completions request body: the bytes (or a structured body
+// built from them) through parse_json_body, parse_generation_fields and
+// parse_chat_messages, then the messages rendered with a Llama-3-style chat
+// template, as handle_chat runs them. Every answer must be a request that holds
+// to the limits or a 400 naming a field.
+#include <cstdint>
+#include <ctime>
+#include <string>
+
+#include "cellm/chat_template.h"
+#include "fuzz_check.h"
+#include "request_body.h"
+#include "serve/request.h"
+
+namespace {
+
+using cellm::cli::ApiError;
+using cellm::cli::ApiResult;
+using nlohmann::json;
+
+constexpr const char* kTemplate =
+    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% endif %}";
+
+const cellm::ChatTemplate& chat_template() {
+  static const cellm::ChatTemplate t = [] {
+    std::tm now{};
+    now.tm_year = 126;
+    cellm::Result<cellm::ChatTemplate> r =
+        cellm::ChatTemplate::parse(kTemplate, "<|begin_of_text|>", "<|eot_id|>", now);
+    FUZZ_CHECK(r.ok(), "the fixed chat template parses");
+    return *r;
+  }();
+  return t;
+}
+
+std::string make_body(const uint8_t* data, size_t size) {
+  if (cellm::fuzz::looks_like_json(data, size)) {
+    return std::string(reinterpret_cast<const char*>(data), size);
+  }
+  FuzzedDataProvider fdp(data, size);
+  json body = json::object();
+  if (fdp.ConsumeIntegralInRange<int>(0, 7) != 0) {
+    body["messages"] = cellm::fuzz::messages_value(fdp);
+  }
+  cellm::fuzz::add_generation_fields(fdp, body);
+  return body.dump();
+}
+
+void check_error(const ApiError& e) {
+  FUZZ_CHECK(e.status == 400, "a request parse error is a 400");
+  FUZZ_CHECK(!e.message.empty(), "an error says what is wrong");
+  (void)e.to_json().dump();  // throws (a crash here) if the error body is not UTF-8
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const cellm::cli::RequestLimits limits{/*max_n=*/4, /*max_session_tokens=*/256,
+                                         /*vocab_size=*/512};
+  ApiResult<json> body = cellm::cli::parse_json_body(make_body(data, size));
+  if (const auto* e = std::get_if<ApiError>(&body)) {
+    check_error(*e);
+    return 0;
+  }
+  const json& object = std::get<json>(body);
+  ApiResult<cellm::cli::GenerationFields> fields =
+      cellm::cli::parse_generation_fields(object, limits, cellm::cli::Endpoint::kChat);
+  if (const auto* e = std::get_if<ApiError>(&fields)) {
+    check_error(*e);
+    return 0;
+  }
+  const cellm::cli::GenerationFields& f = std::get<cellm::cli::GenerationFields>(fields);
+  FUZZ_CHECK(f.n >= 1 && f.n <= limits.max_n, "n within [1, max_n]");
+  FUZZ_CHECK(!f.max_tokens || *f.max_tokens >= 1, "max_tokens positive");
+  FUZZ_CHECK(!f.top_logprobs || (*f.top_logprobs >= 0 && *f.top_logprobs <= 20),
+             "top_logprobs within [0, 20]");
+  ApiResult<std::vector<cellm::ChatMessage>> messages = cellm::cli::parse_chat_messages(object);
+  if (const auto* e = std::get_if<ApiError>(&messages)) {
+    check_error(*e);
+    return 0;
+  }
+  const auto& list = std::get<std::vector<cellm::ChatMessage>>(messages);
+  FUZZ_CHECK(!list.empty() && list.size() <= 4096, "between 1 and 4096 messages");
+  for (const cellm::ChatMessage& m : list) FUZZ_CHECK(!m.role.empty(), "every role named");
+  cellm::Result<std::string> rendered = chat_template().render(list, true);
+  FUZZ_CHECK(rendered.ok(), "a template that only concatenates renders any messages");
+  return 0;
+}

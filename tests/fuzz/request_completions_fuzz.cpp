@@ -1,0 +1,70 @@
+// Fuzzes the /v1/completions request body: the bytes (or a structured body built
+// from them) through parse_json_body, parse_completion_request and the session
+// budget check, as handle_completions runs them. Every answer must be a request
+// that holds to the limits or a 400 naming a field, and must serialize.
+#include <cstdint>
+#include <string>
+
+#include "fuzz_check.h"
+#include "request_body.h"
+#include "serve/request.h"
+
+namespace {
+
+using cellm::cli::ApiError;
+using cellm::cli::ApiResult;
+using nlohmann::json;
+
+std::string make_body(const uint8_t* data, size_t size) {
+  if (cellm::fuzz::looks_like_json(data, size)) {
+    return std::string(reinterpret_cast<const char*>(data), size);
+  }
+  FuzzedDataProvider fdp(data, size);
+  json body = json::object();
+  if (fdp.ConsumeIntegralInRange<int>(0, 7) != 0) body["prompt"] = cellm::fuzz::prompt_value(fdp);
+  cellm::fuzz::add_generation_fields(fdp, body);
+  return body.dump();
+}
+
+void check_error(const ApiError& e) {
+  FUZZ_CHECK(e.status == 400, "a request parse error is a 400");
+  FUZZ_CHECK(!e.message.empty(), "an error says what is wrong");
+  (void)e.to_json().dump();  // throws (a crash here) if the error body is not UTF-8
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const cellm::cli::RequestLimits limits{/*max_n=*/4, /*max_session_tokens=*/256,
+                                         /*vocab_size=*/512};
+  ApiResult<json> body = cellm::cli::parse_json_body(make_body(data, size));
+  if (const auto* e = std::get_if<ApiError>(&body)) {
+    check_error(*e);
+    return 0;
+  }
+  FUZZ_CHECK(std::get<json>(body).is_object(), "a parsed body is an object");
+  ApiResult<cellm::cli::CompletionRequest> parsed =
+      cellm::cli::parse_completion_request(std::get<json>(body), limits);
+  if (const auto* e = std::get_if<ApiError>(&parsed)) {
+    check_error(*e);
+    return 0;
+  }
+  const cellm::cli::CompletionRequest& r = std::get<cellm::cli::CompletionRequest>(parsed);
+  const cellm::cli::GenerationFields& f = r.fields;
+  FUZZ_CHECK(f.n >= 1 && f.n <= limits.max_n, "n within [1, max_n]");
+  FUZZ_CHECK(!f.max_tokens || *f.max_tokens >= 1, "max_tokens positive");
+  FUZZ_CHECK(!f.top_logprobs || (*f.top_logprobs >= 0 && *f.top_logprobs <= 20),
+             "logprobs within [0, 20]");
+  FUZZ_CHECK(f.stop.size() <= 16, "at most 16 stop strings");
+  FUZZ_CHECK(r.prompt_text.has_value() != !r.prompt_tokens.empty(),
+             "exactly one of prompt text and prompt tokens");
+  FUZZ_CHECK(!r.prompt_text || !r.prompt_text->empty(), "a text prompt is not empty");
+  for (cellm::Token t : r.prompt_tokens) {
+    FUZZ_CHECK(t >= 0 && t < limits.vocab_size, "prompt token ids inside the vocabulary");
+  }
+  const size_t prompt_size = r.prompt_text ? r.prompt_text->size() : r.prompt_tokens.size();
+  if (auto e = cellm::cli::check_session_budget(prompt_size, f.max_tokens.value_or(16), limits)) {
+    check_error(*e);
+  }
+  return 0;
+}
