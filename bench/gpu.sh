@@ -35,8 +35,9 @@ usage: bench/gpu.sh COMMAND [ARGS]
                         sums the last decode steps (bench/ncu_summary.py); nsys writes an
                         Nsight Systems report with graph node tracing
   deps                  copies the headers and static libraries the build needs from this
-                        Debian machine into .deps/ (git-ignored, ~4 MB), for a GPU machine
-                        whose image lacks them and cannot install them
+                        Debian machine into .deps/ (git-ignored, ~4 MB) and .deps.tar.xz
+                        (~0.7 MB, unpacked by build), for a GPU machine whose image lacks
+                        them and cannot install them
 
 environment: BUILD (the build tree, default /tmp/cellm-gpu-build), ARCH (the CUDA
 architecture, default 90a), PEAK_GBS (default 4250), OUT (where logs and results go,
@@ -61,6 +62,9 @@ need_build() {
 cmd_build() {
   local out prefix=() generator=()
   out=$(out_dir)
+  if [ ! -d "$ROOT/.deps" ] && [ -f "$ROOT/.deps.tar.xz" ]; then
+    tar -xJf "$ROOT/.deps.tar.xz" -C "$ROOT"
+  fi
   if [ -d "$ROOT/.deps" ]; then
     prefix=(-DCMAKE_PREFIX_PATH="$ROOT/.deps")
   else
@@ -210,7 +214,11 @@ cmd_deps() {
   exclude=$(git rev-parse --git-path info/exclude)
   mkdir -p "$(dirname "$exclude")"
   grep -qx '/.deps/' "$exclude" 2>/dev/null || echo '/.deps/' >>"$exclude"
-  du -sh .deps
+  # The same, compressed (~0.7 MB against ~4.4 MB): what to carry to a device machine when
+  # the tree is near the carry limit; cmd_build unpacks it where .deps is missing.
+  tar -cJf .deps.tar.xz .deps
+  grep -qx '/.deps.tar.xz' "$exclude" 2>/dev/null || echo '/.deps.tar.xz' >>"$exclude"
+  du -sh .deps .deps.tar.xz
 }
 
 case ${1:-} in
