@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +10,7 @@
 #include "jinja_eval.h"
 #include "jinja_json.h"
 #include "jinja_parser.h"
+#include "regex.h"
 
 namespace cellm {
 
@@ -282,10 +282,13 @@ bool ChatTemplate::reads_content_parts() const {
   CELLM_CHECK(impl_ != nullptr);
   // `for part in message.content`, `... in message['content']`, `content is string`,
   // `content is not string`, `content[0]`.
-  static const std::regex kPartsAware(
+  // PCRE2 through the text layer's Regex (libstdc++'s std::regex trips GCC's
+  // maybe-uninitialized warning under the sanitizers).
+  static const Result<Regex> kPartsAware = Regex::compile(
       R"(for\s+\w+\s+in\s+[\w.]*(\.content|\[\s*['"]content['"]\s*\])|)"
       R"((\.content|\[\s*['"]content['"]\s*\])\s*(is\s+(not\s+)?string|\[\s*0\s*\]))");
-  return std::regex_search(impl_->source, kPartsAware);
+  CELLM_CHECK(kPartsAware.ok());
+  return !kPartsAware->find_all(impl_->source).empty();
 }
 
 Status ChatTemplate::join_text_parts(ordered_json& messages) {
