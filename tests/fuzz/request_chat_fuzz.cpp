@@ -58,8 +58,10 @@ void check_error(const ApiError& e) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const cellm::cli::RequestLimits limits{/*max_n=*/4, /*max_session_tokens=*/256,
-                                         /*vocab_size=*/512};
+  cellm::cli::RequestLimits limits;
+  limits.max_n = 4;
+  limits.max_session_tokens = 256;
+  limits.vocab_size = 512;
   ApiResult<json> body = cellm::cli::parse_json_body(make_body(data, size));
   if (const auto* e = std::get_if<ApiError>(&body)) {
     check_error(*e);

@@ -2,6 +2,7 @@
 // from them) through parse_json_body, parse_completion_request and the session
 // budget check, as handle_completions runs them. Every answer must be a request
 // that holds to the limits or a 400 naming a field, and must serialize.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -35,8 +36,10 @@ void check_error(const ApiError& e) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const cellm::cli::RequestLimits limits{/*max_n=*/4, /*max_session_tokens=*/256,
-                                         /*vocab_size=*/512};
+  cellm::cli::RequestLimits limits;
+  limits.max_n = 4;
+  limits.max_session_tokens = 256;
+  limits.vocab_size = 512;
   ApiResult<json> body = cellm::cli::parse_json_body(make_body(data, size));
   if (const auto* e = std::get_if<ApiError>(&body)) {
     check_error(*e);
@@ -56,13 +59,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(!f.top_logprobs || (*f.top_logprobs >= 0 && *f.top_logprobs <= 20),
              "logprobs within [0, 20]");
   FUZZ_CHECK(f.stop.size() <= 16, "at most 16 stop strings");
-  FUZZ_CHECK(r.prompt_text.has_value() != !r.prompt_tokens.empty(),
-             "exactly one of prompt text and prompt tokens");
-  FUZZ_CHECK(!r.prompt_text || !r.prompt_text->empty(), "a text prompt is not empty");
-  for (cellm::Token t : r.prompt_tokens) {
-    FUZZ_CHECK(t >= 0 && t < limits.vocab_size, "prompt token ids inside the vocabulary");
+  FUZZ_CHECK(!r.prompts.empty() && static_cast<int64_t>(r.prompts.size()) * f.n <= limits.max_n,
+             "one prompt, or a batch within the sessions a request may hold");
+  size_t prompt_size = 0;
+  for (const cellm::cli::PromptInput& in : r.prompts) {
+    FUZZ_CHECK(in.text.has_value() != !in.tokens.empty(),
+               "exactly one of prompt text and prompt tokens");
+    FUZZ_CHECK(!in.text || !in.text->empty(), "a text prompt is not empty");
+    for (cellm::Token t : in.tokens) {
+      FUZZ_CHECK(t >= 0 && t < limits.vocab_size, "prompt token ids inside the vocabulary");
+    }
+    prompt_size = std::max(prompt_size, in.text ? in.text->size() : in.tokens.size());
   }
-  const size_t prompt_size = r.prompt_text ? r.prompt_text->size() : r.prompt_tokens.size();
   if (auto e = cellm::cli::check_session_budget(prompt_size, f.max_tokens.value_or(16), limits)) {
     check_error(*e);
   }
