@@ -6,7 +6,9 @@
 
 #include <utility>
 
+#include "fuzz_check.h"
 #include "fuzz_json.h"
+#include "serve/request.h"
 
 namespace cellm::fuzz {
 
@@ -126,6 +128,22 @@ inline json messages_value(FuzzedDataProvider& fdp) {
     list.push_back(fdp.ConsumeIntegralInRange<int>(0, 15) ? m : any_value(fdp, 1));
   }
   return list;
+}
+
+// The limits both request targets parse under.
+inline cli::RequestLimits request_limits() {
+  cli::RequestLimits limits;
+  limits.max_n = 4;
+  limits.max_session_tokens = 256;
+  limits.vocab_size = 512;
+  return limits;
+}
+
+// What every refused body must be: a 400 that says what is wrong and serializes.
+inline void check_request_error(const cli::ApiError& e) {
+  FUZZ_CHECK(e.status == 400, "a request parse error is a 400");
+  FUZZ_CHECK(!e.message.empty(), "an error says what is wrong");
+  (void)e.to_json().dump();  // throws (a crash here) if the error body is not UTF-8
 }
 
 }  // namespace cellm::fuzz

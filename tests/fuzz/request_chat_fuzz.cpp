@@ -49,29 +49,20 @@ std::string make_body(const uint8_t* data, size_t size) {
   return body.dump();
 }
 
-void check_error(const ApiError& e) {
-  FUZZ_CHECK(e.status == 400, "a request parse error is a 400");
-  FUZZ_CHECK(!e.message.empty(), "an error says what is wrong");
-  (void)e.to_json().dump();  // throws (a crash here) if the error body is not UTF-8
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  cellm::cli::RequestLimits limits;
-  limits.max_n = 4;
-  limits.max_session_tokens = 256;
-  limits.vocab_size = 512;
+  const cellm::cli::RequestLimits limits = cellm::fuzz::request_limits();
   ApiResult<json> body = cellm::cli::parse_json_body(make_body(data, size));
   if (const auto* e = std::get_if<ApiError>(&body)) {
-    check_error(*e);
+    cellm::fuzz::check_request_error(*e);
     return 0;
   }
   const json& object = std::get<json>(body);
   ApiResult<cellm::cli::GenerationFields> fields =
       cellm::cli::parse_generation_fields(object, limits, cellm::cli::Endpoint::kChat);
   if (const auto* e = std::get_if<ApiError>(&fields)) {
-    check_error(*e);
+    cellm::fuzz::check_request_error(*e);
     return 0;
   }
   const cellm::cli::GenerationFields& f = std::get<cellm::cli::GenerationFields>(fields);
@@ -81,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
              "top_logprobs within [0, 20]");
   ApiResult<std::vector<cellm::ChatMessage>> messages = cellm::cli::parse_chat_messages(object);
   if (const auto* e = std::get_if<ApiError>(&messages)) {
-    check_error(*e);
+    cellm::fuzz::check_request_error(*e);
     return 0;
   }
   const auto& list = std::get<std::vector<cellm::ChatMessage>>(messages);

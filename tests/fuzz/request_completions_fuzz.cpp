@@ -27,29 +27,20 @@ std::string make_body(const uint8_t* data, size_t size) {
   return body.dump();
 }
 
-void check_error(const ApiError& e) {
-  FUZZ_CHECK(e.status == 400, "a request parse error is a 400");
-  FUZZ_CHECK(!e.message.empty(), "an error says what is wrong");
-  (void)e.to_json().dump();  // throws (a crash here) if the error body is not UTF-8
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  cellm::cli::RequestLimits limits;
-  limits.max_n = 4;
-  limits.max_session_tokens = 256;
-  limits.vocab_size = 512;
+  const cellm::cli::RequestLimits limits = cellm::fuzz::request_limits();
   ApiResult<json> body = cellm::cli::parse_json_body(make_body(data, size));
   if (const auto* e = std::get_if<ApiError>(&body)) {
-    check_error(*e);
+    cellm::fuzz::check_request_error(*e);
     return 0;
   }
   FUZZ_CHECK(std::get<json>(body).is_object(), "a parsed body is an object");
   ApiResult<cellm::cli::CompletionRequest> parsed =
       cellm::cli::parse_completion_request(std::get<json>(body), limits);
   if (const auto* e = std::get_if<ApiError>(&parsed)) {
-    check_error(*e);
+    cellm::fuzz::check_request_error(*e);
     return 0;
   }
   const cellm::cli::CompletionRequest& r = std::get<cellm::cli::CompletionRequest>(parsed);
@@ -72,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     prompt_size = std::max(prompt_size, in.text ? in.text->size() : in.tokens.size());
   }
   if (auto e = cellm::cli::check_session_budget(prompt_size, f.max_tokens.value_or(16), limits)) {
-    check_error(*e);
+    cellm::fuzz::check_request_error(*e);
   }
   return 0;
 }

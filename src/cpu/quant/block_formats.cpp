@@ -4,8 +4,10 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 
+#include "cellm/dtype.h"
 #include "model/half.h"
 
 namespace cellm::cpu::quant {
@@ -25,6 +27,16 @@ constexpr QuantTypeInfo kTypes[kNumQuantTypes] = {
     {QuantType::kQ8_K, "q8_k", kBlockK, sizeof(BlockQ8_K)},
     {QuantType::kBF16, "bf16", 1, 2},
 };
+
+// The kernels' table is the subset of the format's (cellm/dtype.h) they run: same ids,
+// same block geometry, so a tensor the loader accepted is read with the layout it has.
+constexpr bool matches_format(const QuantTypeInfo& t) {
+  const std::optional<GgmlTypeInfo> f = ggml_type_info(static_cast<uint32_t>(t.type));
+  return f && f->block_elements == t.block_weights &&
+         static_cast<int64_t>(f->block_bytes) == t.block_bytes;
+}
+static_assert(std::all_of(std::begin(kTypes), std::end(kTypes), matches_format),
+              "a block format disagrees with the GGUF type table in cellm/dtype.h");
 
 float h2f(uint16_t h) {
   return f16_to_f32(h);
