@@ -20,9 +20,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 
+#include "cellm/logits_processor.h"
 #include "cellm/metrics.h"
 #include "cellm/status.h"
 #include "cellm/types.h"
@@ -112,6 +114,16 @@ class Executor {
   // session. Randomness comes from (seed, position); nullopt = a fresh random seed.
   virtual void set_sampling(SessionId id, const SamplingParams& params,
                             std::optional<uint64_t> seed) = 0;
+
+  // Installs a logits processor for the session's generation (see
+  // logits_processor.h for what the executor owes it); set_sampling() removes
+  // it. false if the session is unknown or this executor cannot apply
+  // processors (the default), leaving the session as it was.
+  virtual bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) {
+    (void)id;
+    (void)processor;
+    return false;
+  }
 
   // Runs one batch: resizes out.outputs to the input count and answers every
   // input (nullopt iff produce_output is unset). An error fails the whole batch;

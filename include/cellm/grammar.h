@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cellm/logits_processor.h"
 #include "cellm/status.h"
 #include "cellm/types.h"
 
@@ -173,6 +174,24 @@ class GrammarMatcher {
   GrammarMatcher() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// A LogitsProcessor (logits_processor.h) holding one generation's matcher: its
+// mask allows only the tokens that continue the match (EOS ids where it may
+// end), and each accepted token advances the matcher. When the matcher fails
+// (its budget or stack depth is exceeded: an all-zero mask) the mask allows
+// only the EOS ids, so the generation ends, and failed() turns true.
+class GrammarLogitsProcessor : public LogitsProcessor {
+ public:
+  explicit GrammarLogitsProcessor(GrammarMatcher matcher);
+  void prepare(LogitAdjustments& out) override;
+  void accept(Token token) override;
+  bool failed() const { return failed_; }
+  const GrammarMatcher& matcher() const { return matcher_; }
+
+ private:
+  GrammarMatcher matcher_;
+  bool failed_ = false;
 };
 
 }  // namespace cellm

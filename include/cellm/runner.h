@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "cellm/executor.h"
+#include "cellm/logits_processor.h"
 #include "cellm/metrics.h"
 #include "cellm/scheduler.h"
 #include "cellm/types.h"
@@ -83,6 +84,10 @@ struct GenConfig {
   SamplingParams sampling;
   std::vector<Token> stop_tokens;  // a produced stop token ends and is included
   std::optional<uint64_t> seed;    // nullopt = nondeterministic
+  // Penalties, logit_bias, constrained decoding (logits_processor.h): this
+  // generation's own, never shared with another. The executor must accept it
+  // (Executor::set_logits_processor) or the generation fails naming that.
+  std::shared_ptr<LogitsProcessor> processor;
 };
 
 namespace detail {
