@@ -64,6 +64,7 @@ class CpuExecutor final : public Executor {
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
+  bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) override;
   // Errors start with "CpuExecutor: " and name the cause (a malformed batch, a
   // token outside the vocabulary, a full cell pool).
   Status execute(const BatchInput& batch, BatchOutput& out) override;

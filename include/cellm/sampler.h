@@ -13,9 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "cellm/logits_processor.h"
 #include "cellm/status.h"
 #include "cellm/types.h"
 
@@ -63,6 +65,7 @@ TokenLogprobs token_logprobs(std::span<const float> logits, Token sampled, int32
 struct SamplingPolicy {
   SamplingParams params;
   uint64_t seed = 0;
+  std::shared_ptr<LogitsProcessor> processor;  // null: none
 };
 
 }  // namespace cellm

@@ -333,6 +333,13 @@ void RunnerCore::handle(StartCommand& cmd) {
   buffer->insert(buffer->end(), cmd.delta.begin(), cmd.delta.end());
 
   executor_.set_sampling(record->sid, cmd.config.sampling, cmd.config.seed);
+  if (cmd.config.processor != nullptr &&
+      !executor_.set_logits_processor(record->sid, cmd.config.processor)) {
+    return conclude(*gen, FinishReason::kFailed,
+                    "this executor cannot apply logits processors (penalties, logit_bias, "
+                    "constrained decoding)",
+                    {});
+  }
   gen->stop_tokens = cmd.config.stop_tokens;
   gen->wants_logprobs = cmd.config.sampling.num_logprobs > 0;
   gen->remaining_tokens = cmd.config.max_new_tokens;

@@ -199,7 +199,19 @@ void SessionTable::set_sampling(SessionId sid, const SamplingParams& params,
     std::random_device device;
     s = (static_cast<uint64_t>(device()) << 32) | device();
   }
-  it->second.policy = SamplingPolicy{params, s};
+  it->second.policy = SamplingPolicy{params, s, nullptr};
+}
+
+bool SessionTable::set_logits_processor(SessionId sid, std::shared_ptr<LogitsProcessor> processor) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end() || !it->second.policy) return false;
+  it->second.policy->processor = std::move(processor);
+  return true;
+}
+
+LogitsProcessor* SessionTable::logits_processor(SessionId sid) const {
+  const SamplingPolicy* policy = policy_of(sid);
+  return policy != nullptr ? policy->processor.get() : nullptr;
 }
 
 Result<PackedStep> SessionTable::pack(const BatchInput& batch) {
@@ -303,7 +315,18 @@ std::optional<Token> SessionTable::sample(SessionId sid, std::span<const float> 
   if (logits_row.size() != static_cast<size_t>(vocab_size_)) return std::nullopt;
   const SamplingPolicy& policy = *it->second.policy;
   const float u = sampling_uniform(policy.seed, position);
-  return sample_token(logits_row, policy.params, u, sample_scratch_);
+  if (policy.processor == nullptr)
+    return sample_token(logits_row, policy.params, u, sample_scratch_);
+  policy.processor->prepare(adjustments_);
+  std::span<const float> row = logits_row;
+  if (!adjustments_.empty()) {
+    adjusted_row_.assign(logits_row.begin(), logits_row.end());
+    apply_logit_adjustments(adjusted_row_, adjustments_);
+    row = adjusted_row_;
+  }
+  const Token token = sample_token(row, policy.params, u, sample_scratch_);
+  policy.processor->accept(token);
+  return token;
 }
 
 std::optional<SampledToken> SessionTable::sample_with_logprobs(SessionId sid,

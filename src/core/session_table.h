@@ -93,6 +93,11 @@ class SessionTable {
   // Installs the policy; nullopt seed draws a random one. Unknown ids ignored.
   // REQUIRES: validate_sampling(params).ok() (callers validate user requests).
   void set_sampling(SessionId sid, const SamplingParams& params, std::optional<uint64_t> seed);
+  // Adds a logits processor to the session's policy (set_sampling drops it);
+  // false if the session is unknown or has no policy.
+  bool set_logits_processor(SessionId sid, std::shared_ptr<LogitsProcessor> processor);
+  // The session's processor; nullptr if none.
+  LogitsProcessor* logits_processor(SessionId sid) const;
 
   // Validates every input, then applies any rewinds, then flattens; with the
   // prefix cache on, the inputs' tokens then replace each session's history
@@ -104,7 +109,9 @@ class SessionTable {
 
   // Samples the session's next token from one row of logits; `position` is the
   // position the sampled token will take; the draw is
-  // sampling_uniform(seed, position), so it does not depend on call order. nullopt
+  // sampling_uniform(seed, position), so it does not depend on call order. With a
+  // logits processor the row is adjusted first (prepare, apply, then accept of
+  // the token; logits_processor.h). nullopt
   // if the session is unknown, has no sampling policy, or the row is not
   // vocab_size() wide.
   std::optional<Token> sample(SessionId sid, std::span<const float> logits_row, Position position);
@@ -196,6 +203,8 @@ class SessionTable {
   std::unique_ptr<RadixCache> cache_;  // null when the prefix cache is off
   PrefixStats stats_;
   std::vector<float> sample_scratch_;
+  std::vector<float> adjusted_row_;
+  LogitAdjustments adjustments_;
   std::vector<float> logprob_scratch_;
 };
 

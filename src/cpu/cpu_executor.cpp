@@ -163,6 +163,10 @@ void CpuExecutor::set_sampling(SessionId id, const SamplingParams& params,
   sessions_->set_sampling(id, params, seed);
 }
 
+bool CpuExecutor::set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) {
+  return sessions_->set_logits_processor(id, std::move(processor));
+}
+
 Status CpuExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   out.outputs.assign(batch.inputs.size(), std::nullopt);
   Result<PackedStep> packed_or = sessions_->pack(batch);
