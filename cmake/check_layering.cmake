@@ -27,7 +27,7 @@ set(ALLOWED_engine core model text grammar cpu cuda engine)
 set(ALLOWED_serve core text grammar engine serve)
 
 # Every public header of include/cellm, by layer. A new header must be added here.
-set(PUBLIC_core decode_first_scheduler.h executor.h metrics.h runner.h sampler.h
+set(PUBLIC_core decode_first_scheduler.h executor.h logits_processor.h metrics.h runner.h sampler.h
                 scheduler.h status.h types.h)
 set(PUBLIC_model dtype.h gguf.h model_config.h model_weights.h)
 set(PUBLIC_text chat_template.h tokenizer.h)
