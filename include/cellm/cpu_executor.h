@@ -65,6 +65,7 @@ class CpuExecutor final : public Executor {
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
   bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) override;
+  bool supports_scoring() const override { return true; }
   // Errors start with "CpuExecutor: " and name the cause (a malformed batch, a
   // token outside the vocabulary, a full cell pool).
   Status execute(const BatchInput& batch, BatchOutput& out) override;
@@ -99,6 +100,7 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<cpu::KvStore> kv_;
   std::unique_ptr<cpu::CpuForward> forward_;
   std::vector<float> logits_;  // [selected rows, vocab] of the current forward
+  std::vector<float> score_scratch_;
 };
 
 }  // namespace cellm

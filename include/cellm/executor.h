@@ -125,6 +125,10 @@ class Executor {
     return false;
   }
 
+  // Whether execute() answers inputs with `score` (BatchOutput::scores). The
+  // default: no; the runner then refuses generations that ask for scores.
+  virtual bool supports_scoring() const { return false; }
+
   // Runs one batch: resizes out.outputs to the input count and answers every
   // input (nullopt iff produce_output is unset). An error fails the whole batch;
   // its message becomes part of every affected generation's error.

@@ -71,6 +71,10 @@ struct GenerationUpdate {
   std::vector<Token> tokens;                  // newly delivered tokens
   std::optional<FinishReason> finish_reason;  // present only on the last update
   std::string error_message;                  // set only for kFailed
+  // With GenConfig::score_prompt, on the first update only: one entry per fed token
+  // after the first, the log-probabilities of that token given the ones before it
+  // (raw logits; sampling.num_logprobs alternatives).
+  std::vector<TokenLogprobs> prompt_logprobs;
   // Parallel to tokens when the generation asked for logprobs
   // (sampling.num_logprobs > 0; see TokenLogprobs), cut with them by a stop
   // token or the budget; empty otherwise. An executor output whose logprobs are
@@ -88,6 +92,11 @@ struct GenConfig {
   // generation's own, never shared with another. The executor must accept it
   // (Executor::set_logits_processor) or the generation fails naming that.
   std::shared_ptr<LogitsProcessor> processor;
+  // Report the fed tokens' log-probabilities (GenerationUpdate::prompt_logprobs): prompt
+  // log-probabilities and perplexity. Scores only what this generation feeds, so open the
+  // session without a cached prefix. The executor must support scoring (the CPU
+  // executor does) or the generation fails naming it.
+  bool score_prompt = false;
 };
 
 namespace detail {

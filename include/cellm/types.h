@@ -60,6 +60,9 @@ struct Input {
   size_t size = 0;                                   // tokens in the slice
   std::shared_ptr<const std::vector<Token>> tokens;  // the whole backing, immutable
   Position position = 0;                             // absolute position of (*tokens)[0]
+  // Score the slice: for each of its tokens that has a successor in the buffer, the
+  // log-probabilities of that successor given the tokens up to it (BatchOutput::scores).
+  bool score = false;
 
   Position start() const { return position + static_cast<Position>(offset); }
   Position end() const { return start() + static_cast<Position>(size); }
@@ -97,8 +100,15 @@ struct BatchInput {
 
 // Answered by position: outputs[i] answers inputs[i]; nullopt iff
 // inputs[i].produce_output is unset.
+//
+// scores: empty when no input has `score`; else parallel to the inputs, and for an
+// input with `score` it holds one TokenLogprobs per token of its slice that has a
+// successor in the buffer, in order (the slice's size, less one for the slice that
+// ends the buffer): the successor's log-probabilities from that token's row (raw
+// logits, with the session's num_logprobs alternatives); empty for the others.
 struct BatchOutput {
   std::vector<std::optional<Output>> outputs;
+  std::vector<std::vector<TokenLogprobs>> scores;
 };
 
 // Moves each task's input out, keeping order.

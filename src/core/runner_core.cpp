@@ -28,6 +28,8 @@ constexpr const char* kMsgRejected = "scheduler rejected generation tasks";
 constexpr const char* kMsgExecuteFailed = "executor failed to execute the batch";
 constexpr const char* kMsgIncomplete = "executor returned an incomplete batch output";
 constexpr const char* kMsgInvalidOutput = "executor returned an invalid output";
+constexpr const char* kMsgNoScoring =
+    "this executor cannot score prompts (GenConfig::score_prompt: prompt log-probabilities)";
 
 // The RunnerCore whose engine loop runs on this thread, if any.
 thread_local const RunnerCore* tls_engine = nullptr;
@@ -311,6 +313,9 @@ void RunnerCore::handle(StartCommand& cmd) {
   if (Status s = validate_sampling(cmd.config.sampling); !s.ok()) {
     return conclude(*gen, FinishReason::kFailed, "invalid sampling: " + s.message(), {});
   }
+  if (cmd.config.score_prompt && !executor_.supports_scoring()) {
+    return reject(FinishReason::kFailed, kMsgNoScoring);
+  }
   const int64_t n_pending = record->pending ? 1 : 0;
   const int64_t end =
       int64_t{record->position.load()} + n_pending + static_cast<int64_t>(cmd.delta.size());
@@ -342,6 +347,9 @@ void RunnerCore::handle(StartCommand& cmd) {
   }
   gen->stop_tokens = cmd.config.stop_tokens;
   gen->wants_logprobs = cmd.config.sampling.num_logprobs > 0;
+  gen->score_prompt = cmd.config.score_prompt;
+  gen->score_base = record->position.load();
+  gen->score_count = buffer->size() - 1;
   gen->remaining_tokens = cmd.config.max_new_tokens;
   gen->feed = std::move(buffer);
   gen->feed_base = record->position.load();
@@ -371,6 +379,7 @@ void RunnerCore::submit_feed(SessionRecord& record) {
     task.input.offset = offset;
     task.input.size = std::min(chunk, tokens->size() - offset);
     task.input.produce_output = offset + task.input.size == tokens->size();
+    task.input.score = gen.score_prompt;
     task.input.tokens = tokens;
     task.input.position = gen.feed_base;
     tasks.push_back(std::move(task));
@@ -515,7 +524,8 @@ bool RunnerCore::execute_one_batch() {
                           : std::string(kMsgExecuteFailed) + ": " + executed.message());
     return true;
   }
-  if (out.outputs.size() != batch.inputs.size()) {
+  if (out.outputs.size() != batch.inputs.size() ||
+      (!out.scores.empty() && out.scores.size() != batch.inputs.size())) {
     metrics_.steps_failed++;
     fail_batch(batch, kMsgIncomplete);
     return true;
@@ -549,7 +559,33 @@ bool RunnerCore::execute_one_batch() {
       finish(*record, FinishReason::kCancelled, std::string());
       continue;
     }
+    if (input.score &&
+        !take_scores(*record, input, out.scores.empty() ? nullptr : &out.scores[i])) {
+      poison_and_fail(*record, kMsgInvalidOutput);
+      continue;
+    }
     if (input.produce_output) handle_output(*record, input, *output);
+  }
+  return true;
+}
+
+bool RunnerCore::take_scores(SessionRecord& record, const Input& input,
+                             std::vector<TokenLogprobs>* scores) {
+  ActiveGeneration& gen = *record.active;
+  if (scores == nullptr) return false;
+  const size_t expected = input.offset + input.size < input.tokens->size()
+                              ? input.size
+                              : input.size - 1;  // the buffer's last token: no successor
+  if (scores->size() != expected) return false;
+  // The entry for row j scores the token at input.start() + j + 1. A chunk fed again
+  // (a generation resumed after preemption) repeats positions already scored.
+  for (size_t j = 0; j < scores->size(); ++j) {
+    const int64_t next =
+        int64_t{gen.score_base} + 1 + static_cast<int64_t>(gen.prompt_scores.size());
+    const int64_t scored = int64_t{input.start()} + static_cast<int64_t>(j) + 1;
+    if (scored < next) continue;
+    if (scored > next) return false;
+    gen.prompt_scores.push_back(std::move((*scores)[j]));
   }
   return true;
 }
@@ -582,6 +618,16 @@ void RunnerCore::handle_output(SessionRecord& record, const Input& input, const 
   // A stop token ends the walk and is included; it wins over a budget that
   // runs out on the same token. Logprobs follow their tokens.
   Delivery delivery;
+  if (gen.score_prompt) {
+    // Every feed token after the first was scored once its chunks ran.
+    if (gen.prompt_scores.size() != gen.score_count) {
+      poison_and_fail(record, kMsgInvalidOutput);
+      return;
+    }
+    delivery.prompt_logprobs = std::move(gen.prompt_scores);
+    gen.prompt_scores.clear();
+    gen.score_prompt = false;
+  }
   std::vector<Token>& emitted = delivery.tokens;
   std::optional<FinishReason> reason;
   for (size_t i = 0; i < output.tokens.size(); ++i) {
@@ -670,6 +716,7 @@ bool RunnerCore::deliver(SessionRecord& record, Delivery delivery) {
   GenerationUpdate update;
   update.tokens = std::move(delivery.tokens);
   update.logprobs = std::move(delivery.logprobs);
+  update.prompt_logprobs = std::move(delivery.prompt_logprobs);
   if (std::optional<std::string> error = invoke_callback(gen.callback, update)) {
     gen.callback_threw = true;
     finish(record, FinishReason::kFailed, std::move(*error));
@@ -695,6 +742,7 @@ void RunnerCore::conclude(ActiveGeneration& gen, FinishReason reason, std::strin
     GenerationUpdate update;
     update.tokens = std::move(delivery.tokens);
     update.logprobs = std::move(delivery.logprobs);
+    update.prompt_logprobs = std::move(delivery.prompt_logprobs);
     update.finish_reason = reason;
     if (reason == FinishReason::kFailed) update.error_message = message;
     if (std::optional<std::string> error = invoke_callback(gen.callback, update)) {

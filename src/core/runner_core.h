@@ -86,7 +86,8 @@ void complete_synchronously(const std::shared_ptr<GenerationState>& state,
 // asked for them.
 struct Delivery {
   std::vector<Token> tokens;
-  std::vector<TokenLogprobs> logprobs;  // [tokens] or empty
+  std::vector<TokenLogprobs> logprobs;         // [tokens] or empty
+  std::vector<TokenLogprobs> prompt_logprobs;  // GenConfig::score_prompt, first delivery
 };
 
 // Engine-only bookkeeping of a generation in progress.
@@ -94,7 +95,14 @@ struct ActiveGeneration {
   std::shared_ptr<GenerationState> state;
   GenerationCallback callback;
   std::vector<Token> stop_tokens;
-  bool wants_logprobs = false;   // sampling.num_logprobs > 0: outputs carry them
+  bool wants_logprobs = false;  // sampling.num_logprobs > 0: outputs carry them
+  bool score_prompt = false;    // GenConfig::score_prompt: the feed's chunks are scored
+  // The scores so far of the tokens the generation feeds after its first: positions
+  // score_base + 1 on; score_count of them in all. (The feed and its base change when
+  // a preempted generation resumes; these do not.)
+  std::vector<TokenLogprobs> prompt_scores;
+  Position score_base = 0;
+  size_t score_count = 0;
   int64_t remaining_tokens = 0;  // budget left
   GenerationMetrics metrics;
   int64_t t_last_delivery_us = 0;
@@ -203,6 +211,9 @@ class RunnerCore : public std::enable_shared_from_this<RunnerCore> {
   void reap_cancelled();
   bool execute_one_batch();
   void handle_output(SessionRecord& record, const Input& input, const Output& output);
+  // Keeps a scored input's new entries (GenConfig::score_prompt); false when they are
+  // malformed (absent, miscounted, or leaving a gap).
+  bool take_scores(SessionRecord& record, const Input& input, std::vector<TokenLogprobs>* scores);
   void fail_batch(const BatchInput& batch, const std::string& message);
   void poison_and_fail(SessionRecord& record, const std::string& message);
   void submit_continuation(SessionRecord& record);

@@ -349,6 +349,11 @@ std::optional<TokenLogprobs> SessionTable::logprobs(SessionId sid,
   return token_logprobs(logits_row, sampled, policy.params.num_logprobs, logprob_scratch_);
 }
 
+int32_t SessionTable::num_logprobs(SessionId sid) const {
+  const SamplingPolicy* policy = policy_of(sid);
+  return policy != nullptr ? policy->params.num_logprobs : 0;
+}
+
 bool SessionTable::wants_logprobs(SessionId sid) const {
   const SamplingPolicy* policy = policy_of(sid);
   return policy != nullptr && policy->params.num_logprobs > 0;

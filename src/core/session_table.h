@@ -129,6 +129,8 @@ class SessionTable {
                                         Token sampled);
   // True if the session's policy has num_logprobs > 0.
   bool wants_logprobs(SessionId sid) const;
+  // The policy's num_logprobs; 0 without a policy.
+  int32_t num_logprobs(SessionId sid) const;
 
   // Prefix cache verbs; without the cache they do nothing (attach_prefix
   // returns 0, release_cells only rewinds).

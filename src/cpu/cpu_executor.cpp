@@ -190,6 +190,25 @@ Status CpuExecutor::run_packed(const BatchInput& batch, const PackedStep& packed
   }
 
   const auto total = static_cast<int>(packed.tokens.size());
+  // Scoring: which input each flat row belongs to (pack flattens in input order), and
+  // for a scored input's row the token that follows it in the buffer (-1: none).
+  std::vector<int32_t> row_input;
+  std::vector<Token> row_target;
+  const bool scoring = std::any_of(batch.inputs.begin(), batch.inputs.end(),
+                                   [](const Input& in) { return in.score; });
+  if (scoring) {
+    out.scores.assign(batch.inputs.size(), {});
+    row_input.reserve(packed.tokens.size());
+    row_target.reserve(packed.tokens.size());
+    for (size_t i = 0; i < batch.inputs.size(); ++i) {
+      const Input& in = batch.inputs[i];
+      for (size_t t = 0; t < in.size; ++t) {
+        const size_t next = in.offset + t + 1;
+        row_input.push_back(static_cast<int32_t>(i));
+        row_target.push_back(in.score && next < in.tokens->size() ? (*in.tokens)[next] : -1);
+      }
+    }
+  }
   std::vector<std::span<const CellId>> seq_cells;
   // The CPU forward takes any width from 1 to W, so every piece of the plan is
   // one forward (a lone tail token is a one-row forward).
@@ -214,22 +233,51 @@ Status CpuExecutor::run_packed(const BatchInput& batch, const PackedStep& packed
     // for programs that always produce one; the CPU forward does not).
     SliceRows rows = select_rows(packed, slice.offset, slice.length);
     if (rows.inputs.empty()) rows.selector.clear();
-    logits_.resize(rows.selector.size() * static_cast<size_t>(vocab));
+    // The rows to compute logits for: those that sample, and the scored ones.
+    std::vector<int32_t> selected = rows.selector;
+    if (scoring) {
+      for (int32_t r = 0; r < slice.length; ++r) {
+        if (row_target[off + static_cast<size_t>(r)] >= 0) selected.push_back(r);
+      }
+      std::sort(selected.begin(), selected.end());
+      selected.erase(std::unique(selected.begin(), selected.end()), selected.end());
+    }
+    auto logits_row = [&](int32_t r) {
+      const auto at = static_cast<size_t>(std::lower_bound(selected.begin(), selected.end(), r) -
+                                          selected.begin());
+      return std::span<const float>(logits_.data() + at * static_cast<size_t>(vocab),
+                                    static_cast<size_t>(vocab));
+    };
+    logits_.resize(selected.size() * static_cast<size_t>(vocab));
 
     cpu::ForwardSlice fs;
     fs.tokens = std::span<const Token>(packed.tokens.data() + off, len);
     fs.positions = std::span<const Position>(packed.positions.data() + off, len);
     fs.cells = placement->cells;
     fs.seq_cells = seq_cells;
-    fs.selected_rows = rows.selector;
+    fs.selected_rows = selected;
     forward_->run(fs, *kv_, logits_);
+
+    if (scoring) {
+      for (int32_t r = 0; r < slice.length; ++r) {
+        const Token target = row_target[off + static_cast<size_t>(r)];
+        if (target < 0) continue;
+        if (target >= vocab) {
+          return InvalidArgument(prefixed("a scored token (" + std::to_string(target) +
+                                          ") lies outside the vocabulary"));
+        }
+        const auto input = static_cast<size_t>(row_input[off + static_cast<size_t>(r)]);
+        out.scores[input].push_back(token_logprobs(logits_row(r), target,
+                                                   sessions_->num_logprobs(batch.inputs[input].sid),
+                                                   score_scratch_));
+      }
+    }
 
     for (size_t s = 0; s < rows.inputs.size(); ++s) {
       const auto input = static_cast<size_t>(rows.inputs[s]);
       const SessionId sid = batch.inputs[input].sid;
       const Position next = packed.positions[off + static_cast<size_t>(rows.selector[s])] + 1;
-      std::span<const float> row(logits_.data() + s * static_cast<size_t>(vocab),
-                                 static_cast<size_t>(vocab));
+      std::span<const float> row = logits_row(rows.selector[s]);
       std::optional<SampledToken> sampled = sessions_->sample_with_logprobs(sid, row, next);
       if (!sampled) {
         return InvalidState(prefixed("session " + std::to_string(sid) + " has no sampling policy"));

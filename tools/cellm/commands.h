@@ -12,6 +12,7 @@ namespace cellm::cli {
 int run_generate(int argc, const char* const* argv);
 int run_tokenize(int argc, const char* const* argv);
 int run_bench(int argc, const char* const* argv);
+int run_perplexity(int argc, const char* const* argv);
 int run_serve(int argc, const char* const* argv);
 
 // True if argv[2..] holds --help or -h.

@@ -30,6 +30,7 @@ const char* kUsage =
     "  generate   generate continuations of prompts, all concurrently\n"
     "  tokenize   print the token ids of a text\n"
     "  bench      measure prefill and decode throughput (llama-batched-bench columns)\n"
+    "  perplexity measure the model's perplexity over a text (llama-perplexity's method)\n"
     "  serve      serve the model over HTTP with OpenAI's API\n"
     "\n"
     "Run `cellm <command> --help` for a command's options.\n";
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return cellm::cli::run_generate(argc, args);
   if (command == "tokenize") return cellm::cli::run_tokenize(argc, args);
   if (command == "bench") return cellm::cli::run_bench(argc, args);
+  if (command == "perplexity") return cellm::cli::run_perplexity(argc, args);
   if (command == "serve") {
 #ifdef CELLM_HAVE_SERVE
     return cellm::cli::run_serve(argc, args);
