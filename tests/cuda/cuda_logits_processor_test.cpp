@@ -100,7 +100,9 @@ class ScriptedProcessor final : public LogitsProcessor {
     return static_cast<Token>((uint64_t{salt_} * 31 + step * 977 + 5) %
                               static_cast<uint64_t>(vocab_));
   }
-  bool allows(Token t) const { return kind_ != Kind::kPenalty || t % 3 != salt_ % 3; }
+  bool allows(Token t) const {
+    return kind_ != Kind::kPenalty || static_cast<uint32_t>(t) % 3 != salt_ % 3;
+  }
 
   const std::vector<Token>& accepted() const { return accepted_; }
   size_t prepares() const { return prepares_; }
@@ -132,7 +134,9 @@ std::vector<std::vector<Output>> drive(Executor& e, const std::vector<Spec>& spe
   for (const Spec& s : specs) {
     const SessionId sid = *e.open_session();
     e.set_sampling(sid, s.params, s.seed);
-    if (s.processor) EXPECT_TRUE(e.set_logits_processor(sid, s.processor));
+    if (s.processor) {
+      EXPECT_TRUE(e.set_logits_processor(sid, s.processor));
+    }
     sids.push_back(sid);
     auto buf = std::make_shared<const std::vector<Token>>(s.prompt);
     for (size_t off = 0; off < s.prompt.size(); off += chunk) {
@@ -240,11 +244,10 @@ std::vector<Spec> mixed_specs(const Fixture& f, const std::vector<Kind>& kinds, 
 }
 
 // Fresh processors of the same kinds and salts (a drive consumes them).
-std::vector<Spec> fresh(const std::vector<Spec>& specs, const Fixture& f) {
+std::vector<Spec> fresh(const std::vector<Spec>& specs) {
   std::vector<Spec> copy = specs;
   for (size_t i = 0; i < copy.size(); ++i) {
     if (!copy[i].processor) continue;
-    (void)f;
     copy[i].processor = std::make_shared<ScriptedProcessor>(*specs[i].processor);
   }
   return copy;
@@ -290,7 +293,7 @@ TEST_P(CudaLogitsProcessorTest, F32GreedyProcessorsGiveTheCpuExecutorsTokens) {
   const std::vector<Kind> kinds = {Kind::kMask, Kind::kForce, Kind::kPenalty, Kind::kMask};
   const std::vector<Spec> specs = mixed_specs(f, kinds, false, 3);
   constexpr size_t kSteps = 12;
-  const std::vector<Spec> cpu_specs = fresh(specs, f);
+  const std::vector<Spec> cpu_specs = fresh(specs);
   auto cpu = make_cpu(w);
   const auto want = drive(*cpu, cpu_specs, 5, kSteps);
   expect_processors_saw_their_tokens(cpu_specs, want, kinds, "cpu");
@@ -304,7 +307,7 @@ TEST_P(CudaLogitsProcessorTest, F32GreedyProcessorsGiveTheCpuExecutorsTokens) {
   for (bool graphs : {true, false}) {
     const std::string mode = graphs ? "graphs" : "eager";
     auto gpu = make_gpu(w, CudaPrecision::kF32, graphs, true);
-    const std::vector<Spec> gpu_specs = fresh(specs, f);
+    const std::vector<Spec> gpu_specs = fresh(specs);
     const auto got = drive(*gpu, gpu_specs, 5, kSteps);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
@@ -338,11 +341,11 @@ TEST_P(CudaLogitsProcessorTest, F32SeededSamplingWithProcessorsGivesTheCpuExecut
                                    Kind::kForce};
   const std::vector<Spec> specs = mixed_specs(f, kinds, true, 2);
   constexpr size_t kSteps = 16;
-  const std::vector<Spec> cpu_specs = fresh(specs, f);
+  const std::vector<Spec> cpu_specs = fresh(specs);
   auto cpu = make_cpu(w);
   const auto want = drive(*cpu, cpu_specs, 7, kSteps);
   auto gpu = make_gpu(w, CudaPrecision::kF32, true, true);
-  const std::vector<Spec> gpu_specs = fresh(specs, f);
+  const std::vector<Spec> gpu_specs = fresh(specs);
   const auto got = drive(*gpu, gpu_specs, 7, kSteps);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -376,12 +379,12 @@ TEST_P(CudaLogitsProcessorTest, F32LogprobsStayThoseOfTheRawLogits) {
   const std::vector<Kind> kinds = {Kind::kForce, Kind::kPenalty};
   std::vector<Spec> specs = mixed_specs(f, kinds, false, 1);
   for (Spec& s : specs) s.params.num_logprobs = 3;
-  const std::vector<Spec> cpu_specs = fresh(specs, f);
+  const std::vector<Spec> cpu_specs = fresh(specs);
   auto cpu = make_cpu(w);
   const auto want = drive(*cpu, cpu_specs, 5, 8);
   for (bool graphs : {true, false}) {
     auto gpu = make_gpu(w, CudaPrecision::kF32, graphs, true);
-    const std::vector<Spec> gpu_specs = fresh(specs, f);
+    const std::vector<Spec> gpu_specs = fresh(specs);
     const auto got = drive(*gpu, gpu_specs, 5, 8);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
