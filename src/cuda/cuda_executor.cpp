@@ -494,8 +494,9 @@ class ExecutorImpl {
   // Queues `step`'s successor (each live row one position further, fed the token `step`
   // samples for it; the other rows padded) and returns it, or nullopt when a row would
   // pass its session's budget, the pool has no cells for it, a session now wants
-  // logprobs or has a logits processor, or the live rows would fit a smaller bucket (the next batch
-  // then runs alone, in that bucket's graph, and queues the steps after it there).
+  // logprobs or has a logits processor, or the live rows would fit a smaller bucket (the
+  // next batch then runs alone, in that bucket's graph, and queues the steps after it
+  // there).
   std::optional<Ahead> queue_next(const Ahead& step) {
     const auto b = static_cast<int32_t>(step.sids.size());
     const auto live = static_cast<int32_t>(std::count(step.live.begin(), step.live.end(), true));

@@ -13,6 +13,8 @@
 //     batch the GEMMs are GEMVs, the swiglu fused into the down GEMV's input)
 //   -> residual += delta -> gather selected rows -> final norm -> logits
 //   -> sample on the device -> D2H copy of the sampled tokens
+//   (with logit adjustments, a LogitsProcessor's: the forward, then the raw logits'
+//   copies, then the adjustments uploaded and applied, then the sampling and the copy)
 //   [-> D2H copy of the raw logits of the rows asked for, one copy per row,
 //       after the forward or graph replay and outside any graph].
 // There are two staging slots, and a decode graph per bucket and slot, so that a step
