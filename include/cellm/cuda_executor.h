@@ -15,7 +15,8 @@
 // scratch cell; the graphs are captured up front by initialize(). Any other
 // batch is cut by plan_slices into eager `prefill` forwards of [min_prefill, W]
 // tokens and lone-tail decodes. Each forward declares its tokens, runs, and
-// samples its selected rows on the device; only token ids come back to the host.
+// samples its selected rows on the device; only token ids come back to the host. A
+// session's LogitsProcessor is applied on the device too (set_logits_processor).
 //
 // This header includes no CUDA header. Thread-safety: like every executor,
 // driven by one thread (the runner's engine thread).
@@ -133,7 +134,9 @@ struct CudaExecutorOptions {
   // still need its bucket. Otherwise (a session joined, took another token or position,
   // was cloned or given a new policy, a prefill arrived) its cells go back to the pool and
   // its tokens are dropped: each step's tokens are the same either way (sampling draws
-  // depend on the seed and the position only). Not for sessions that ask for logprobs.
+  // depend on the seed and the position only). Not for sessions that ask for logprobs
+  // or have a logits processor (its prepare() must run before each of its tokens is
+  // sampled, and only for tokens that are returned).
   // Off: every step waits for its batch.
   bool overlap_decode = true;
   bool time_steps = false;  // measure each batch's host and device time (step_times())
@@ -195,6 +198,14 @@ class CudaExecutor final : public Executor {
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
+  // Applied on the device: a step with processor rows queues its forward (the decode
+  // graph, in a variant that stops at the logits, or the eager path), then runs each
+  // such row's prepare() on the host while the device computes, copies the adjustments
+  // and applies them to the rows' logits (the twin of apply_logit_adjustments), then
+  // samples; each returned token is accept()ed before execute() returns. Log-probabilities
+  // stay those of the raw rows. A step of sessions without processors runs as before.
+  // Settles a step queued ahead that holds the session first.
+  bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) override;
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
   KvBudget kv_budget() const override;
@@ -237,6 +248,11 @@ class CudaExecutor final : public Executor {
     int64_t decode_steps_ahead_dropped = 0;
     int64_t decode_eager = 0;
     int64_t prefill = 0;
+    // Logits processors: decode graphs that stop at the logits (captured at a bucket's
+    // first step with processors, per staging slot), and rows whose logits the device
+    // adjusted before sampling.
+    int64_t logits_graph_captures = 0;
+    int64_t adjusted_rows = 0;
   };
   MethodCalls method_calls() const;
   // With options.time_steps: batches executed and their time, split into batched

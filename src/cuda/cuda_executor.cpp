@@ -110,6 +110,59 @@ class ExecutorImpl {
     return true;
   }
 
+  // The logits processors of a step's selected rows (LogitsProcessor, cellm/
+  // logits_processor.h): the engine calls source() once the forward is queued, which
+  // runs each processor's prepare() on the host while the device computes; after the
+  // step, accept() tells each processor its row's token.
+  struct StepProcessors {
+    std::vector<int32_t> rows;                 // selected rows with a processor, ascending
+    std::vector<LogitsProcessor*> processors;  // [rows.size()]
+    std::vector<LogitAdjustments> adjustments;
+    std::vector<RowAdjustments> prepared;
+    AdjustmentSource source;
+
+    bool empty() const { return rows.empty(); }
+  };
+  StepProcessors step_processors_;
+
+  // Collects the processors of the selected rows (`sids[s]` is selected row s's
+  // session); nullptr when none has one (the step runs as it would without processors).
+  const AdjustmentSource* processors_for(std::span<const SessionId> sids) {
+    StepProcessors& p = step_processors_;
+    p.rows.clear();
+    p.processors.clear();
+    for (size_t s = 0; s < sids.size(); ++s) {
+      if (LogitsProcessor* processor = sessions_.logits_processor(sids[s])) {
+        p.rows.push_back(static_cast<int32_t>(s));
+        p.processors.push_back(processor);
+      }
+    }
+    if (p.empty()) return nullptr;
+    if (p.adjustments.size() < p.rows.size()) p.adjustments.resize(p.rows.size());
+    if (!p.source) {
+      p.source = [this]() -> std::span<const RowAdjustments> {
+        StepProcessors& q = step_processors_;
+        q.prepared.clear();
+        for (size_t k = 0; k < q.rows.size(); ++k) {
+          q.processors[k]->prepare(q.adjustments[k]);
+          q.prepared.push_back(RowAdjustments{q.rows[k], &q.adjustments[k]});
+        }
+        return q.prepared;
+      };
+    }
+    return &p.source;
+  }
+
+  // After a step with processors: each processor's accept() of its row's token.
+  void accept_tokens() {
+    StepProcessors& p = step_processors_;
+    const int32_t* tokens = engine_->host().out_tokens;
+    for (size_t k = 0; k < p.rows.size(); ++k)
+      p.processors[k]->accept(tokens[static_cast<size_t>(p.rows[k])]);
+    p.rows.clear();
+    p.processors.clear();
+  }
+
   // The selected rows (indices into the step's selection) whose sessions want
   // logprobs; `sids[s]` is selected row s's session.
   std::vector<int32_t> logit_rows_for(std::span<const SessionId> sids) const {
@@ -258,8 +311,12 @@ class ExecutorImpl {
     // changing would mostly be dropped).
     stable_run_ = packed.sids == last_decode_sids_ ? stable_run_ + 1 : 1;
     last_decode_sids_ = packed.sids;
+    // Processor rows (as logprob rows) never run ahead: a step queued ahead would sample
+    // their tokens before the host prepared their adjustments.
+    const AdjustmentSource* adjust = processors_for(packed.sids);
     if (options_.overlap_decode && ahead_policy_.should_queue(stable_run_) &&
-        options_.cuda_graph_for_decode && logit_rows.empty() && engine_->has_decode_graph(bucket)) {
+        options_.cuda_graph_for_decode && logit_rows.empty() && adjust == nullptr &&
+        engine_->has_decode_graph(bucket)) {
       Ahead step{bucket, packed.sids, packed.seq_ids, packed.positions, {}, {}};
       step.live.assign(packed.sids.size(), true);
       if (Status q = engine_->queue_decode_graph(bucket); !q.ok()) return fail_cuda(q);
@@ -271,15 +328,16 @@ class ExecutorImpl {
     Status s;
     if (options_.cuda_graph_for_decode) {
       const int64_t captures = engine_->graph_captures();
-      s = engine_->run_decode_graph(bucket, logit_rows);
+      s = engine_->run_decode_graph(bucket, logit_rows, adjust);
       if (engine_->graph_captures() > captures) ++calls_.decode_graph_captures;
       ++calls_.decode_graph_replays;
     } else {
-      s = engine_->run_eager(bucket, bucket, logit_rows);
+      s = engine_->run_eager(bucket, bucket, logit_rows, adjust);
       ++calls_.decode_eager;
     }
     if (!s.ok()) return fail_cuda(s);
     count_device_time();
+    if (adjust != nullptr) accept_tokens();
     for (int32_t r = 0; r < b; ++r) {
       out.outputs[static_cast<size_t>(r)] =
           output_for(batch.inputs[static_cast<size_t>(r)].sid, r, logit_rows);
@@ -436,8 +494,9 @@ class ExecutorImpl {
   // Queues `step`'s successor (each live row one position further, fed the token `step`
   // samples for it; the other rows padded) and returns it, or nullopt when a row would
   // pass its session's budget, the pool has no cells for it, a session now wants
-  // logprobs, or the live rows would fit a smaller bucket (the next batch then runs
-  // alone, in that bucket's graph, and queues the steps after it there).
+  // logprobs or has a logits processor, or the live rows would fit a smaller bucket (the
+  // next batch then runs alone, in that bucket's graph, and queues the steps after it
+  // there).
   std::optional<Ahead> queue_next(const Ahead& step) {
     const auto b = static_cast<int32_t>(step.sids.size());
     const auto live = static_cast<int32_t>(std::count(step.live.begin(), step.live.end(), true));
@@ -448,7 +507,8 @@ class ExecutorImpl {
       const auto i = static_cast<size_t>(r);
       if (!next.live[i]) continue;
       if (++next.positions[i] + 1 > limits_.max_session_tokens ||
-          sessions_.wants_logprobs(step.sids[i])) {
+          sessions_.wants_logprobs(step.sids[i]) ||
+          sessions_.logits_processor(step.sids[i]) != nullptr) {
         return std::nullopt;
       }
       live_seqs.push_back(next.seqs[i]);
@@ -515,18 +575,20 @@ class ExecutorImpl {
     for (int32_t input : rows.inputs)
       selected_sids.push_back(batch.inputs[static_cast<size_t>(input)].sid);
     const std::vector<int32_t> logit_rows = logit_rows_for(selected_sids);
+    const AdjustmentSource* adjust = processors_for(selected_sids);
     Status st;
     if (slice.method == StepMethod::kDecode && options_.cuda_graph_for_decode &&
         rows.selector.size() == 1) {
-      st = engine_->run_decode_graph(1, logit_rows);
+      st = engine_->run_decode_graph(1, logit_rows, adjust);
       ++calls_.decode_graph_replays;
     } else {
       st = engine_->run_eager(static_cast<int32_t>(len), static_cast<int32_t>(rows.selector.size()),
-                              logit_rows);
+                              logit_rows, adjust);
       ++(slice.method == StepMethod::kDecode ? calls_.decode_eager : calls_.prefill);
     }
     if (!st.ok()) return fail_cuda(st);
     count_device_time();
+    if (adjust != nullptr) accept_tokens();
     for (size_t s = 0; s < rows.inputs.size(); ++s) {
       const auto input = static_cast<size_t>(rows.inputs[s]);
       out.outputs[input] = output_for(batch.inputs[input].sid, static_cast<int32_t>(s), logit_rows);
@@ -681,6 +743,12 @@ void CudaExecutor::set_sampling(SessionId id, const SamplingParams& params,
   impl_->sessions_.set_sampling(id, params, seed);
 }
 
+bool CudaExecutor::set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) {
+  // A step queued ahead may hold the session's next token, sampled without the processor.
+  impl_->settle_for(id);
+  return impl_->sessions_.set_logits_processor(id, std::move(processor));
+}
+
 Status CudaExecutor::execute(const BatchInput& batch, BatchOutput& out) {
   if (impl_->execute(batch, out)) return Status::Ok();
   // The batch's cells may not hold what its sessions' histories say: cache none of them.
@@ -743,7 +811,10 @@ const std::string& CudaExecutor::last_error() const {
   return impl_->last_error_;
 }
 CudaExecutor::MethodCalls CudaExecutor::method_calls() const {
-  return impl_->calls_;
+  MethodCalls calls = impl_->calls_;
+  calls.logits_graph_captures = impl_->engine_->logits_graph_captures();
+  calls.adjusted_rows = impl_->engine_->adjusted_rows();
+  return calls;
 }
 CudaExecutor::StepTimes CudaExecutor::step_times() const {
   return impl_->times_;

@@ -71,7 +71,8 @@ Status CudaForward<T>::init(const ModelWeights& weights) {
 }
 
 template <typename T>
-Status CudaForward<T>::run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows) {
+Status CudaForward<T>::run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows,
+                                 const AdjustmentSource* adjust) {
   CELLM_CHECK(n > 0 && n <= dims_.max_rows && n_sel >= 0 && n_sel <= n);
   CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, n_sel));
   CELLM_RETURN_IF_ERROR(mark(timing_start_));
@@ -81,14 +82,20 @@ Status CudaForward<T>::run_eager(int32_t n, int32_t n_sel, std::span<const int32
   if (tuning().prefill_attention) {
     ranges = attention_row_ranges(std::span<const int32_t>(host().row_seq, static_cast<size_t>(n)));
   }
-  CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n, slot_, ranges));
-  CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
+  if (adjust != nullptr) {
+    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n, slot_, ranges, false));
+    CELLM_RETURN_IF_ERROR(enqueue_adjusted_sampling(n_sel, slot_, logit_rows, *adjust));
+  } else {
+    CELLM_RETURN_IF_ERROR(enqueue_step(n, n_sel, n, slot_, ranges));
+    CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
+  }
   CELLM_RETURN_IF_ERROR(mark(timing_end_));
   return finish_run();
 }
 
 template <typename T>
-Status CudaForward<T>::run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows) {
+Status CudaForward<T>::run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows,
+                                        const AdjustmentSource* adjust) {
   CELLM_CHECK(bucket > 0 && bucket <= dims_.max_rows);
   // The graphs feed the final norm of every row to the LM head (enqueue_forward).
   if (!selects_every_row(bucket, bucket)) {
@@ -102,12 +109,24 @@ Status CudaForward<T>::run_decode_graph(int32_t bucket, std::span<const int32_t>
       // The warm-up builds the bucket's GEMM plans; the decode shapes, and only they,
       // are tuned (timed) as they are built.
       gemm_->set_tuning(true);
-      const Status warmed = run_eager(bucket, bucket, logit_rows);
+      const Status warmed = run_eager(bucket, bucket, logit_rows, adjust);
       gemm_->set_tuning(false);
       return warmed;
     }
     CELLM_RETURN_IF_ERROR(capture(bucket));
     it = graphs_.find(bucket);
+  }
+  if (adjust != nullptr) {
+    // Captured before any stream work of this run (a capture must not see it).
+    CELLM_ASSIGN_OR_RETURN(cudaGraphExec_t logits, logits_graph(bucket, slot_));
+    CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, bucket));
+    CELLM_RETURN_IF_ERROR(mark(timing_start_));
+    CELLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(logits, stream_.get()),
+                               "replaying the decode graph");
+    ++replays_;
+    CELLM_RETURN_IF_ERROR(enqueue_adjusted_sampling(bucket, slot_, logit_rows, *adjust));
+    CELLM_RETURN_IF_ERROR(mark(timing_end_));
+    return finish_run();
   }
   CELLM_RETURN_IF_ERROR(reserve_host_logits(logit_rows, bucket));
   CELLM_RETURN_IF_ERROR(mark(timing_start_));
@@ -321,8 +340,10 @@ Status CudaForward<T>::finish_run() {
 // The members defined here, in both element types.
 #define CELLM_FORWARD_MEMBERS(T)                                                          \
   template Status CudaForward<T>::init(const ModelWeights&);                              \
-  template Status CudaForward<T>::run_eager(int32_t, int32_t, std::span<const int32_t>);  \
-  template Status CudaForward<T>::run_decode_graph(int32_t, std::span<const int32_t>);    \
+  template Status CudaForward<T>::run_eager(int32_t, int32_t, std::span<const int32_t>,   \
+                                            const AdjustmentSource*);                     \
+  template Status CudaForward<T>::run_decode_graph(int32_t, std::span<const int32_t>,     \
+                                                   const AdjustmentSource*);              \
   template Status CudaForward<T>::queue_decode_graph(int32_t);                            \
   template Result<std::span<const int32_t>> CudaForward<T>::wait_queued();                \
   template std::span<const float> CudaForward<T>::host_logits(size_t) const;              \

@@ -13,6 +13,8 @@
 //     batch the GEMMs are GEMVs, the swiglu fused into the down GEMV's input)
 //   -> residual += delta -> gather selected rows -> final norm -> logits
 //   -> sample on the device -> D2H copy of the sampled tokens
+//   (with logit adjustments, a LogitsProcessor's: the forward, then the raw logits'
+//   copies, then the adjustments uploaded and applied, then the sampling and the copy)
 //   [-> D2H copy of the raw logits of the rows asked for, one copy per row,
 //       after the forward or graph replay and outside any graph].
 // There are two staging slots, and a decode graph per bucket and slot, so that a step
@@ -23,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,6 +35,7 @@
 #include "cellm/model_weights.h"
 #include "cellm/status.h"
 #include "cuda/kernels/sampling.h"
+#include "cuda/logit_adjuster.h"
 
 namespace cellm::cuda {
 
@@ -55,6 +59,12 @@ struct StepHost {
   SamplingRow* sampling = nullptr;  // [n_sel] policy of each selected row
   int32_t* out_tokens = nullptr;    // [n_sel] sampled tokens, after run()
 };
+
+// A run's logit adjustments (a LogitsProcessor's masks and edits): called by the run
+// once its forward is queued, before its sampling is (so the host work it does overlaps
+// the device's forward); returns the adjusted selected rows, each row an index into the
+// run's selection [0, n_sel), the adjustments valid until the run returns.
+using AdjustmentSource = std::function<std::span<const RowAdjustments>()>;
 
 class ForwardEngine {
  public:
@@ -88,8 +98,12 @@ class ForwardEngine {
   // Runs the step eagerly and waits for its tokens. `logit_rows` lists selected
   // rows (indices into the step's selection, [0, n_sel)) whose raw logits are
   // also copied to the host, where host_logits(k) reads logit_rows[k]'s.
+  // With `adjust`: the forward is queued, then the raw logits' copies, then adjust() is
+  // called and its rows' logits adjusted on the device (LogitAdjuster), then sampled:
+  // the tokens come from the adjusted rows, the copied logits are the raw ones.
   // REQUIRES: 0 < n <= max_rows, 0 <= n_sel <= n, every logit row < n_sel.
-  virtual Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows = {}) = 0;
+  virtual Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows = {},
+                           const AdjustmentSource* adjust = nullptr) = 0;
   // Runs a decode step of `bucket` rows, all selected in order (host().selected[r]
   // == r; an InvalidArgument error otherwise), from the bucket's CUDA
   // graph: the first call of a bucket runs eagerly (warming cuBLASLt; with
@@ -100,8 +114,13 @@ class ForwardEngine {
   // TimedChoice::kTimed (early_triggers, early_after_cublas) the capture makes the graph
   // each way and replays each a few times (every replay of a step computes the same bits)
   // before keeping the fastest.
+  // With `adjust` (as for run_eager), a captured bucket replays a variant of its graph
+  // that stops at the logits (captured from the kept way at the first such step of the
+  // bucket and staging slot), then copies the raw logits, adjusts and samples eagerly:
+  // steps without adjustments keep replaying the whole graph.
   // REQUIRES: every logit row < bucket.
-  virtual Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows = {}) = 0;
+  virtual Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows = {},
+                                  const AdjustmentSource* adjust = nullptr) = 0;
   // The overlapped decode path (CudaExecutor's step ahead, CudaExecutorOptions::
   // overlap_decode). has_decode_graph: the bucket's graph is captured.
   // queue_decode_graph queues a replay of it from host(), as run_decode_graph does,
@@ -143,6 +162,10 @@ class ForwardEngine {
   virtual int64_t kv_allocated_bytes() const = 0;
   virtual int64_t graph_captures() const = 0;
   virtual int64_t graph_replays() const = 0;
+  // Decode graphs that stop at the logits (run_decode_graph with adjustments) captured so
+  // far, and the rows the device adjusted over every run.
+  virtual int64_t logits_graph_captures() const = 0;
+  virtual int64_t adjusted_rows() const = 0;
   // One line per captured decode graph (CudaExecutor::decode_graph_notes).
   virtual const std::vector<std::string>& graph_notes() const = 0;
 };

@@ -33,6 +33,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/sampling.h"
+#include "cuda/logit_adjuster.h"
 
 namespace cellm::cuda {
 
@@ -116,7 +117,8 @@ class CudaForward final : public ForwardEngine {
         dims_(dims),
         options_(options),
         meta_(static_cast<size_t>(dims.max_rows)),
-        buf_(BufferLayout::of<T>(config, dims)) {}
+        buf_(BufferLayout::of<T>(config, dims)),
+        adjuster_(config.vocab_size()) {}
 
   Status init(const ModelWeights& weights);
 
@@ -128,8 +130,10 @@ class CudaForward final : public ForwardEngine {
   StepHost& host() override { return hosts_[slot_]; }
   const ForwardDims& dims() const override { return dims_; }
 
-  Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows) override;
-  Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows) override;
+  Status run_eager(int32_t n, int32_t n_sel, std::span<const int32_t> logit_rows,
+                   const AdjustmentSource* adjust) override;
+  Status run_decode_graph(int32_t bucket, std::span<const int32_t> logit_rows,
+                          const AdjustmentSource* adjust) override;
   bool has_decode_graph(int32_t bucket) const override { return graphs_.count(bucket) > 0; }
 
   Status queue_decode_graph(int32_t bucket) override;
@@ -148,6 +152,8 @@ class CudaForward final : public ForwardEngine {
   int64_t graph_captures() const override { return static_cast<int64_t>(graphs_.size()); }
   const std::vector<std::string>& graph_notes() const override { return graph_notes_; }
   int64_t graph_replays() const override { return replays_; }
+  int64_t logits_graph_captures() const override { return logits_graph_captures_; }
+  int64_t adjusted_rows() const override { return adjusted_rows_; }
 
  private:
   const CudaTuning& tuning() const { return options_.tuning; }
@@ -194,8 +200,24 @@ class CudaForward final : public ForwardEngine {
   Status capture(int32_t bucket);
 
   // One capture of the decode step of `bucket` rows, with the L2 prefetch beside each
-  // layer's attention when `prefetch`; the caller destroys the graph.
-  Result<cudaGraph_t> capture_graph(int32_t bucket, bool early_triggers, int slot, bool prefetch);
+  // layer's attention when `prefetch`; without `sample`, the step stops at the logits (no
+  // sampling, no token copy). The caller destroys the graph.
+  Result<cudaGraph_t> capture_graph(int32_t bucket, bool early_triggers, int slot, bool prefetch,
+                                    bool sample = true);
+
+  // The bucket's decode graph for `slot` that stops at the logits, built the way the
+  // bucket's kept graph was (ways_); captured on first use.
+  Result<cudaGraphExec_t> logits_graph(int32_t bucket, int slot);
+
+  // After a step queued without its sampling: the raw logits' copies (logit_rows), then
+  // adjust()'s rows adjusted on the device, then the sampling and the token copy into
+  // staging slot `slot`.
+  Status enqueue_adjusted_sampling(int32_t n_sel, int slot, std::span<const int32_t> logit_rows,
+                                   const AdjustmentSource& adjust);
+
+  // The sampling of the step's n_sel selected rows and the copy of their tokens into
+  // staging slot `slot`.
+  Status enqueue_sampling(int32_t n_sel, int slot);
 
   // An executable of `graph`; with `early_edges`, of a copy whose edges after cuBLASLt
   // kernels fire at launch completion (last_rewritten_edges_ counts them).
@@ -216,8 +238,9 @@ class CudaForward final : public ForwardEngine {
   // forward, sampling, tokens out (into that slot). `fresh_positions`: how many of each
   // row's newest positions the step writes (AttentionParams::fresh_positions).
   // `ranges`: the attention's launches (attention_row_ranges); none: one over every row.
+  // Without `sample` the step stops at the logits.
   Status enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions, int slot,
-                      std::span<const AttentionRowRange> ranges = {});
+                      std::span<const AttentionRowRange> ranges = {}, bool sample = true);
   Status enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_positions,
                          std::span<const AttentionRowRange> ranges);
 
@@ -278,6 +301,17 @@ class CudaForward final : public ForwardEngine {
   Event timing_start_, timing_end_;
   double last_device_ms_ = 0;
   std::map<int32_t, std::array<GraphExec, kSlots>> graphs_;  // one per staging slot
+  // How each bucket's kept graph was built, for its variant that stops at the logits.
+  struct GraphWay {
+    bool early_triggers = false;
+    bool early_edges = false;
+    bool prefetch = false;
+  };
+  std::map<int32_t, GraphWay> ways_;
+  std::map<int32_t, std::array<GraphExec, kSlots>> logits_graphs_;  // captured on first use
+  int64_t logits_graph_captures_ = 0;
+  LogitAdjuster adjuster_;
+  int64_t adjusted_rows_ = 0;
   std::set<int32_t> warmed_;
   int64_t replays_ = 0;
 };

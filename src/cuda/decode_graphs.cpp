@@ -110,13 +110,36 @@ Status CudaForward<T>::capture(int32_t bucket) {
     execs[static_cast<size_t>(slot)] = std::move(*exec);
   }
   graphs_.emplace(bucket, std::move(execs));
+  ways_[bucket] = GraphWay{ways[kept].first, ways[kept].second, prefetch};
   graph_notes_.push_back(note);
   return Status::Ok();
 }
 
 template <typename T>
+Result<cudaGraphExec_t> CudaForward<T>::logits_graph(int32_t bucket, int slot) {
+  auto it = logits_graphs_.find(bucket);
+  if (it != logits_graphs_.end() && it->second[static_cast<size_t>(slot)].get() != nullptr) {
+    return it->second[static_cast<size_t>(slot)].get();
+  }
+  const auto way = ways_.find(bucket);
+  if (way == ways_.end()) {
+    return InvalidArgument("bucket " + std::to_string(bucket) + " has no captured decode graph");
+  }
+  const GraphWay& w = way->second;
+  CELLM_ASSIGN_OR_RETURN(cudaGraph_t graph,
+                         capture_graph(bucket, w.early_triggers, slot, w.prefetch, false));
+  Result<GraphExec> exec = instantiate(graph, w.early_edges);
+  cudaGraphDestroy(graph);
+  CELLM_RETURN_IF_ERROR(exec.status());
+  GraphExec& kept = logits_graphs_[bucket][static_cast<size_t>(slot)];
+  kept = std::move(*exec);
+  ++logits_graph_captures_;
+  return kept.get();
+}
+
+template <typename T>
 Result<cudaGraph_t> CudaForward<T>::capture_graph(int32_t bucket, bool early_triggers, int slot,
-                                                  bool prefetch) {
+                                                  bool prefetch, bool sample) {
   CELLM_CUDA_RETURN_IF_ERROR(
       cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
       "beginning a decode graph capture");
@@ -124,7 +147,7 @@ Result<cudaGraph_t> CudaForward<T>::capture_graph(int32_t bucket, bool early_tri
   set_early_triggers(early_triggers);
   prefetching_ = prefetch;
   forked_ = false;
-  Status enqueued = enqueue_step(bucket, bucket, 1, slot);
+  Status enqueued = enqueue_step(bucket, bucket, 1, slot, {}, sample);
   if (enqueued.ok()) enqueued = join_prefetch();
   prefetching_ = false;
   set_early_triggers(false);
@@ -223,11 +246,12 @@ Status CudaForward<T>::time_replays(const std::vector<GraphExec>& graphs, std::v
 }
 
 // The members defined here, in both element types.
-#define CELLM_FORWARD_MEMBERS(T)                                                        \
-  template Status CudaForward<T>::capture(int32_t);                                     \
-  template Result<cudaGraph_t> CudaForward<T>::capture_graph(int32_t, bool, int, bool); \
-  template Result<GraphExec> CudaForward<T>::instantiate(cudaGraph_t, bool);            \
-  template Result<std::string> CudaForward<T>::idle_launch_note(const GraphExec&);      \
+#define CELLM_FORWARD_MEMBERS(T)                                                              \
+  template Status CudaForward<T>::capture(int32_t);                                           \
+  template Result<cudaGraph_t> CudaForward<T>::capture_graph(int32_t, bool, int, bool, bool); \
+  template Result<cudaGraphExec_t> CudaForward<T>::logits_graph(int32_t, int);                \
+  template Result<GraphExec> CudaForward<T>::instantiate(cudaGraph_t, bool);                  \
+  template Result<std::string> CudaForward<T>::idle_launch_note(const GraphExec&);            \
   template Status CudaForward<T>::time_replays(const std::vector<GraphExec>&, std::vector<double>*);
 CELLM_FORWARD_MEMBERS(float)
 CELLM_FORWARD_MEMBERS(__nv_bfloat16)

@@ -18,27 +18,60 @@ namespace cellm::cuda {
 
 template <typename T>
 Status CudaForward<T>::enqueue_step(int32_t n, int32_t n_sel, int32_t fresh_positions, int slot,
-                                    std::span<const AttentionRowRange> ranges) {
+                                    std::span<const AttentionRowRange> ranges, bool sample) {
   cudaStream_t s = stream_.get();
   CELLM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(meta_dev_.get(), staging(slot), meta_.bytes, cudaMemcpyHostToDevice, s),
       "copying the step metadata");
   CELLM_RETURN_IF_ERROR(enqueue_forward(n, n_sel, fresh_positions, ranges));
-  if (n_sel > 0) {
+  if (n_sel > 0 && sample) {
     CELLM_CUDA_RETURN_IF_ERROR(
         launch_sample(buf<float>(buf_.logits), n_sel, config_.vocab_size(),
                       meta<SamplingRow>(meta_.sampling), buf<int32_t>(buf_.out_tokens),
                       buf<void>(buf_.sample_ws),
                       sample_workspace_bytes(dims_.max_rows, config_.vocab_size()), s),
         "sampling");
-    // The prefetch branch ends before the token copy, the graph's last node.
-    CELLM_RETURN_IF_ERROR(join_prefetch());
+  }
+  // The prefetch branch ends before the token copy, the graph's last node (or, in a
+  // graph that stops at the logits, after the LM head).
+  CELLM_RETURN_IF_ERROR(join_prefetch());
+  if (n_sel > 0 && sample) {
     CELLM_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(hosts_[slot].out_tokens, buf<int32_t>(buf_.out_tokens),
                         static_cast<size_t>(n_sel) * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
         "copying the sampled tokens");
   }
   return Status::Ok();
+}
+
+template <typename T>
+Status CudaForward<T>::enqueue_sampling(int32_t n_sel, int slot) {
+  cudaStream_t s = stream_.get();
+  CELLM_CUDA_RETURN_IF_ERROR(
+      launch_sample(buf<float>(buf_.logits), n_sel, config_.vocab_size(),
+                    meta<SamplingRow>(meta_.sampling), buf<int32_t>(buf_.out_tokens),
+                    buf<void>(buf_.sample_ws),
+                    sample_workspace_bytes(dims_.max_rows, config_.vocab_size()), s),
+      "sampling");
+  CELLM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(hosts_[slot].out_tokens, buf<int32_t>(buf_.out_tokens),
+                      static_cast<size_t>(n_sel) * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+      "copying the sampled tokens");
+  return Status::Ok();
+}
+
+template <typename T>
+Status CudaForward<T>::enqueue_adjusted_sampling(int32_t n_sel, int slot,
+                                                 std::span<const int32_t> logit_rows,
+                                                 const AdjustmentSource& adjust) {
+  // The raw rows first: log-probabilities are those of the unadjusted logits.
+  CELLM_RETURN_IF_ERROR(enqueue_logits_copy(logit_rows));
+  if (n_sel == 0) return Status::Ok();
+  // The host's share (the processors' prepare) runs while the device computes the forward.
+  const std::span<const RowAdjustments> rows = adjust();
+  CELLM_RETURN_IF_ERROR(adjuster_.apply(rows, buf<float>(buf_.logits), n_sel, stream_.get()));
+  adjusted_rows_ += adjuster_.last_adjusted_rows();
+  return enqueue_sampling(n_sel, slot);
 }
 
 template <typename T>
@@ -190,12 +223,15 @@ Status CudaForward<T>::join_prefetch() {
 }
 
 // The members defined here, in both element types.
-#define CELLM_FORWARD_MEMBERS(T)                                                       \
-  template Status CudaForward<T>::enqueue_step(int32_t, int32_t, int32_t, int,         \
-                                               std::span<const AttentionRowRange>);    \
-  template Status CudaForward<T>::enqueue_forward(int32_t, int32_t, int32_t,           \
-                                                  std::span<const AttentionRowRange>); \
-  template Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>&);             \
+#define CELLM_FORWARD_MEMBERS(T)                                                          \
+  template Status CudaForward<T>::enqueue_step(int32_t, int32_t, int32_t, int,            \
+                                               std::span<const AttentionRowRange>, bool); \
+  template Status CudaForward<T>::enqueue_sampling(int32_t, int);                         \
+  template Status CudaForward<T>::enqueue_adjusted_sampling(                              \
+      int32_t, int, std::span<const int32_t>, const AdjustmentSource&);                   \
+  template Status CudaForward<T>::enqueue_forward(int32_t, int32_t, int32_t,              \
+                                                  std::span<const AttentionRowRange>);    \
+  template Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>&);                \
   template Status CudaForward<T>::join_prefetch();
 CELLM_FORWARD_MEMBERS(float)
 CELLM_FORWARD_MEMBERS(__nv_bfloat16)
