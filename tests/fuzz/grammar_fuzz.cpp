@@ -13,10 +13,15 @@
 //     leaves the position unchanged;
 //   - the allowed token the walk byte picks is accepted;
 //   - the same token's bytes are accepted by a fork (accept_bytes), which then
-//     shares the position (its mask equals the matcher's).
+//     reaches the same state;
+//   - JSON Schema and json_object grammars: wherever the match may end, the
+//     bytes so far are JSON text (nlohmann's parser accepts them);
+//   - choices: each choice's bytes are accepted by a fresh matcher, which may
+//     then end.
 // The walk ends on EOS, on an empty mask (the grammar has no continuation, or
 // the matcher ran out of budget: then status() says so) or after kMaxSteps.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,6 +64,18 @@ const cellm::TokenVocabulary& vocabulary() {
   return vocab;
 }
 
+std::vector<std::string> lines(std::string_view source) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  for (;;) {
+    const size_t nl = source.find('\n', from);
+    out.emplace_back(source.substr(from, nl - from));
+    if (nl == std::string_view::npos) break;
+    from = nl + 1;
+  }
+  return out;
+}
+
 cellm::Result<cellm::Grammar> compile(uint8_t selector, std::string_view source) {
   const cellm::GrammarLimits l = limits();
   switch (selector % 5) {
@@ -68,20 +85,26 @@ cellm::Result<cellm::Grammar> compile(uint8_t selector, std::string_view source)
       return cellm::compile_regex(source, l);
     case 2:
       return cellm::compile_gbnf(source, l);
-    case 3: {
-      std::vector<std::string> choices;
-      size_t from = 0;
-      for (;;) {
-        const size_t nl = source.find('\n', from);
-        choices.emplace_back(source.substr(from, nl - from));
-        if (nl == std::string_view::npos) break;
-        from = nl + 1;
-      }
-      return cellm::compile_choice(choices, l);
-    }
+    case 3:
+      return cellm::compile_choice(lines(source), l);
     default:
       return cellm::compile_json_object(l);
   }
+}
+
+// Whether a JSON text has a number whose exponent has 3 digits or more (it may be
+// past the range of a double, which nlohmann refuses while the grammar allows it).
+bool has_long_exponent(std::string_view text) {
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if ((text[i] == 'e' || text[i] == 'E') && i > 0 && text[i - 1] >= '0' && text[i - 1] <= '9') {
+      size_t j = i + 1;
+      if (j < text.size() && (text[j] == '+' || text[j] == '-')) ++j;
+      size_t digits = 0;
+      while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j, ++digits;
+      if (digits >= 3) return true;
+    }
+  }
+  return false;
 }
 
 bool bit(const std::vector<uint64_t>& mask, size_t id) {
@@ -105,6 +128,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   (void)grammar->to_gbnf();
   const cellm::TokenVocabulary& vocab = vocabulary();
+  if (data[0] % 5 == 3) {
+    const std::vector<std::string> choices = lines(source);
+    for (size_t i = 0; i < choices.size() && i < 4; ++i) {
+      cellm::GrammarMatcher c(*grammar, vocab, limits());
+      FUZZ_CHECK(c.accept_bytes(choices[i]), "a choice's bytes are accepted");
+      FUZZ_CHECK(c.can_end(), "a match may end after a choice");
+    }
+  }
+  const bool json = data[0] % 5 == 0 || data[0] % 5 == 4;
+  std::string text;  // the bytes accepted so far
   cellm::GrammarMatcher m(*grammar, vocab, limits());
   std::vector<uint64_t> mask(vocab.mask_words());
   for (size_t step = 0; step < kMaxSteps && step < walk.size(); ++step) {
@@ -125,6 +158,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     FUZZ_CHECK(bit(mask, kEos) == m.can_end(), "EOS is allowed exactly where the match may end");
+    if (json && m.can_end() && !has_long_exponent(text)) {
+      FUZZ_CHECK(nlohmann::json::accept(text), "a JSON grammar ends only on JSON text");
+    }
     if (m.is_complete()) {
       FUZZ_CHECK(allowed.size() == 1 && allowed[0] == kEos, "a complete match allows only EOS");
     }
@@ -137,6 +173,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (allowed.empty()) break;  // no continuation (a grammar with no sentence here)
     const cellm::Token pick = allowed[(b * 131u + step) % allowed.size()];
+    text += vocab.bytes(pick);
     if (pick != kEos && b % 4 == 0) {
       // The same bytes through a fork: the same position.
       cellm::GrammarMatcher fork = m.fork();

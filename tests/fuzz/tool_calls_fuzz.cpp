@@ -5,7 +5,10 @@
 //     give exactly the one-shot result (the header's documented equivalence):
 //     the same content and the same calls (index, id, name, arguments) in order;
 //   - every call has a name and its arguments are the text of a JSON object;
-//   - a text in which no call was found comes back as content verbatim.
+//   - a text in which no call was found comes back as content verbatim;
+//   - content is released promptly: while the text so far holds no byte that may
+//     open a call ('<' of a marker, '[' for mistral, '{' for llama3), everything
+//     but its trailing whitespace has been released.
 // Input: the text, then (read from the end by FuzzedDataProvider) the id seed
 // and the split points, so that mutations of the seeds mostly change the text.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -23,6 +26,23 @@
 namespace {
 
 using cellm::serve::ToolCallFormat;
+
+bool is_ws(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+// The bytes that may start a call (or its marker) in `format`.
+std::string_view openers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "<";
+    case ToolCallFormat::kMistral:
+      return "[";
+    case ToolCallFormat::kLlama3:
+      return "<{";
+  }
+  return "<";
+}
 
 void check_format(ToolCallFormat format, const std::string& text, const std::vector<size_t>& cuts,
                   uint64_t seed) {
@@ -47,6 +67,12 @@ void check_format(ToolCallFormat format, const std::string& text, const std::vec
   for (size_t cut : cuts) {
     take(stream.push(std::string_view(text).substr(from, cut - from)));
     from = cut;
+    const std::string_view so_far = std::string_view(text).substr(0, cut);
+    if (so_far.find_first_of(openers(format)) == std::string_view::npos) {
+      size_t end = so_far.size();
+      while (end > 0 && is_ws(so_far[end - 1])) --end;
+      FUZZ_CHECK(content == so_far.substr(0, end), "content without openers is released");
+    }
   }
   take(stream.push(std::string_view(text).substr(from)));
   take(stream.finish());
