@@ -379,6 +379,10 @@ def grammar():
         write("grammar", "gbnf_" + name + ".bin", b"\x02" + g.encode() + b"\x00" + walk)
     write("grammar", "choice.bin", b"\x03yes\nno\nmaybe so\n\xc3\xa9\x00" + walk)
     write("grammar", "json_object.bin", b"\x04\x00" + walk)
+    # Selectors from 0xE0 compile with the default (serving) limits.
+    write("grammar", "serving_schema_object.bin",
+          b"\xe1" + json.dumps(schemas["object"]).encode() + b"\x00" + walk)
+    write("grammar", "serving_regex_repeat.bin", b"\xe2(a{1,300}b?){2,50}\x00" + walk)
 
 
 def main():
