@@ -68,13 +68,14 @@ run_one() {
   mkdir -p "$out/corpus/$t"
   local time_option=()
   [ "$seconds" -gt 0 ] && time_option=(-max_total_time="$seconds")
+  local rc=0
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$build/tests/fuzz/fuzz_$t" -runs="$runs" "${time_option[@]}" -timeout="${timeout_s:-25}" \
     -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 -dict="$dict" \
     -artifact_prefix="$art/$t-" "$out/corpus/$t" "tests/fuzz/corpus/$t" \
-    >"$out/logs/$t.log" 2>&1
-  echo $? >"$out/logs/$t.rc"
+    >"$out/logs/$t.log" 2>&1 || rc=$?
+  echo "$rc" >"$out/logs/$t.rc"
 }
 
 echo "== fuzz_long: ${#targets[@]} targets, $runs executions each, $jobs at once; logs in $out/logs"
