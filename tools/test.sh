@@ -5,7 +5,8 @@
 #      (the tools suite runs the sanitized `cellm` command as a child process);
 #   3. the core suite under ThreadSanitizer;
 #   4. the libFuzzer fuzz targets (clang, ASan + UBSan), each fuzzing for
-#      CELLM_FUZZ_SECONDS (default 30) over its seed corpus.
+#      CELLM_FUZZ_SECONDS (default 30) over its seed corpus (the long run, a number
+#      of executions per target in parallel, is tools/fuzz_long.sh).
 # Each stage prints a ctest summary; the script fails on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."

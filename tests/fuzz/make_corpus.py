@@ -172,6 +172,219 @@ def chat_template():
         write("chat_template", "kjv_small.jinja", kjv)
 
 
+# GGUF: a minimal reader and writer of the format (little-endian, version 3).
+GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B",
+                10: "<Q", 11: "<q", 12: "<d"}
+GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22),
+               7: (32, 24), 8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144),
+               13: (256, 176), 14: (256, 210)}
+
+
+class GgufReader:
+    def __init__(self, data):
+        self.data, self.pos = data, 0
+
+    def take(self, fmt):
+        v = struct.unpack_from(fmt, self.data, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self):
+        n = self.take("<Q")
+        s = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return s
+
+    def value(self, t):
+        if t == 8:
+            return self.string()
+        if t == 9:
+            et, n = self.take("<I"), self.take("<Q")
+            return (et, [self.value(et) for _ in range(n)])
+        return self.take(GGUF_SCALARS[t])
+
+
+def read_gguf(path):
+    with open(path, "rb") as f:
+        r = GgufReader(f.read())
+    assert r.take("<I") == 0x46554747
+    version, n_tensors, n_kv = r.take("<I"), r.take("<Q"), r.take("<Q")
+    kv = []
+    for _ in range(n_kv):
+        key = r.string()
+        t = r.take("<I")
+        kv.append((key, t, r.value(t)))
+    tensors = []
+    for _ in range(n_tensors):
+        name = r.string()
+        dims = [r.take("<Q") for _ in range(r.take("<I"))]
+        tensors.append((name, dims, r.take("<I"), r.take("<Q")))
+    alignment = 32
+    data_start = (r.pos + alignment - 1) // alignment * alignment
+    return kv, tensors, r.data, data_start
+
+
+def put_value(t, v):
+    if t == 8:
+        return struct.pack("<Q", len(v)) + v
+    if t == 9:
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(put_value(et, x) for x in items)
+    return struct.pack(GGUF_SCALARS[t], v)
+
+
+def write_gguf(kv, tensors, alignment=32, version=3):
+    """tensors: (name, dims, type, data bytes); offsets are laid out aligned."""
+    out = struct.pack("<IIQQ", 0x46554747, version, len(tensors), len(kv))
+    for key, t, v in kv:
+        out += struct.pack("<Q", len(key)) + key + struct.pack("<I", t) + put_value(t, v)
+    data = b""
+    for name, dims, t, payload in tensors:
+        data += bytes(-len(data) % alignment)
+        out += struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims))
+        out += b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", t, len(data))
+        data += payload
+    out += bytes(-len(out) % alignment)
+    return out + data
+
+
+def shrink_vocab(kv, keep):
+    """Keeps the first `keep` tokens (and their scores, types, and the merges among
+    them); drops token-id keys past them."""
+    tokens = dict((k, v) for k, t, v in kv).get(b"tokenizer.ggml.tokens")
+    kept = set(tokens[1][:keep]) if tokens else set()
+    out = []
+    for key, t, v in kv:
+        if key in (b"tokenizer.ggml.tokens", b"tokenizer.ggml.scores", b"tokenizer.ggml.token_type"):
+            v = (v[0], v[1][:keep])
+        elif key == b"tokenizer.ggml.merges":
+            v = (v[0], [m for m in v[1] if all(p in kept for p in m.split(b" ", 1))
+                        and m.replace(b" ", b"", 1) in kept][:64])
+        elif key.endswith(b"_token_id") and v >= keep:
+            continue
+        elif key == b"tokenizer.chat_template":
+            v = v[:2048]
+        out.append((key, t, v))
+    return out
+
+
+def small_tensor(name, dims, t, data, data_start, offset):
+    """The tensor with its rows cut to one (a block wide), its bytes from the file;
+    rope_freqs.weight stays whole (the config mapping reads it)."""
+    block, nbytes = GGML_BLOCKS[t]
+    if name != b"rope_freqs.weight":
+        dims = [block] + [1] * (len(dims) - 1)
+    n = 1
+    for d in dims:
+        n *= d
+    size = n // block * nbytes
+    return (name, dims, t, data[data_start + offset:data_start + offset + size])
+
+
+def gguf():
+    clear("gguf")
+    folder = os.path.join(ROOT, "tests", "fixtures", "gguf")
+    for name in ("llama-tiny", "qwen2-tiny", "qwen3-tiny", "llama-q-kmix"):
+        kv, tensors, data, start = read_gguf(os.path.join(folder, name + ".gguf"))
+        small = [small_tensor(n, d, t, data, start, off) for n, d, t, off in tensors]
+        write("gguf", name + ".gguf", write_gguf(shrink_vocab(kv, 96), small))
+        # Metadata only, and the tokenizer keys alone.
+        write("gguf", name + "_no_tensors.gguf", write_gguf(shrink_vocab(kv, 40), []))
+        tok = [e for e in shrink_vocab(kv, 300) if e[0].startswith(b"tokenizer.ggml.")]
+        write("gguf", name + "_tokenizer.gguf", write_gguf(tok, []))
+    # Every value type, nested arrays, an alignment of 64 and version 2.
+    every = [(b"u8", 0, 255), (b"i8", 1, -128), (b"u16", 2, 65535), (b"i16", 3, -32768),
+             (b"u32", 4, 2**32 - 1), (b"i32", 5, -2**31), (b"f32", 6, 1.5), (b"bool", 7, 1),
+             (b"str", 8, "é\0x".encode()), (b"u64", 10, 2**64 - 1), (b"i64", 11, -2**63),
+             (b"f64", 12, -0.0), (b"general.alignment", 4, 64),
+             (b"arr.str", 9, (8, [b"a", b"", b"bc"])), (b"arr.f64", 9, (12, [1.0, 2.0])),
+             (b"arr.arr", 9, (9, [(0, [1, 2]), (9, [(8, [b"deep"])]), (5, [])]))]
+    write("gguf", "every_type.gguf", write_gguf(every, [
+        (b"a", [4], 0, bytes(16)), (b"b", [32, 2], 8, bytes(68)), (b"c", [2, 2, 2, 2], 30, bytes(32))],
+        alignment=64, version=2))
+    write("gguf", "header_only.gguf", write_gguf([], []))
+
+
+def tool_calls():
+    clear("tool_calls")
+    call = '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}'
+    texts = {
+        "hermes": "Let me check.\n<tool_call>\n" + call + "\n</tool_call>\n<tool_call>"
+                  '{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call> done',
+        "hermes_broken": "<tool_call>{\"name\": 1}</tool_call> <tool_call>{\"name\": \"x\"",
+        "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "g"}',
+        "llama3_tag": 'Sure <|python_tag|>{"name": "f", "parameters": {}}  ',
+        "mistral_array": "[TOOL_CALLS] [" + call + ', {"name": "g", "arguments": null}]',
+        "mistral_bare": "  [" + call + "] tail",
+        "mistral_args": "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]f"
+                        "[CALL_ID]abc123XYZ[ARGS]{}",
+        "plain": "No tools needed: just [text] with {braces} and <tags>.",
+        "deep": "<tool_call>" + "[" * 140 + "]" * 140 + "</tool_call>",
+        "utf8": '<tool_call>{"name": "é", "arguments": {"k": "\\ud83d\\ude00 \xff"}}</tool_call>',
+    }
+    # The controls at the end: no split / three splits, then the id seed.
+    for name, text in texts.items():
+        data = text.encode("utf-8", "surrogateescape")
+        write("tool_calls", name + ".txt", data + b"\x00\x07")
+        write("tool_calls", name + "_split.txt", data + b"\x05\x00\x11\x00\x2a\x00\x03\x07")
+
+
+def reasoning():
+    clear("reasoning")
+    texts = {
+        "block": "<think>\nThe user wants x.\n</think>\n\nThe answer is 4.",
+        "open": "  <think>cut off mid-thought\n\n",
+        "inside": "I was told to think.\n</think>\nDone.",
+        "none": "No block here, </think> is just text.",
+        "lookalike": "<thin k><think></think></think></think>",
+        "newlines": "\n\n<think>\n\n\n</think>\n\n\n",
+    }
+    for name, text in texts.items():
+        data = text.encode()
+        write("reasoning", name + ".txt", data + b"\x00\x00")
+        write("reasoning", name + "_inside_split.txt", data + b"\x03\x00\x09\x00\x01\x00\x03\x01")
+
+
+def grammar():
+    clear("grammar")
+    walk = bytes((7 + 5 * i) % 256 for i in range(64))  # 64 walk bytes
+    folder = os.path.join(ROOT, "tests", "grammar", "schemas")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name), "rb") as f:
+                text = f.read()
+            if len(text) < 4000:
+                write("grammar", "schema_" + name, b"\x00" + text + b"\x00" + walk)
+    schemas = {
+        "object": {"type": "object", "properties": {"a": {"type": "integer"},
+                   "b": {"type": "array", "items": {"type": "string", "maxLength": 3},
+                         "maxItems": 2}}, "required": ["a"], "additionalProperties": False},
+        "any_of": {"anyOf": [{"type": "number"}, {"const": "x"}, {"enum": [True, None, 1.5]}]},
+        "ref": {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}},
+                "$ref": "#/$defs/n"},
+    }
+    for name, schema in schemas.items():
+        write("grammar", "schema_" + name + ".bin", b"\x00" + json.dumps(schema).encode() + b"\x00" + walk)
+    regexes = {"date": r"^\d{4}-\d{2}-\d{2}$", "alt": r"(ab|cd)*[^\s,]{1,3}\.?",
+               "classes": r"[a-f0-9]+\w\W\x41\u00e9.", "nested": r"((a|b)?(c{2,}|d+))*e"}
+    for name, rx in regexes.items():
+        write("grammar", "regex_" + name + ".bin", b"\x01" + rx.encode() + b"\x00" + walk)
+    gbnfs = {"list": 'root ::= item ("," item)*\nitem ::= [a-z]+ | "(" root ")" | [0-9]{1,2}\n',
+             "json_like": 'root ::= obj\nobj ::= "{" ws (str ws ":" ws val)? "}"\n'
+                          'str ::= "\\"" [^"\\\\]* "\\""\nval ::= str | [0-9]+ | obj\n'
+                          'ws ::= [ \\t\\n]{0,2} # spaces\n',
+             "utf8": 'root ::= "é" [€-€] . [^a]?\n'}
+    for name, g in gbnfs.items():
+        write("grammar", "gbnf_" + name + ".bin", b"\x02" + g.encode() + b"\x00" + walk)
+    write("grammar", "choice.bin", b"\x03yes\nno\nmaybe so\n\xc3\xa9\x00" + walk)
+    write("grammar", "json_object.bin", b"\x04\x00" + walk)
+    # Selectors from 0xE0 compile with the default (serving) limits.
+    write("grammar", "serving_schema_object.bin",
+          b"\xe1" + json.dumps(schemas["object"]).encode() + b"\x00" + walk)
+    write("grammar", "serving_regex_repeat.bin", b"\xe2(a{1,300}b?){2,50}\x00" + walk)
+
+
 def main():
     completions()
     chat()
@@ -179,6 +392,10 @@ def main():
     model_config()
     tokenizer()
     chat_template()
+    gguf()
+    tool_calls()
+    reasoning()
+    grammar()
     total = 0
     for target in sorted(os.listdir(CORPUS)):
         files = os.listdir(os.path.join(CORPUS, target))
