@@ -161,9 +161,10 @@ float search_symmetric(const float* x, int n) {
   if (mx == 0.0f) return 0.0f;
   float best = mx / -32.0f;
   float best_err = symmetric_error(x, n, best);
-  // Inverse steps that send mx to -32 +- 2.5, and one that sends it to +31.
-  for (int i = -10; i <= 11; ++i) {
-    const float target = i == 11 ? 31.0f : -32.0f + 0.25f * static_cast<float>(i);
+  // Inverse steps that send mx to -36 .. -24 (weights past -32 clip), and one that
+  // sends it to +31.
+  for (int i = -8; i <= 17; ++i) {
+    const float target = i == 17 ? 31.0f : -32.0f + 0.5f * static_cast<float>(i);
     const float inv = target / mx;
     double sqx = 0, sqq = 0;
     for (int l = 0; l < n; ++l) {

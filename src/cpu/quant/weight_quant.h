@@ -17,8 +17,9 @@
 //               d = max s / 63 and dmin = max m / 63, and the weights rounded once
 //               more against the scales as stored.
 //   Q6_K        sub-blocks of 16, y = s (q - 32), q in [0, 63]. Candidate inverse
-//               steps map the largest-magnitude weight near -32 (a grid of 21
-//               around it); after rounding, s is refit by least squares; the best
+//               steps map the largest-magnitude weight to -36 .. -24 (steps of 0.5;
+//               past -32 it clips) or to +31; after rounding, s is refit by least
+//               squares; the best
 //               candidate's s goes onto the int8 grid of d = max |s| / 127.
 // Errors are plain (unweighted) squared errors; no importance matrix.
 //
