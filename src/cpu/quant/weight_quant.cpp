@@ -17,6 +17,12 @@ int round_clamp(float v, int lo, int hi) {
   return std::clamp(static_cast<int>(std::lround(v)), lo, hi);
 }
 
+// round(v) clamped to [0, hi], for the search's inner loops: clamped first, then
+// rounded half up by truncation (v >= 0 there), no library call. NaN-free input.
+inline int round_clamp_fast(float v, float hi) {
+  return static_cast<int>(std::min(std::max(v, 0.0f), hi) + 0.5f);
+}
+
 // ---- Q4_K / Q5_K ---------------------------------------------------------------------------
 
 // A sub-block's fit y = s q - m.
@@ -27,10 +33,16 @@ struct AffineFit {
 
 // Squared error of x against s q - m with q rounded to [0, levels].
 float affine_error(const float* x, int n, int levels, float s, float m) {
+  if (!(s > 0.0f)) {
+    float err = 0.0f;
+    for (int l = 0; l < n; ++l) err += (m + x[l]) * (m + x[l]);
+    return err;
+  }
+  const float inv = 1.0f / s, top = static_cast<float>(levels);
   float err = 0.0f;
   for (int l = 0; l < n; ++l) {
-    const int q = s > 0.0f ? round_clamp((x[l] + m) / s, 0, levels) : 0;
-    const float e = s * static_cast<float>(q) - m - x[l];
+    const auto q = static_cast<float>(round_clamp_fast((x[l] + m) * inv, top));
+    const float e = s * q - m - x[l];
     err += e * e;
   }
   return err;
@@ -39,20 +51,22 @@ float affine_error(const float* x, int n, int levels, float s, float m) {
 // The least-squares s, m for x given the levels q, m >= 0; nullopt when no
 // positive step fits.
 std::optional<AffineFit> refit_affine(const float* x, const int* q, int n) {
-  double sq = 0, sqq = 0, sx = 0, sqx = 0;
+  float sq = 0, sqq = 0, sx = 0, sqx = 0;
   for (int l = 0; l < n; ++l) {
-    sq += q[l];
-    sqq += static_cast<double>(q[l]) * q[l];
+    const auto ql = static_cast<float>(q[l]);
+    sq += ql;
+    sqq += ql * ql;
     sx += x[l];
-    sqx += static_cast<double>(q[l]) * x[l];
+    sqx += ql * x[l];
   }
-  const double det = n * sqq - sq * sq;
+  // The normal equations in double: det cancels when the levels are nearly equal.
+  const double det = n * double{sqq} - double{sq} * sq;
   if (det <= 0.0) return std::nullopt;
-  double s = (n * sqx - sq * sx) / det;
-  double b = (sqq * sx - sq * sqx) / det;  // the offset: y = s q + b
-  if (b > 0.0) {                           // the format's offset is -m <= 0
+  double s = (n * double{sqx} - double{sq} * sx) / det;
+  double b = (double{sqq} * sx - double{sq} * sqx) / det;  // the offset: y = s q + b
+  if (b > 0.0) {                                           // the format's offset is -m <= 0
     b = 0.0;
-    s = sqx / sqq;
+    s = double{sqx} / sqq;
   }
   if (!(s > 0.0)) return std::nullopt;
   return AffineFit{static_cast<float>(s), static_cast<float>(-b)};
@@ -69,9 +83,10 @@ AffineFit search_affine(const float* x, int n, int levels) {
   AffineFit best{range / static_cast<float>(levels), -lo};
   float best_err = affine_error(x, n, levels, best.s, best.m);
   int q[32];
-  for (int i = 0; i <= 24; ++i) {
-    const float step = range / (static_cast<float>(levels) - 2.0f + 0.25f * static_cast<float>(i));
-    for (int l = 0; l < n; ++l) q[l] = round_clamp((x[l] - lo) / step, 0, levels);
+  const float top = static_cast<float>(levels);
+  for (int i = 0; i <= 12; ++i) {
+    const float inv = (top - 2.0f + 0.5f * static_cast<float>(i)) / range;
+    for (int l = 0; l < n; ++l) q[l] = round_clamp_fast((x[l] - lo) * inv, top);
     const std::optional<AffineFit> fit = refit_affine(x, q, n);
     if (!fit) continue;
     const float err = affine_error(x, n, levels, fit->s, fit->m);
@@ -144,9 +159,15 @@ void quantize_q5_k(const float* x, BlockQ5_K& b) {
 // Squared error of x against s * q with q rounded to [-32, 31].
 float symmetric_error(const float* x, int n, float s) {
   float err = 0.0f;
+  if (s == 0.0f) {
+    for (int l = 0; l < n; ++l) err += x[l] * x[l];
+    return err;
+  }
+  const float inv = 1.0f / s;
   for (int l = 0; l < n; ++l) {
-    const int q = s != 0.0f ? round_clamp(x[l] / s, -32, 31) : 0;
-    const float e = s * static_cast<float>(q) - x[l];
+    // q + 32 in [0, 63], rounded as the search does.
+    const auto q = static_cast<float>(round_clamp_fast(x[l] * inv + 32.0f, 63.0f) - 32);
+    const float e = s * q - x[l];
     err += e * e;
   }
   return err;
@@ -163,17 +184,17 @@ float search_symmetric(const float* x, int n) {
   float best_err = symmetric_error(x, n, best);
   // Inverse steps that send mx to -36 .. -24 (weights past -32 clip), and one that
   // sends it to +31.
-  for (int i = -8; i <= 17; ++i) {
-    const float target = i == 17 ? 31.0f : -32.0f + 0.5f * static_cast<float>(i);
+  for (int i = -4; i <= 9; ++i) {
+    const float target = i == 9 ? 31.0f : -32.0f + 1.0f * static_cast<float>(i);
     const float inv = target / mx;
-    double sqx = 0, sqq = 0;
+    float sqx = 0, sqq = 0;
     for (int l = 0; l < n; ++l) {
-      const int q = round_clamp(x[l] * inv, -32, 31);
-      sqx += static_cast<double>(q) * x[l];
-      sqq += static_cast<double>(q) * q;
+      const auto q = static_cast<float>(round_clamp_fast(x[l] * inv + 32.0f, 63.0f) - 32);
+      sqx += q * x[l];
+      sqq += q * q;
     }
-    if (sqq <= 0.0) continue;
-    const auto s = static_cast<float>(sqx / sqq);
+    if (sqq <= 0.0f) continue;
+    const float s = sqx / sqq;
     const float err = symmetric_error(x, n, s);
     if (err < best_err) {
       best_err = err;

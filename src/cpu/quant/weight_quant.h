@@ -8,19 +8,19 @@
 // The K-quants search each sub-block's scale (and, for Q4_K/Q5_K, its min) for
 // the least squared error instead of taking them from the range:
 //   Q4_K, Q5_K  sub-blocks of 32, y = s q - m (q in [0, 15] or [0, 31], m >= 0).
-//               For each of a grid of candidate steps between range / (levels + 4)
-//               and range / (levels - 2) the weights are rounded with the range's
-//               minimum as offset, then s and m are refit by least squares to those
-//               levels (m clamped to >= 0, where the fit would give an offset above
-//               zero); the candidate with the smallest error wins. The sub-block
-//               scales and mins are then put on the 6-bit grids of the super-block's
-//               d = max s / 63 and dmin = max m / 63, and the weights rounded once
-//               more against the scales as stored.
+//               For each of 13 candidate steps range / (levels - 2 + k / 2),
+//               k = 0..12, the weights are rounded with the range's minimum as
+//               offset, then s and m are refit by least squares to those levels
+//               (m clamped to >= 0, where the fit would give an offset above
+//               zero); the candidate (or the plain range rule) with the smallest
+//               error wins. The sub-block scales and mins are then put on the 6-bit
+//               grids of the super-block's d = max s / 63 and dmin = max m / 63,
+//               and the weights rounded once more against the scales as stored.
 //   Q6_K        sub-blocks of 16, y = s (q - 32), q in [0, 63]. Candidate inverse
-//               steps map the largest-magnitude weight to -36 .. -24 (steps of 0.5;
+//               steps map the largest-magnitude weight to -36 .. -24 (steps of 1;
 //               past -32 it clips) or to +31; after rounding, s is refit by least
-//               squares; the best
-//               candidate's s goes onto the int8 grid of d = max |s| / 127.
+//               squares; the best candidate's s goes onto the int8 grid of
+//               d = max |s| / 127.
 // Errors are plain (unweighted) squared errors; no importance matrix.
 //
 // Thread-safety: pure functions over caller-owned memory.
