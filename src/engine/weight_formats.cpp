@@ -7,32 +7,36 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/quant/block_formats.h"
-#include "cpu/quant/weight_quant.h"
+#include "cellm/weight_quant.h"
 
 namespace cellm {
 namespace {
 
-using cpu::quant::QuantType;
+// The ggml type names in lower case ("q4_k", "bf16"), as --weights spells them.
+std::string type_name(GgmlType type) {
+  const std::optional<GgmlTypeInfo> info = ggml_type_info(static_cast<uint32_t>(type));
+  std::string name = info ? info->name : "?";
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+bool whole_blocks(GgmlType type, int64_t cols) {
+  return weight_bytes(type, 1, cols).ok();
+}
 
 struct FormatName {
   WeightFormat format;
   const char* name;
-  QuantType type;  // what the linear weights become (kAuto: unused)
+  GgmlType type;  // what the linear weights become (kAuto: unused)
 };
 
 constexpr FormatName kFormats[] = {
-    {WeightFormat::kAuto, "auto", QuantType::kBF16},
-    {WeightFormat::kBF16, "bf16", QuantType::kBF16},
-    {WeightFormat::kF32, "f32", QuantType::kF32},
-    {WeightFormat::kQ8_0, "q8_0", QuantType::kQ8_0},
-    {WeightFormat::kQ4_0, "q4_0", QuantType::kQ4_0},
-    {WeightFormat::kQ4_1, "q4_1", QuantType::kQ4_1},
-    {WeightFormat::kQ5_0, "q5_0", QuantType::kQ5_0},
-    {WeightFormat::kQ5_1, "q5_1", QuantType::kQ5_1},
-    {WeightFormat::kQ4_K, "q4_k", QuantType::kQ4_K},
-    {WeightFormat::kQ5_K, "q5_k", QuantType::kQ5_K},
-    {WeightFormat::kQ6_K, "q6_k", QuantType::kQ6_K},
+    {WeightFormat::kAuto, "auto", GgmlType::kBF16}, {WeightFormat::kBF16, "bf16", GgmlType::kBF16},
+    {WeightFormat::kF32, "f32", GgmlType::kF32},    {WeightFormat::kQ8_0, "q8_0", GgmlType::kQ8_0},
+    {WeightFormat::kQ4_0, "q4_0", GgmlType::kQ4_0}, {WeightFormat::kQ4_1, "q4_1", GgmlType::kQ4_1},
+    {WeightFormat::kQ5_0, "q5_0", GgmlType::kQ5_0}, {WeightFormat::kQ5_1, "q5_1", GgmlType::kQ5_1},
+    {WeightFormat::kQ4_K, "q4_k", GgmlType::kQ4_K}, {WeightFormat::kQ5_K, "q5_k", GgmlType::kQ5_K},
+    {WeightFormat::kQ6_K, "q6_k", GgmlType::kQ6_K},
 };
 
 const FormatName& entry(WeightFormat format) {
@@ -44,53 +48,52 @@ const FormatName& entry(WeightFormat format) {
 
 // The 32-weight format of about a K-quant's size, for rows that are not whole
 // 256-weight blocks.
-std::optional<QuantType> small_block_fallback(QuantType type) {
+std::optional<GgmlType> small_block_fallback(GgmlType type) {
   switch (type) {
-    case QuantType::kQ4_K:
-      return QuantType::kQ5_0;
-    case QuantType::kQ5_K:
-      return QuantType::kQ5_1;
-    case QuantType::kQ6_K:
-      return QuantType::kQ8_0;
+    case GgmlType::kQ4_K:
+      return GgmlType::kQ5_0;
+    case GgmlType::kQ5_K:
+      return GgmlType::kQ5_1;
+    case GgmlType::kQ6_K:
+      return GgmlType::kQ8_0;
     default:
       return std::nullopt;
   }
 }
 
-// How `t`'s elements are stored, as the quant layer names it.
-QuantType stored_type(const TensorView& t) {
-  if (t.block_type) return static_cast<QuantType>(static_cast<uint32_t>(*t.block_type));
+// How `t`'s elements are stored.
+GgmlType stored_type(const TensorView& t) {
+  if (t.block_type) return *t.block_type;
   switch (t.dtype) {
     case DType::kBF16:
-      return QuantType::kBF16;
+      return GgmlType::kBF16;
     case DType::kF16:
-      return QuantType::kF16;
+      return GgmlType::kF16;
     case DType::kF32:
-      return QuantType::kF32;
+      return GgmlType::kF32;
   }
-  return QuantType::kF32;
+  return GgmlType::kF32;
 }
 
-bool is_float(QuantType t) {
-  return t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16;
+bool is_float(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
 }
 
 // `t` [rows, cols] re-encoded as `type`.
-Result<ConvertedWeight> encode(const TensorView& t, QuantType type) {
+Result<ConvertedWeight> encode(const TensorView& t, GgmlType type) {
   const int64_t cols = t.shape.back();
   const int64_t rows = t.numel() / cols;
-  CELLM_ASSIGN_OR_RETURN(const int64_t row, cpu::quant::row_bytes(type, cols));
+  CELLM_ASSIGN_OR_RETURN(const size_t bytes, weight_bytes(type, rows, cols));
   ConvertedWeight c;
-  c.bytes.resize(static_cast<size_t>(rows * row));
+  c.bytes.resize(bytes);
   if (is_float(type)) {
-    c.dtype = type == QuantType::kF32   ? DType::kF32
-              : type == QuantType::kF16 ? DType::kF16
-                                        : DType::kBF16;
+    c.dtype = type == GgmlType::kF32   ? DType::kF32
+              : type == GgmlType::kF16 ? DType::kF16
+                                       : DType::kBF16;
   } else {
-    c.block_type = static_cast<GgmlType>(static_cast<uint32_t>(type));
+    c.block_type = type;
   }
-  CELLM_RETURN_IF_ERROR(
-      cpu::quant::quantize_weight_matrix(stored_type(t), t.data, rows, cols, type, c.bytes.data()));
+  CELLM_RETURN_IF_ERROR(reencode_weight(stored_type(t), t.data, rows, cols, type, c.bytes.data()));
   return c;
 }
 
@@ -124,7 +127,7 @@ Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightForm
                                          std::string& summary) {
   summary.clear();
   if (format == WeightFormat::kAuto) return weights;
-  const QuantType want = entry(format).type;
+  const GgmlType want = entry(format).type;
   std::map<std::string, int> counts;  // format name -> weights held in it
   std::string notes;
   const auto note = [&](const std::string& text) {
@@ -133,46 +136,44 @@ Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightForm
   const WeightConverter convert = [&](const TensorView& t,
                                       WeightRole role) -> Result<std::optional<ConvertedWeight>> {
     if (role != WeightRole::kLinear) return std::optional<ConvertedWeight>();
-    const QuantType have = stored_type(t);
+    const GgmlType have = stored_type(t);
     if (!is_float(have)) {
       if (have == want) {
-        ++counts[cpu::quant::type_info(want).name];
+        ++counts[type_name(want)];
         return std::optional<ConvertedWeight>();
       }
       return NotSupported("--weights " + std::string(to_string(format)) + ": tensor " + t.name +
-                          " is already quantized (" + cpu::quant::type_info(have).name +
+                          " is already quantized (" + type_name(have) +
                           "); only float weights are quantized on load (give --weights auto)");
     }
     const int64_t cols = t.shape.back();
-    QuantType type = want;
-    if (!cpu::quant::row_bytes(type, cols).ok()) {
-      const std::optional<QuantType> fallback = small_block_fallback(type);
-      if (fallback && cpu::quant::row_bytes(*fallback, cols).ok()) {
-        note(std::string("rows not whole ") + cpu::quant::type_info(want).name + " blocks");
+    GgmlType type = want;
+    if (!whole_blocks(type, cols)) {
+      const std::optional<GgmlType> fallback = small_block_fallback(type);
+      if (fallback && whole_blocks(*fallback, cols)) {
+        note(std::string("rows not whole ") + type_name(want) + " blocks");
         type = *fallback;
       } else {
-        note(std::string("rows not whole ") + cpu::quant::type_info(type).name +
-             " blocks: kept as stored");
-        ++counts[std::string(cpu::quant::type_info(have).name) + " (as stored)"];
+        note(std::string("rows not whole ") + type_name(type) + " blocks: kept as stored");
+        ++counts[type_name(have) + " (as stored)"];
         return std::optional<ConvertedWeight>();
       }
     }
     if (type == have) {
-      ++counts[cpu::quant::type_info(type).name];
+      ++counts[type_name(type)];
       return std::optional<ConvertedWeight>();
     }
     CELLM_ASSIGN_OR_RETURN(ConvertedWeight c, encode(t, type));
-    ++counts[cpu::quant::type_info(type).name];
+    ++counts[type_name(type)];
     return std::optional<ConvertedWeight>(std::move(c));
   };
   CELLM_ASSIGN_OR_RETURN(ModelWeights out, weights.converted(convert));
   summary = std::string(to_string(format)) + ": linear weights";
   bool first = true;
   // The requested format first, then the others.
-  if (counts.contains(cpu::quant::type_info(want).name)) {
-    summary += " " + std::to_string(counts[cpu::quant::type_info(want).name]) + " as " +
-               cpu::quant::type_info(want).name;
-    counts.erase(cpu::quant::type_info(want).name);
+  if (counts.contains(type_name(want))) {
+    summary += " " + std::to_string(counts[type_name(want)]) + " as " + type_name(want);
+    counts.erase(type_name(want));
     first = false;
   }
   for (const auto& [name, n] : counts) {
@@ -191,10 +192,10 @@ Result<std::shared_ptr<const ModelWeights>> dequantize_blocks_to_bf16(
   const WeightConverter convert = [](const TensorView& t,
                                      WeightRole) -> Result<std::optional<ConvertedWeight>> {
     if (!t.block_type) return std::optional<ConvertedWeight>();
-    if (!cpu::quant::type_from_ggml_id(static_cast<uint32_t>(*t.block_type))) {
+    if (!cpu_weight_type_supported(*t.block_type)) {
       return NotSupported("tensor " + t.name + " is in a block format this build cannot read");
     }
-    CELLM_ASSIGN_OR_RETURN(ConvertedWeight c, encode(t, QuantType::kBF16));
+    CELLM_ASSIGN_OR_RETURN(ConvertedWeight c, encode(t, GgmlType::kBF16));
     return std::optional<ConvertedWeight>(std::move(c));
   };
   CELLM_ASSIGN_OR_RETURN(ModelWeights out, weights->converted(convert));

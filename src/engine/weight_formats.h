@@ -1,7 +1,7 @@
 // --weights: re-encoding a loaded model's weights (quantize on load for the CPU executor)
 // and dequantizing block-format (GGUF) weights to bf16 for the CUDA executor, whose kernels
 // read elements only. Internal to the engine; both go through ModelWeights::converted with
-// the CPU layer's quantizers (src/cpu/quant).
+// the CPU layer's quantizers (cellm/weight_quant.h).
 #pragma once
 
 #include <memory>

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "cellm/weight_quant.h"
 #include "model/half.h"
 
 namespace cellm::cpu::quant {
@@ -299,3 +300,44 @@ Status quantize_weight_matrix(QuantType src_type, const void* src, int64_t rows,
 }
 
 }  // namespace cellm::cpu::quant
+
+namespace cellm {
+namespace {
+
+std::optional<cpu::quant::QuantType> quant_type(GgmlType type) {
+  const std::optional<cpu::quant::QuantType> t =
+      cpu::quant::type_from_ggml_id(static_cast<uint32_t>(type));
+  if (!t || *t == cpu::quant::QuantType::kQ8_K) return std::nullopt;
+  return t;
+}
+
+Status unsupported(GgmlType type) {
+  const std::optional<GgmlTypeInfo> info = ggml_type_info(static_cast<uint32_t>(type));
+  return InvalidArgument(std::string("weights of type ") + (info ? info->name : "?") +
+                         " are not read or written by the CPU layer");
+}
+
+}  // namespace
+
+bool cpu_weight_type_supported(GgmlType type) {
+  return quant_type(type).has_value();
+}
+
+Result<size_t> weight_bytes(GgmlType type, int64_t rows, int64_t cols) {
+  const std::optional<cpu::quant::QuantType> t = quant_type(type);
+  if (!t) return unsupported(type);
+  if (rows < 0) return InvalidArgument("a weight of " + std::to_string(rows) + " rows");
+  CELLM_ASSIGN_OR_RETURN(const int64_t row, cpu::quant::row_bytes(*t, cols));
+  return static_cast<size_t>(rows * row);
+}
+
+Status reencode_weight(GgmlType src_type, const void* src, int64_t rows, int64_t cols,
+                       GgmlType type, void* dst, int threads) {
+  const std::optional<cpu::quant::QuantType> from = quant_type(src_type);
+  if (!from) return unsupported(src_type);
+  const std::optional<cpu::quant::QuantType> to = quant_type(type);
+  if (!to) return unsupported(type);
+  return cpu::quant::quantize_weight_matrix(*from, src, rows, cols, *to, dst, threads);
+}
+
+}  // namespace cellm
