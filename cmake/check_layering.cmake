@@ -32,7 +32,7 @@ set(PUBLIC_core decode_first_scheduler.h executor.h logits_processor.h metrics.h
 set(PUBLIC_model dtype.h gguf.h model_config.h model_weights.h)
 set(PUBLIC_text chat_template.h tokenizer.h)
 set(PUBLIC_grammar grammar.h)
-set(PUBLIC_cpu cpu_executor.h)
+set(PUBLIC_cpu cpu_executor.h weight_quant.h)
 set(PUBLIC_cuda cuda_executor.h gpu_power.h)
 set(PUBLIC_engine engine.h)
 set(PUBLIC_serve serve.h)

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cellm/chat_template.h"
@@ -37,6 +38,40 @@
 
 namespace cellm {
 
+// How the linear layers' weights (q, k, v, o, gate, up, down of every layer) are held once
+// loaded: `--weights`. kAuto keeps them as stored. kBF16 / kF32 convert float weights to
+// that type. The block types quantize float weights as they load into the formats the CPU
+// executor's quantized matmul runs (the weight quantizers of src/cpu/quant/weight_quant.h),
+// keeping no full-precision copy resident. A weight whose rows are not whole blocks of a
+// K-quant (256 weights) takes the 32-weight format of about the same size instead (q4_k ->
+// q5_0, q5_k -> q5_1, q6_k -> q8_0); one whose rows are not whole 32-weight blocks stays as
+// stored. The embedding, the norms, the biases and the LM head always stay as stored (the
+// head is often tied to the embedding, and it is the weight most sensitive to rounding).
+// Weights a GGUF file already holds in blocks are refused unless the format is theirs (no
+// re-quantizing). The CUDA executor runs kAuto and kBF16 only.
+enum class WeightFormat {
+  kAuto,
+  kBF16,
+  kF32,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+};
+// "auto", "bf16", "f32", "q8_0", ..., "q6_k".
+const char* to_string(WeightFormat format);
+// The format spelled `name` (as to_string spells it, any case); InvalidArgument naming the
+// value and listing the formats otherwise.
+Result<WeightFormat> parse_weight_format(std::string_view name);
+// "auto, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k": for help texts.
+std::string weight_format_names();
+// Whether the CUDA executor runs weights loaded as `format` (kAuto and kBF16).
+bool cuda_runs_weight_format(WeightFormat format);
+
 // Where the weights come from: a Hugging Face folder, the bundled default model, or random
 // weights with a preset's real shapes.
 struct ModelSource {
@@ -47,6 +82,8 @@ struct ModelSource {
   // A random-weight preset ("110m", "1b", "8b"; ModelConfig::preset) instead of a folder.
   std::string preset;
   uint64_t seed = 0;  // the preset weights' seed
+  // How the linear layers' weights are held (--weights); see WeightFormat.
+  WeightFormat weights = WeightFormat::kAuto;
 };
 
 // Which executor runs the model.
@@ -74,6 +111,10 @@ struct LoadedModel {
   std::optional<ChatTemplate> chat_template;
   Status chat_template_status = NotFound("no chat template was loaded");
   double load_seconds = 0;  // wall time of the whole load
+  // The --weights the model was loaded with, and what it did: "" for kAuto, else e.g.
+  // "q4_k: 8 linear weights as q4_k, 48 as q5_0 (rows not whole q4_k blocks)".
+  WeightFormat weights_format = WeightFormat::kAuto;
+  std::string weights_summary;
 };
 
 // The folder `source` names, or the bundled default when it names none. NotFound when the

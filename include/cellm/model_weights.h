@@ -22,14 +22,20 @@
 // permuted for `llama` files are put back in Hugging Face's order (so RoPE's
 // rotate-half convention gives the same results). F32, F16 and BF16 tensors are
 // views into the mapping (q and k of llama files are rewritten copies); a tensor
-// in a block format (Q4_1, Q8_0, ...) is refused with NotSupported naming it.
+// in a block format (Q4_1, Q8_0, ...) stays in its blocks (TensorView::block_type).
+//
+// converted() re-encodes chosen weights (quantize on load, or block formats
+// dequantized for an executor that reads elements only): the result shares the
+// source's storage and owns the new encodings.
 //
 // Copies share the storage, so views of any copy stay valid while one copy lives.
 // Thread-safety: immutable after construction; share freely.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +68,29 @@ struct LayerWeights {
   TensorView down_proj;              // [hidden, intermediate]
 };
 
+// What a weight is, for a WeightConverter.
+enum class WeightRole {
+  kEmbedding,  // embed_tokens
+  kLinear,     // a decoder layer's q, k, v, o, gate, up or down projection
+  kNorm,       // an RMSNorm weight
+  kBias,       // a projection's bias
+  kLmHead,     // lm_head (only when untied: a tied head is the embedding)
+};
+
+// A weight re-encoded by a WeightConverter: its bytes and their format, either
+// `dtype` elements (block_type unset) or rows of `block_type` blocks. The shape
+// stays the source's.
+struct ConvertedWeight {
+  std::vector<std::byte> bytes;
+  DType dtype = DType::kF32;
+  std::optional<GgmlType> block_type;
+};
+
+// Re-encodes one weight, or returns nullopt to keep it as it is. Errors stop
+// the conversion and are returned by converted().
+using WeightConverter = std::function<Result<std::optional<ConvertedWeight>>(
+    const TensorView& weight, WeightRole role)>;
+
 class ModelWeights {
  public:
   // Reads `dir`/config.json and the safetensors of `dir` (single or sharded) and
@@ -83,6 +112,16 @@ class ModelWeights {
   const TensorView& final_norm() const { return tensors_.final_norm; }  // [hidden]
   // [vocab, hidden]; the embedding's view when config().tie_word_embeddings().
   const TensorView& lm_head() const { return tensors_.lm_head; }
+
+  // A copy whose weights are what `convert` makes of them, called once per
+  // distinct weight in table order (a tied lm_head follows the embedding). The
+  // copy shares this one's storage and owns the converted bytes. When this model's
+  // weights are views into mapped safetensors files, each converted weight's pages
+  // are handed back to the kernel once it is converted (the file stays mapped:
+  // they are read again only if this model's view of them is used), so no second
+  // full-precision copy stays resident. InvalidArgument when a converter's bytes
+  // do not fit the weight's shape in the format it names, or `convert`'s error.
+  Result<ModelWeights> converted(const WeightConverter& convert) const;
 
   // Every distinct weight in table order (lm_head omitted when tied).
   std::vector<const TensorView*> tensors() const;
@@ -110,6 +149,7 @@ class ModelWeights {
 
   ModelConfig config_;
   std::shared_ptr<const void> storage_;  // what the views point into
+  bool mapped_ = false;                  // every view points into a file mapping
   Tensors tensors_;
 };
 

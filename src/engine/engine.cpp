@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cellm/decode_first_scheduler.h"
+#include "engine/weight_formats.h"
 
 namespace cellm {
 namespace {
@@ -33,6 +34,8 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     if (fill_memory && limits.kv_memory_fraction == 0) {
       limits.kv_memory_fraction = kDefaultKvMemoryFraction;
     }
+    // The device kernels read elements: a GGUF's block-format tensors go up as bf16.
+    CELLM_ASSIGN_OR_RETURN(weights, dequantize_blocks_to_bf16(std::move(weights)));
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), limits, options.cuda));
     limits = e->limits();
@@ -136,6 +139,11 @@ Result<Engine> Engine::create(std::shared_ptr<const LoadedModel> model,
   Engine engine;
   engine.kind_ =
       options.executor == ExecutorKind::kAuto ? default_executor_kind() : options.executor;
+  if (engine.kind_ == ExecutorKind::kCuda && !cuda_runs_weight_format(model->weights_format)) {
+    return NotSupported(std::string("--weights ") + to_string(model->weights_format) +
+                        " quantizes for the CPU executor; the CUDA executor runs --weights bf16 "
+                        "or auto (give --executor cpu)");
+  }
   CELLM_ASSIGN_OR_RETURN(engine.executor_, make_executor(engine.kind_, model->weights, options,
                                                          engine.limits_, engine.kv_pool_));
   CELLM_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, make_scheduler(engine.limits_));

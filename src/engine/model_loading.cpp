@@ -13,6 +13,7 @@
 
 #include "cellm/engine.h"
 #include "cellm/gguf.h"
+#include "engine/weight_formats.h"
 
 namespace cellm {
 namespace {
@@ -139,6 +140,18 @@ Result<ChatTemplate> gguf_chat_template(const GgufMetadata& m, const GgufVocab& 
   return chat;
 }
 
+// `loaded` with its linear weights held as `format` (--weights), recorded in `m`.
+Result<ModelWeights> held_as(Result<ModelWeights> loaded, LoadedModel& m, WeightFormat format) {
+  if (!loaded.ok()) return loaded.status();
+  m.weights_format = format;
+  if (format == WeightFormat::kAuto) return loaded;
+  Result<ModelWeights> held = apply_weight_format(*loaded, format, m.weights_summary);
+  if (!held.ok()) {
+    return Status(held.status().code(), m.name + ": " + held.status().message());
+  }
+  return held;
+}
+
 }  // namespace
 
 Result<std::string> resolve_model_folder(const ModelSource& source) {
@@ -192,8 +205,10 @@ Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
     }
     CELLM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::preset(source.preset));
     m->name = "preset:" + source.preset;
-    m->weights = std::make_shared<const ModelWeights>(
-        ModelWeights::random(config, DType::kBF16, source.seed));
+    CELLM_ASSIGN_OR_RETURN(
+        ModelWeights w,
+        held_as(ModelWeights::random(config, DType::kBF16, source.seed), *m, source.weights));
+    m->weights = std::make_shared<const ModelWeights>(std::move(w));
     m->load_seconds = seconds_since(t0);
     return std::shared_ptr<const LoadedModel>(std::move(m));
   }
@@ -209,7 +224,7 @@ Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
       CELLM_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::from_gguf(*vocab, m->dir));
       m->tokenizer = std::move(tok);
     }
-    CELLM_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::load(m->dir));
+    CELLM_ASSIGN_OR_RETURN(ModelWeights w, held_as(ModelWeights::load(m->dir), *m, source.weights));
     touch_weights(w, progress);
     m->weights = std::make_shared<const ModelWeights>(std::move(w));
     if (with_tokenizer) {
@@ -224,7 +239,7 @@ Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
     CELLM_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(m->dir));
     m->tokenizer = std::move(tok);
   }
-  CELLM_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::load(m->dir));
+  CELLM_ASSIGN_OR_RETURN(ModelWeights w, held_as(ModelWeights::load(m->dir), *m, source.weights));
   touch_weights(w, progress);
   m->weights = std::make_shared<const ModelWeights>(std::move(w));
   if (with_tokenizer) {

@@ -1,5 +1,8 @@
 #include "cellm/model_weights.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -178,6 +181,7 @@ Result<ModelWeights> ModelWeights::from_checkpoint(ModelConfig config,
   }
   if (weights.config_.tie_word_embeddings())
     weights.tensors_.lm_head = weights.tensors_.embed_tokens;
+  weights.mapped_ = true;
   return weights;
 }
 
@@ -383,6 +387,78 @@ ModelWeights ModelWeights::random(const ModelConfig& config, DType dtype, uint64
   if (weights.config_.tie_word_embeddings())
     weights.tensors_.lm_head = weights.tensors_.embed_tokens;
   return weights;
+}
+
+namespace {
+
+// The role of the table's weight `name`.
+WeightRole role_of(const std::string& name) {
+  if (name == "model.embed_tokens.weight") return WeightRole::kEmbedding;
+  if (name == "lm_head.weight") return WeightRole::kLmHead;
+  if (name.ends_with(".bias")) return WeightRole::kBias;
+  if (name.ends_with("_proj.weight")) return WeightRole::kLinear;
+  return WeightRole::kNorm;
+}
+
+// Bytes a [.., cols] tensor of `numel` elements takes in the converted format, or
+// nullopt when its rows are not whole blocks.
+std::optional<size_t> converted_bytes(const ConvertedWeight& c, int64_t numel, int64_t cols) {
+  if (!c.block_type) return static_cast<size_t>(numel) * dtype_size_bytes(c.dtype);
+  const std::optional<GgmlTypeInfo> info = ggml_type_info(static_cast<uint32_t>(*c.block_type));
+  if (!info || cols <= 0 || cols % info->block_elements != 0) return std::nullopt;
+  return static_cast<size_t>(numel / info->block_elements) * info->block_bytes;
+}
+
+// Hands the whole pages inside [data, data + n) of a read-only file mapping back to
+// the kernel; they are read from the file again if touched.
+void release_mapped_pages(const void* data, size_t n) {
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (page_size <= 0 || n == 0) return;
+  const auto page = static_cast<uintptr_t>(page_size);
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + n) / page * page;
+  if (last > first) {
+    // Advice only: a failure leaves the pages resident, nothing else.
+    (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+}
+
+// The storage of a converted copy: the source's, and the converted bytes.
+struct ConvertedStorage {
+  std::shared_ptr<const void> source;
+  std::vector<std::vector<std::byte>> buffers;
+};
+
+}  // namespace
+
+Result<ModelWeights> ModelWeights::converted(const WeightConverter& convert) const {
+  auto storage = std::make_shared<ConvertedStorage>();
+  storage->source = storage_;
+  ModelWeights out(config_, storage);
+  out.tensors_ = tensors_;
+  // The listing walk (it engages no optional slot); its views are out's own.
+  const Tensors& listed = out.tensors_;
+  for (const Slot<const TensorView>& slot : weight_table(out.config_, listed)) {
+    auto& view = const_cast<TensorView&>(*slot.view);
+    CELLM_ASSIGN_OR_RETURN(std::optional<ConvertedWeight> c, convert(view, role_of(slot.name)));
+    if (!c) continue;
+    const int64_t cols = view.shape.empty() ? 1 : view.shape.back();
+    const std::optional<size_t> want = converted_bytes(*c, view.numel(), cols);
+    if (!want || *want != c->bytes.size()) {
+      return InvalidArgument("converting " + slot.name + " " + shape_to_string(view.shape) + ": " +
+                             std::to_string(c->bytes.size()) +
+                             " bytes do not fit its shape in the format converted to");
+    }
+    if (mapped_) release_mapped_pages(view.data, view.nbytes);
+    std::vector<std::byte>& bytes = storage->buffers.emplace_back(std::move(c->bytes));
+    view.data = bytes.data();
+    view.nbytes = bytes.size();
+    view.dtype = c->dtype;
+    view.block_type = c->block_type;
+  }
+  if (out.config_.tie_word_embeddings()) out.tensors_.lm_head = out.tensors_.embed_tokens;
+  return out;
 }
 
 const LayerWeights& ModelWeights::layer(int64_t i) const {

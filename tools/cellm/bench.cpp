@@ -57,6 +57,7 @@ const std::vector<FlagSpec> kFlags = [] {
       flags.end(),
       {
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+          weights_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"no-pdl", "",
            "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
@@ -384,6 +385,8 @@ int run_bench(int argc, const char* const* argv) {
   }
   Result<ExecutorKind> kind = parse_executor_flag(*args);
   if (!kind.ok()) return fail(cmd, kind.status());
+  Result<WeightFormat> weights = parse_weights_flag(*args, *kind);
+  if (!weights.ok()) return fail(cmd, weights.status());
   std::unique_ptr<PowerProbe> power;
   if (args->has("clocks")) {
     if (*requests > 0) {
@@ -403,10 +406,12 @@ int run_bench(int argc, const char* const* argv) {
   options.model.path = args->get("model").value_or("");
   options.model.preset = args->get("preset").value_or("");
   options.model.seed = static_cast<uint64_t>(*seed);
+  options.model.weights = *weights;
   Result<std::shared_ptr<const LoadedModel>> model_or =
       load_model(options.model, options.load_tokenizer);
   if (!model_or.ok()) return fail(cmd, model_or.status());
   const std::shared_ptr<const LoadedModel> model = *model_or;
+  print_weights_summary(*model);
 
   options.limits.step_width = static_cast<int32_t>(*step_width);
   options.cpu.num_threads = static_cast<int32_t>(*threads);

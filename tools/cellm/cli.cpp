@@ -53,6 +53,34 @@ Result<ExecutorKind> parse_executor_flag(const Args& args) {
   return InvalidArgument("--executor must be 'cpu' or 'cuda', got '" + *text + "'");
 }
 
+FlagSpec weights_flag() {
+  return {"weights", "FORMAT",
+          "how the linear layers' weights are held: " + weight_format_names() +
+              "; the q formats quantize as they load, for the CPU executor (default auto: as "
+              "stored)"};
+}
+
+Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor) {
+  const std::optional<std::string> text = args.get("weights");
+  if (!text) return WeightFormat::kAuto;
+  CELLM_ASSIGN_OR_RETURN(const WeightFormat format, parse_weight_format(*text));
+  if (cuda_runs_weight_format(format)) return format;
+  if (!args.has("executor")) {
+    executor = ExecutorKind::kCpu;
+  } else if (executor == ExecutorKind::kCuda) {
+    return InvalidArgument("--weights " + *text +
+                           " quantizes for the CPU executor; the CUDA executor runs --weights "
+                           "bf16 or auto (give --executor cpu)");
+  }
+  return format;
+}
+
+void print_weights_summary(const LoadedModel& model) {
+  if (!model.weights_summary.empty()) {
+    std::fprintf(stderr, "weights %s\n", model.weights_summary.c_str());
+  }
+}
+
 Result<TimedChoice> parse_timed_choice(const std::string& text, const std::string& option) {
   if (text == "timed") return TimedChoice::kTimed;
   if (text == "on") return TimedChoice::kOn;

@@ -26,6 +26,15 @@ std::string describe_sampling(const SamplingParams& params);
 // availability (Engine::default_executor_kind). InvalidArgument naming the flag otherwise.
 Result<ExecutorKind> parse_executor_flag(const Args& args);
 
+// --weights FORMAT (WeightFormat, engine.h) and its value: kAuto when absent;
+// InvalidArgument naming the flag for a value that is not a format, or for a format the
+// CUDA executor does not run (it runs bf16 and auto only) with --executor cuda, before
+// anything loads. Without --executor, such a format sets `executor` to the CPU one.
+FlagSpec weights_flag();
+Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor);
+// Prints LoadedModel::weights_summary to stderr when --weights did something.
+void print_weights_summary(const LoadedModel& model);
+
 // "timed", "on" or "off", the value of --`option` (--early-triggers, --early-after-cublas);
 // InvalidArgument naming the option and the value otherwise.
 Result<TimedChoice> parse_timed_choice(const std::string& text, const std::string& option);

@@ -43,6 +43,7 @@ const std::vector<FlagSpec> kFlags = [] {
           {"step-width", "W", "tokens per forward (default 256)"},
           {"threads", "N", "CPU threads; 0 = all (default 0)"},
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+          weights_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"report-json", "FILE", "write a JSON report of generations, timing and metrics"},
       });
@@ -216,10 +217,14 @@ int run_generate(int argc, const char* const* argv) {
   options.executor = *kind;
 
   options.model.path = args.get("model").value_or("");
+  Result<WeightFormat> weights = parse_weights_flag(args, options.executor);
+  if (!weights.ok()) return fail(cmd, weights.status());
+  options.model.weights = *weights;
   Result<std::shared_ptr<const LoadedModel>> model_or =
       load_model(options.model, /*with_tokenizer=*/true);
   if (!model_or.ok()) return fail(cmd, model_or.status());
   const LoadedModel& model = **model_or;
+  print_weights_summary(model);
   const Tokenizer& tok = *model.tokenizer;
   if (!args.has("ignore-eos")) gen.stop_tokens = tok.eos_ids();
 

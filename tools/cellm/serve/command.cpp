@@ -52,6 +52,7 @@ const std::vector<FlagSpec> kFlags = {
     {"host", "ADDR", "address to listen on (default 127.0.0.1)"},
     {"port", "N", "TCP port; 0 picks a free one (default 8080)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+    weights_flag(),
     {"max-sessions", "N", "generations running at once; n choices count n (default 16)"},
     {"max-session-tokens", "N",
      "positions per session, prompt and completion (default: the model's context, capped by "
@@ -95,6 +96,7 @@ std::string path_label(const std::string& path) {
 
 struct Flags {
   std::string model_dir;
+  WeightFormat weights = WeightFormat::kAuto;
   std::string host = "127.0.0.1";
   int port = 8080;
   ExecutorKind executor = ExecutorKind::kCpu;
@@ -128,6 +130,7 @@ Result<Flags> read_flags(const Args& args) {
     f.max_session_tokens = static_cast<int32_t>(t);
   }
   CELLM_ASSIGN_OR_RETURN(f.executor, parse_executor_flag(args));
+  CELLM_ASSIGN_OR_RETURN(f.weights, parse_weights_flag(args, f.executor));
   f.host = args.get("host").value_or("127.0.0.1");
   f.port = static_cast<int>(port);
   f.max_sessions = static_cast<int32_t>(max_sessions);
@@ -283,10 +286,12 @@ int run_serve(int argc, const char* const* argv) {
 
   EngineOptions options;
   options.model.path = flags.model_dir;
+  options.model.weights = flags.weights;
   options.executor = flags.executor;
   Result<std::shared_ptr<const LoadedModel>> model =
       load_model(options.model, /*with_tokenizer=*/true);
   if (!model.ok()) return fail(cmd, model.status());
+  print_weights_summary(**model);
   const ModelConfig& config = (*model)->weights->config();
 
   ExecutorLimits& limits = options.limits;

@@ -1,0 +1,205 @@
+#include "engine/weight_formats.h"
+
+#include <cctype>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cellm/weight_quant.h"
+
+namespace cellm {
+namespace {
+
+// The ggml type names in lower case ("q4_k", "bf16"), as --weights spells them.
+std::string type_name(GgmlType type) {
+  const std::optional<GgmlTypeInfo> info = ggml_type_info(static_cast<uint32_t>(type));
+  std::string name = info ? info->name : "?";
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+bool whole_blocks(GgmlType type, int64_t cols) {
+  return weight_bytes(type, 1, cols).ok();
+}
+
+struct FormatName {
+  WeightFormat format;
+  const char* name;
+  GgmlType type;  // what the linear weights become (kAuto: unused)
+};
+
+constexpr FormatName kFormats[] = {
+    {WeightFormat::kAuto, "auto", GgmlType::kBF16}, {WeightFormat::kBF16, "bf16", GgmlType::kBF16},
+    {WeightFormat::kF32, "f32", GgmlType::kF32},    {WeightFormat::kQ8_0, "q8_0", GgmlType::kQ8_0},
+    {WeightFormat::kQ4_0, "q4_0", GgmlType::kQ4_0}, {WeightFormat::kQ4_1, "q4_1", GgmlType::kQ4_1},
+    {WeightFormat::kQ5_0, "q5_0", GgmlType::kQ5_0}, {WeightFormat::kQ5_1, "q5_1", GgmlType::kQ5_1},
+    {WeightFormat::kQ4_K, "q4_k", GgmlType::kQ4_K}, {WeightFormat::kQ5_K, "q5_k", GgmlType::kQ5_K},
+    {WeightFormat::kQ6_K, "q6_k", GgmlType::kQ6_K},
+};
+
+const FormatName& entry(WeightFormat format) {
+  for (const FormatName& f : kFormats) {
+    if (f.format == format) return f;
+  }
+  return kFormats[0];
+}
+
+// The 32-weight format of about a K-quant's size, for rows that are not whole
+// 256-weight blocks.
+std::optional<GgmlType> small_block_fallback(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_K:
+      return GgmlType::kQ5_0;
+    case GgmlType::kQ5_K:
+      return GgmlType::kQ5_1;
+    case GgmlType::kQ6_K:
+      return GgmlType::kQ8_0;
+    default:
+      return std::nullopt;
+  }
+}
+
+// How `t`'s elements are stored.
+GgmlType stored_type(const TensorView& t) {
+  if (t.block_type) return *t.block_type;
+  switch (t.dtype) {
+    case DType::kBF16:
+      return GgmlType::kBF16;
+    case DType::kF16:
+      return GgmlType::kF16;
+    case DType::kF32:
+      return GgmlType::kF32;
+  }
+  return GgmlType::kF32;
+}
+
+bool is_float(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
+}
+
+// `t` [rows, cols] re-encoded as `type`.
+Result<ConvertedWeight> encode(const TensorView& t, GgmlType type) {
+  const int64_t cols = t.shape.back();
+  const int64_t rows = t.numel() / cols;
+  CELLM_ASSIGN_OR_RETURN(const size_t bytes, weight_bytes(type, rows, cols));
+  ConvertedWeight c;
+  c.bytes.resize(bytes);
+  if (is_float(type)) {
+    c.dtype = type == GgmlType::kF32   ? DType::kF32
+              : type == GgmlType::kF16 ? DType::kF16
+                                       : DType::kBF16;
+  } else {
+    c.block_type = type;
+  }
+  CELLM_RETURN_IF_ERROR(reencode_weight(stored_type(t), t.data, rows, cols, type, c.bytes.data()));
+  return c;
+}
+
+}  // namespace
+
+const char* to_string(WeightFormat format) {
+  return entry(format).name;
+}
+
+std::string weight_format_names() {
+  std::string names;
+  for (const FormatName& f : kFormats) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  return names;
+}
+
+Result<WeightFormat> parse_weight_format(std::string_view name) {
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const FormatName& f : kFormats) {
+    if (lower == f.name) return f.format;
+  }
+  return InvalidArgument("--weights must be one of " + weight_format_names() + ", got '" +
+                         std::string(name) + "'");
+}
+
+bool cuda_runs_weight_format(WeightFormat format) {
+  return format == WeightFormat::kAuto || format == WeightFormat::kBF16;
+}
+
+Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightFormat format,
+                                         std::string& summary) {
+  summary.clear();
+  if (format == WeightFormat::kAuto) return weights;
+  const GgmlType want = entry(format).type;
+  std::map<std::string, int> counts;  // format name -> weights held in it
+  std::string notes;
+  const auto note = [&](const std::string& text) {
+    if (notes.find(text) == std::string::npos) notes += (notes.empty() ? "" : "; ") + text;
+  };
+  const WeightConverter convert = [&](const TensorView& t,
+                                      WeightRole role) -> Result<std::optional<ConvertedWeight>> {
+    if (role != WeightRole::kLinear) return std::optional<ConvertedWeight>();
+    const GgmlType have = stored_type(t);
+    if (!is_float(have)) {
+      if (have == want) {
+        ++counts[type_name(want)];
+        return std::optional<ConvertedWeight>();
+      }
+      return NotSupported("--weights " + std::string(to_string(format)) + ": tensor " + t.name +
+                          " is already quantized (" + type_name(have) +
+                          "); only float weights are quantized on load (give --weights auto)");
+    }
+    const int64_t cols = t.shape.back();
+    GgmlType type = want;
+    if (!whole_blocks(type, cols)) {
+      const std::optional<GgmlType> fallback = small_block_fallback(type);
+      if (fallback && whole_blocks(*fallback, cols)) {
+        note(std::string("rows not whole ") + type_name(want) + " blocks");
+        type = *fallback;
+      } else {
+        note(std::string("rows not whole ") + type_name(type) + " blocks: kept as stored");
+        ++counts[type_name(have) + " (as stored)"];
+        return std::optional<ConvertedWeight>();
+      }
+    }
+    if (type == have) {
+      ++counts[type_name(type)];
+      return std::optional<ConvertedWeight>();
+    }
+    CELLM_ASSIGN_OR_RETURN(ConvertedWeight c, encode(t, type));
+    ++counts[type_name(type)];
+    return std::optional<ConvertedWeight>(std::move(c));
+  };
+  CELLM_ASSIGN_OR_RETURN(ModelWeights out, weights.converted(convert));
+  summary = std::string(to_string(format)) + ": linear weights";
+  bool first = true;
+  // The requested format first, then the others.
+  if (counts.contains(type_name(want))) {
+    summary += " " + std::to_string(counts[type_name(want)]) + " as " + type_name(want);
+    counts.erase(type_name(want));
+    first = false;
+  }
+  for (const auto& [name, n] : counts) {
+    summary += (first ? " " : ", ") + std::to_string(n) + " as " + name;
+    first = false;
+  }
+  if (!notes.empty()) summary += " (" + notes + ")";
+  return out;
+}
+
+Result<std::shared_ptr<const ModelWeights>> dequantize_blocks_to_bf16(
+    std::shared_ptr<const ModelWeights> weights) {
+  bool any = false;
+  for (const TensorView* t : weights->tensors()) any = any || t->block_type.has_value();
+  if (!any) return weights;
+  const WeightConverter convert = [](const TensorView& t,
+                                     WeightRole) -> Result<std::optional<ConvertedWeight>> {
+    if (!t.block_type) return std::optional<ConvertedWeight>();
+    if (!cpu_weight_type_supported(*t.block_type)) {
+      return NotSupported("tensor " + t.name + " is in a block format this build cannot read");
+    }
+    CELLM_ASSIGN_OR_RETURN(ConvertedWeight c, encode(t, GgmlType::kBF16));
+    return std::optional<ConvertedWeight>(std::move(c));
+  };
+  CELLM_ASSIGN_OR_RETURN(ModelWeights out, weights->converted(convert));
+  return std::shared_ptr<const ModelWeights>(std::make_shared<ModelWeights>(std::move(out)));
+}
+
+}  // namespace cellm
