@@ -38,6 +38,7 @@ const std::vector<FlagSpec> kFlags = {
     {"step-width", "W", "tokens per forward (default 512)"},
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
+    weights_flag(),
 };
 
 struct ChunkResult {
@@ -85,10 +86,14 @@ int run_perplexity(int argc, const char* const* argv) {
   if (!kind.ok()) return fail(cmd, kind.status());
   options.executor = *kind;
   options.model.path = args.get("model").value_or("");
+  Result<WeightFormat> weights = parse_weights_flag(args, options.executor);
+  if (!weights.ok()) return fail(cmd, weights.status());
+  options.model.weights = *weights;
   Result<std::shared_ptr<const LoadedModel>> model_or =
       load_model(options.model, /*with_tokenizer=*/true);
   if (!model_or.ok()) return fail(cmd, model_or.status());
   const LoadedModel& model = **model_or;
+  print_weights_summary(model);
   const Tokenizer& tok = *model.tokenizer;
   const int64_t context = model.weights->config().max_position_embeddings();
   if (*ctx > context) {
