@@ -72,6 +72,12 @@ class LogitsProcessor {
   virtual void accept(Token token) = 0;
 };
 
+// The bias min_tokens puts on stop tokens: finite, yet so large that a stop
+// token is sampled only where the mask allows nothing else (a grammar that may
+// only end). With -inf such a row would have no token left, and the sampler's
+// fallback would pick a token the mask forbids.
+inline constexpr float kMinTokensStopBias = -1e30f;
+
 // OpenAI's and vLLM's sampling penalties for one generation.
 struct PenaltyParams {
   // Subtracted once from the logit of every token the output already holds
@@ -85,8 +91,8 @@ struct PenaltyParams {
   float repetition_penalty = 1.0f;
   // Added to the token's logit (OpenAI logit_bias, [-100, 100]); distinct ids.
   std::vector<std::pair<Token, float>> logit_bias;
-  // Until the output holds this many tokens, the stop tokens get -inf
-  // (vLLM min_tokens).
+  // Until the output holds this many tokens, the stop tokens get the bias
+  // kMinTokensStopBias (vLLM min_tokens).
   int32_t min_tokens = 0;
   std::vector<Token> stop_tokens;
 };
@@ -105,7 +111,8 @@ bool penalties_are_neutral(const PenaltyParams& params);
 // whose logit changes: scale = repetition_penalty for a token of the prompt or
 // the output, bias = logit_bias[t] - (frequency_penalty * count(t) +
 // presence_penalty * [count(t) > 0]) where count(t) counts accepted tokens, and
-// -inf for a stop token while fewer than min_tokens tokens were accepted. State
+// kMinTokensStopBias for a stop token while fewer than min_tokens tokens were
+// accepted. State
 // is kept incrementally: a step costs O(distinct tokens touched), not O(prompt).
 // REQUIRES: validate_penalties(params, V).ok().
 std::unique_ptr<LogitsProcessor> make_penalty_processor(const PenaltyParams& params,

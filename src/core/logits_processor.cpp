@@ -79,7 +79,7 @@ class PenaltyProcessor final : public LogitsProcessor {
       // -(frequency * count + presence * [count > 0]) + logit_bias
       edit.bias =
           e.logit_bias - (frequency_ * static_cast<float>(e.count) + (seen ? presence_ : 0.0f));
-      if (e.is_stop && stops_forbidden) edit.bias = -std::numeric_limits<float>::infinity();
+      if (e.is_stop && stops_forbidden) edit.bias = kMinTokensStopBias;
       if (edit.scale != 1.0f || edit.bias != 0.0f) out.edits.push_back(edit);
     }
   }

@@ -138,7 +138,7 @@ std::vector<float> ReferencePenalties(const std::vector<float>& row, const Penal
       if (bt == tok) x += b;
     }
     for (Token s : p.stop_tokens) {
-      if (s == tok && static_cast<int32_t>(output.size()) < p.min_tokens) x = -kInf;
+      if (s == tok && static_cast<int32_t>(output.size()) < p.min_tokens) x = kMinTokensStopBias;
     }
     out[t] = x;
   }
@@ -186,7 +186,7 @@ TEST(PenaltyProcessorTest, MatchesAReferenceOverRandomSequences) {
       std::vector<float> got = row;
       apply_logit_adjustments(got, adj);
       for (int32_t t = 0; t < kVocab; ++t) {
-        if (std::isinf(want[t])) {
+        if (want[t] == kMinTokensStopBias) {
           ASSERT_EQ(got[t], want[t]) << "trial " << trial << " step " << step << " token " << t;
         } else {
           ASSERT_NEAR(got[t], want[t], 1e-4f)
@@ -213,7 +213,7 @@ TEST(PenaltyProcessorTest, MinTokensForbidsStopTokensUntilReached) {
     proc->prepare(adj);
     if (step < 2) {
       ASSERT_EQ(adj.edits.size(), 2u);  // one edit per distinct stop token
-      for (const LogitEdit& e : adj.edits) EXPECT_EQ(e.bias, -kInf);
+      for (const LogitEdit& e : adj.edits) EXPECT_EQ(e.bias, kMinTokensStopBias);
     } else {
       EXPECT_TRUE(adj.edits.empty());
     }
@@ -454,6 +454,42 @@ TEST(SessionTableProcessorTest, SeededSamplesRepeatAndLogprobsAreOfTheRawRow) {
   table.set_sampling(sid, params, 42);
   EXPECT_EQ(table.logits_processor(sid), nullptr);
   EXPECT_FALSE(table.set_logits_processor(99, make_penalty_processor(PenaltyParams{}, {})));
+}
+
+// min_tokens against a mask that allows only a stop token (a grammar that may
+// only end): the stop token is sampled, never a token the mask forbids; with
+// any other token allowed, that one is.
+TEST(SessionTableProcessorTest, MinTokensYieldsToAMaskThatAllowsOnlyStopTokens) {
+  constexpr int32_t kVocab = 16;
+  CellPool pool{64};
+  SessionTable table{pool, 4, 16, kVocab};
+  std::vector<float> row(kVocab, 0.0f);
+  row[5] = -3.0f;
+  row[9] = 4.0f;
+  for (const float temperature : {0.0f, 1.0f}) {
+    for (const bool other_allowed : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << temperature << " " << other_allowed);
+      const SessionId sid = *table.open();
+      SamplingParams params;
+      params.temperature = temperature;
+      table.set_sampling(sid, params, 1);
+      std::vector<Token> ignored;
+      std::vector<std::unique_ptr<LogitsProcessor>> members;
+      const std::set<Token> allowed = other_allowed ? std::set<Token>{5, 6} : std::set<Token>{5};
+      members.push_back(
+          std::make_unique<FixedProcessor>(MaskOf(allowed, 1), std::vector<LogitEdit>{}, &ignored));
+      PenaltyParams p;
+      p.min_tokens = 10;
+      p.stop_tokens = {5};
+      members.push_back(make_penalty_processor(p, {}));
+      ASSERT_TRUE(table.set_logits_processor(
+          sid, std::shared_ptr<LogitsProcessor>(chain_logits_processors(std::move(members)))));
+      for (Position pos = 0; pos < 8; ++pos) {
+        EXPECT_EQ(*table.sample(sid, row, pos), other_allowed ? 6 : 5);
+      }
+      table.close(sid);
+    }
+  }
 }
 
 }  // namespace
