@@ -1,13 +1,13 @@
 // GrammarLogitsProcessor: sampling from random rows under its masks (through
 // apply_logit_adjustments and the real sampler) always yields output the
-// grammar accepts, checked independently (std::regex, a JSON parser and the
+// grammar accepts, checked independently (a hand-written matcher of the
+// regular expression, a JSON parser and the
 // schema's rules); when the matcher fails only EOS is allowed; a token outside
 // the mask is a caller bug that stops the process.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <random>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -83,11 +83,28 @@ Walk sample_walk(GrammarLogitsProcessor& processor, const TokenVocabulary& vocab
   return walk;
 }
 
+// (ab|c)[0-9]{1,3}(x\?|yes|no)? written out by hand (std::regex trips GCC's
+// -Wmaybe-uninitialized under the sanitizers).
+bool matches_pattern(const std::string& s) {
+  size_t i = 0;
+  if (s.compare(0, 2, "ab") == 0) {
+    i = 2;
+  } else if (s.compare(0, 1, "c") == 0) {
+    i = 1;
+  } else {
+    return false;
+  }
+  size_t digits = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i, ++digits;
+  if (digits < 1 || digits > 3) return false;
+  const std::string rest = s.substr(i);
+  return rest.empty() || rest == "x?" || rest == "yes" || rest == "no";
+}
+
 TEST(GrammarLogitsProcessorTest, SampledRegexOutputsMatch) {
   const TokenVocabulary vocab = hand_vocab();
   const std::string pattern = "(ab|c)[0-9]{1,3}(x\\?|yes|no)?";
   const Grammar g = compile_regex(pattern).value();
-  const std::regex re(pattern);
   std::mt19937_64 rng(17);
   int ended = 0;
   std::set<std::string> distinct;
@@ -97,7 +114,7 @@ TEST(GrammarLogitsProcessorTest, SampledRegexOutputsMatch) {
     ASSERT_TRUE(w.ended) << "'" << w.text << "'";  // at most 8 bytes: it must end
     EXPECT_FALSE(processor.failed());
     EXPECT_TRUE(processor.matcher().ended());
-    EXPECT_TRUE(std::regex_match(w.text, re)) << "'" << w.text << "'";
+    EXPECT_TRUE(matches_pattern(w.text)) << "'" << w.text << "'";
     ended += w.ended ? 1 : 0;
     distinct.insert(w.text);
   }
