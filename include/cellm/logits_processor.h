@@ -72,6 +72,12 @@ class LogitsProcessor {
   virtual void accept(Token token) = 0;
 };
 
+// The bias min_tokens puts on stop tokens: finite, yet so large that a stop
+// token is sampled only where the mask allows nothing else (a grammar that may
+// only end). With -inf such a row would have no token left, and the sampler's
+// fallback would pick a token the mask forbids.
+inline constexpr float kMinTokensStopBias = -1e30f;
+
 // OpenAI's and vLLM's sampling penalties for one generation.
 struct PenaltyParams {
   // Subtracted once from the logit of every token the output already holds
@@ -85,26 +91,36 @@ struct PenaltyParams {
   float repetition_penalty = 1.0f;
   // Added to the token's logit (OpenAI logit_bias, [-100, 100]); distinct ids.
   std::vector<std::pair<Token, float>> logit_bias;
-  // Until the output holds this many tokens, the stop tokens get -inf
-  // (vLLM min_tokens).
+  // Until the output holds this many tokens, the stop tokens get the bias
+  // kMinTokensStopBias (vLLM min_tokens).
   int32_t min_tokens = 0;
   std::vector<Token> stop_tokens;
 };
 
 // Ok, or InvalidArgument naming the field: penalties finite and in range,
-// repetition_penalty > 0, min_tokens >= 0, logit_bias ids in [0, vocab_size)
-// and distinct, biases in [-100, 100].
+// repetition_penalty finite and > 0, min_tokens >= 0, logit_bias ids in
+// [0, vocab_size) and distinct, biases finite and in [-100, 100], stop_tokens
+// ids in [0, vocab_size).
 Status validate_penalties(const PenaltyParams& params, int32_t vocab_size);
 
 // True when `params` change nothing (no processor is needed).
 bool penalties_are_neutral(const PenaltyParams& params);
 
 // A processor applying `params`; `prompt` is the tokens the repetition penalty
-// counts besides the output. REQUIRES: validate_penalties(params, V).ok().
+// counts besides the output. Each prepare() gives one edit per distinct token
+// whose logit changes: scale = repetition_penalty for a token of the prompt or
+// the output, bias = logit_bias[t] - (frequency_penalty * count(t) +
+// presence_penalty * [count(t) > 0]) where count(t) counts accepted tokens, and
+// kMinTokensStopBias for a stop token while fewer than min_tokens tokens were
+// accepted. State
+// is kept incrementally: a step costs O(distinct tokens touched), not O(prompt).
+// REQUIRES: validate_penalties(params, V).ok().
 std::unique_ptr<LogitsProcessor> make_penalty_processor(const PenaltyParams& params,
                                                         std::span<const Token> prompt);
 
-// One processor running several: masks are intersected, edits concatenated.
+// One processor running several, in order: masks are intersected (a shorter
+// mask forbids what it does not cover), edits concatenated; null members are
+// dropped and a single member is returned as is.
 // REQUIRES: at most one member ever gives edits for the same token.
 std::unique_ptr<LogitsProcessor> chain_logits_processors(
     std::vector<std::unique_ptr<LogitsProcessor>> processors);
