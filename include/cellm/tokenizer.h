@@ -77,6 +77,8 @@ class Tokenizer {
   // give the empty string, as do ids outside the vocabulary. Constrained decoding
   // builds its byte vocabulary (cellm/grammar.h) from this.
   std::string token_bytes(Token id) const;
+  // Whether both handles share one loaded tokenizer (copies of one load()).
+  bool shares_state_with(const Tokenizer& other) const { return impl_ == other.impl_; }
 
   struct Impl;  // the parsed pipeline; defined in src/text/tokenizer_impl.h
 
