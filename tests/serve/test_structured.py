@@ -245,6 +245,15 @@ def test_streamed_constrained_output_validates(qwen3):
     jsonschema.validate(json.loads(text), PERSON)
 
 
+def test_max_tokens_cutting_a_constrained_output_finishes_with_length(qwen3):
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    r = complete(qwen3, max_tokens=3, seed=1, n=4, extra_body={"response_format": rf})
+    for c in r.choices:
+        assert c.finish_reason == "length"
+        assert c.text.startswith("{")
+    assert r.usage.completion_tokens == 12
+
+
 @pytest.mark.parametrize("pattern", [r"[0-9]{3}-[a-z]{2,5}", r"(yes|no|maybe)!?", r"\d+\.\d\d",
                                      r"[A-Z][a-z]{0,8} (and|or) [A-Z][a-z]{0,8}"])
 def test_regex_outputs_always_match(kjv, pattern):

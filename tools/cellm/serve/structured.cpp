@@ -10,9 +10,12 @@ namespace cellm::cli {
 namespace {
 
 // Bounds of the compiled-grammar cache: entries, and bytes counted as the
-// constraint's text plus its compiled rules written out (a proxy for the IR).
+// constraint's text plus its compiled rules written out (a proxy for the IR),
+// plus for each family matcher the most its caches may hold
+// (GrammarLimits::max_matcher_bytes), so that what the cache keeps alive is
+// bounded even when every family's mask cache is full.
 constexpr size_t kMaxCachedGrammars = 32;
-constexpr size_t kMaxCachedGrammarBytes = size_t{16} << 20;
+constexpr size_t kMaxCachedGrammarBytes = size_t{512} << 20;
 // Vocabularies of distinct tokenizers kept (a server serves one model).
 constexpr size_t kMaxCachedVocabularies = 4;
 
@@ -83,6 +86,17 @@ Result<Grammar> compile(const StructuredConstraint& c) {
   return InvalidArgument("unknown constraint kind");
 }
 
+// Drops the least recently used entries beyond the bounds, never the front one
+// (in use). Forks already given out keep their shared caches alive.
+// REQUIRES: cache.mu held.
+void evict_locked(GrammarCache& cache) {
+  while (cache.entries.size() > 1 &&
+         (cache.entries.size() > kMaxCachedGrammars || cache.bytes > kMaxCachedGrammarBytes)) {
+    cache.bytes -= cache.entries.back().bytes;
+    cache.entries.pop_back();
+  }
+}
+
 // Moves `it` to the front and returns the entry.
 GrammarEntry& touch(GrammarCache& cache, std::list<GrammarEntry>::iterator it) {
   cache.entries.splice(cache.entries.begin(), cache.entries, it);
@@ -100,24 +114,25 @@ Result<GrammarEntry*> lookup_locked(GrammarCache& cache, const StructuredConstra
   GrammarEntry entry{key, grammar, key.size() + grammar.to_gbnf().size(), {}};
   cache.bytes += entry.bytes;
   cache.entries.push_front(std::move(entry));
-  // Evict the least recently used beyond the bounds (never the new entry).
-  while (cache.entries.size() > 1 &&
-         (cache.entries.size() > kMaxCachedGrammars || cache.bytes > kMaxCachedGrammarBytes)) {
-    cache.bytes -= cache.entries.back().bytes;
-    cache.entries.pop_back();
-  }
+  evict_locked(cache);
   return &cache.entries.front();
 }
 
-// A fresh matcher at the start of `entry`'s grammar over `vocab`: a fork of the
-// entry's family matcher for that vocabulary. REQUIRES: the cache mutex held.
-GrammarMatcher fork_locked(GrammarEntry& entry, const TokenVocabulary& vocab) {
+// A fresh matcher at the start of the grammar of `entry` (the most recently used
+// entry) over `vocab`: a fork of the entry's family matcher for that vocabulary.
+// REQUIRES: the cache mutex held; entry is cache.entries.front().
+GrammarMatcher fork_locked(GrammarCache& cache, GrammarEntry& entry, const TokenVocabulary& vocab) {
   for (auto& [v, family] : entry.families) {
     if (&v.impl() == &vocab.impl()) return family->fork();
   }
-  auto family = std::make_shared<GrammarMatcher>(entry.grammar, vocab);
+  const GrammarLimits limits;
+  auto family = std::make_shared<GrammarMatcher>(entry.grammar, vocab, limits);
   entry.families.emplace_back(vocab, family);
-  return family->fork();
+  entry.bytes += limits.max_matcher_bytes;
+  cache.bytes += limits.max_matcher_bytes;
+  GrammarMatcher fork = family->fork();
+  evict_locked(cache);
+  return fork;
 }
 
 ApiError compile_error(const StructuredConstraint& c, const Status& status) {
@@ -179,8 +194,13 @@ std::optional<ApiError> attach_logits_processing(const Tokenizer& tokenizer,
                                            std::to_string(spec.max_tokens) + ")");
   }
   penalties.stop_tokens = spec.stop_tokens;
-  if (Status s = validate_penalties(penalties, static_cast<int32_t>(tokenizer.vocab_size()));
-      !s.ok()) {
+  // The request parser checked every id against the model's vocabulary, which may
+  // be larger than the tokenizer's (padded rows); what is left to check here is
+  // the values.
+  auto vocab_size = static_cast<int32_t>(tokenizer.vocab_size());
+  for (const auto& [id, bias] : penalties.logit_bias) vocab_size = std::max(vocab_size, id + 1);
+  for (Token id : penalties.stop_tokens) vocab_size = std::max(vocab_size, id + 1);
+  if (Status s = validate_penalties(penalties, vocab_size); !s.ok()) {
     return invalid_field("", s.message());
   }
   const bool with_penalties = !penalties_are_neutral(penalties);
@@ -225,7 +245,7 @@ std::optional<ApiError> attach_logits_processing(const Tokenizer& tokenizer,
       if (!entry.ok()) return compile_error(c, entry.status());
       // A matcher at the start, private to this request, sharing the cached
       // family's mask cache.
-      family = std::make_shared<GrammarMatcher>(fork_locked(**entry, *vocab));
+      family = std::make_shared<GrammarMatcher>(fork_locked(cache, **entry, *vocab));
     }
     // Each choice forks the request's matcher under this lock (fork() is not
     // documented as safe against concurrent forks of one matcher).
