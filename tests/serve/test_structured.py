@@ -4,17 +4,17 @@ json_schema), vLLM's guided_* and structured_outputs, the client's parse()
 helper with a Pydantic model, and presence/frequency/repetition penalties,
 logit_bias, min_tokens and stop_token_ids.
 
-Models: the bundled kjv-small (given a chat template) for the many seeded samples,
-and random-weight tiny models with real tokenizers (qwen3-tiny: byte-level BPE,
+Models: the bundled kjv-small (given a chat template), and random-weight tiny models with real tokenizers (qwen3-tiny: byte-level BPE,
 151k tokens; mistral-tiny: SentencePiece with byte fallback) assembled in temp
 folders from tests/fixtures/models and ../shared/tokenizers.
 
-Sampling for the validity checks: temperature 1, seeded, n = 8 per request. Every
+Sampling for the validity checks: temperature 1, seeded (no two samples share a
+seed), n = 8 per request, on mistral-tiny (its 32k vocabulary samples fast). Every
 output whose finish_reason is "stop" must validate; "length" cuts (max_tokens
 reached mid-value) are counted apart and must stay rare (at most 5%). The
 schemas bound their strings (maxLength) and arrays (maxItems), so outputs end;
-json_object's strings are unbounded, so that test puts a small logit_bias (+4) on
-the quote token to make a random model close its strings sooner."""
+json_object's strings are unbounded, so that test puts a logit_bias (+12) on the
+quote token to make a random model close its strings sooner."""
 import concurrent.futures
 import json
 import os
@@ -66,6 +66,11 @@ def tiny_model(tmp_path_factory, fixture, tokenizer):
         os.symlink(os.path.join(src, name), model / name)
     for name in os.listdir(tok_dir):
         shutil.copy(os.path.join(tok_dir, name), model / name)
+    with open(model / "tokenizer_config.json") as f:
+        config = json.load(f)
+    if "chat_template" not in config:
+        config["chat_template"] = TEMPLATE
+        (model / "tokenizer_config.json").write_text(json.dumps(config))
     return model
 
 
@@ -115,21 +120,24 @@ def token_id(server, text):
     return ids[0]
 
 
-def sample_texts(server, requests, endpoint="completions", **kw):
+def sample_texts(server, requests, endpoint="completions", first_seed=1000, **kw):
     """(texts that stopped, number cut by length) over `requests` seeded requests of n = 8,
     two at a time."""
     model = client(server).models.list().data[0].id
 
     def one(seed):
         if endpoint == "completions":
-            r = complete(server, model=model, n=SAMPLES_PER_REQUEST, seed=1000 + seed, temperature=1, **kw)
+            r = complete(server, model=model, n=SAMPLES_PER_REQUEST, seed=seed, temperature=1, **kw)
             return [(c.text, c.finish_reason) for c in r.choices]
-        r = chat(server, model=model, n=SAMPLES_PER_REQUEST, seed=1000 + seed, temperature=1, **kw)
+        r = chat(server, model=model, n=SAMPLES_PER_REQUEST, seed=seed, temperature=1, **kw)
         return [(c.message.content, c.finish_reason) for c in r.choices]
 
     stopped, cut = [], 0
+    # Choice i of a request samples with seed + i: requests are n seeds apart, so
+    # no two samples share a seed.
+    seeds = [first_seed + SAMPLES_PER_REQUEST * k for k in range(requests)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, range(requests)))
+        results = list(pool.map(one, seeds))
     for outs in results:
         for text, finish in outs:
             assert finish in ("stop", "length"), finish
@@ -205,37 +213,38 @@ EITHER = {
 
 
 @pytest.mark.parametrize("name,schema", [("person", PERSON), ("shapes", SHAPES), ("either", EITHER)])
-def test_json_schema_outputs_always_validate(qwen3, name, schema):
+def test_json_schema_outputs_always_validate(mistral, name, schema):
     rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-    texts, cut = sample_texts(qwen3, 8, max_tokens=450, extra_body={"response_format": rf})
-    chat_texts, chat_cut = sample_texts(qwen3, 1, endpoint="chat", max_tokens=400,
-                                        response_format=rf)
+    texts, cut = sample_texts(mistral, 8, max_tokens=450, extra_body={"response_format": rf})
+    chat_texts, chat_cut = sample_texts(mistral, 1, endpoint="chat", first_seed=5000,
+                                        max_tokens=400, response_format=rf)
     # 8 * 8 + 8 = 72 samples per schema, 216 over the three.
     expect_valid(texts + chat_texts, cut + chat_cut, schema, minimum=68)
 
 
-def test_json_object_outputs_always_parse_as_objects(qwen3):
-    # A random model over 151k tokens rarely picks the one token that closes a
-    # string; +10 on '"' makes strings end after a few tokens.
-    quote = token_id(qwen3, '"')
-    texts, cut = sample_texts(qwen3, 25, max_tokens=450,
+def test_json_object_outputs_always_parse_as_objects(mistral):
+    # A random model over 32k tokens rarely picks the one token that closes a
+    # string; +12 on '"' makes strings end after a few tokens. (SentencePiece
+    # spells a leading '"' as '▁"': the bare piece is the one after "a".)
+    quote = tokenize(mistral, 'a"')[-1]
+    texts, cut = sample_texts(mistral, 25, max_tokens=450,
                               extra_body={"response_format": {"type": "json_object"},
-                                          "logit_bias": {str(quote): 10}})
+                                          "logit_bias": {str(quote): 12}})
     expect_valid(texts, cut, {"type": "object"}, minimum=190)
 
 
-def test_guided_json_and_structured_outputs_take_a_schema(qwen3):
+def test_guided_json_and_structured_outputs_take_a_schema(mistral):
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
               "additionalProperties": False}
     for extra in ({"guided_json": schema}, {"guided_json": json.dumps(schema)},
                   {"structured_outputs": {"json": schema}}):
-        texts, cut = sample_texts(qwen3, 1, max_tokens=200, extra_body=extra)
+        texts, cut = sample_texts(mistral, 1, max_tokens=200, extra_body=extra)
         expect_valid(texts, cut, schema, minimum=7)
 
 
-def test_streamed_constrained_output_validates(qwen3):
+def test_streamed_constrained_output_validates(mistral):
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    stream = chat(qwen3, stream=True, seed=5, temperature=1, max_tokens=400, response_format=rf)
+    stream = chat(mistral, stream=True, seed=5, temperature=1, max_tokens=400, response_format=rf)
     text, finish = "", None
     for chunk in stream:
         for c in chunk.choices:
@@ -292,8 +301,8 @@ class Verse(pydantic.BaseModel):
     canonical: bool
 
 
-def test_the_clients_parse_helper_returns_a_pydantic_object(qwen3):
-    c = client(qwen3)
+def test_the_clients_parse_helper_returns_a_pydantic_object(mistral):
+    c = client(mistral)
     model = c.models.list().data[0].id
     parse = getattr(c.chat.completions, "parse", None) or c.beta.chat.completions.parse
     r = parse(model=model, messages=MESSAGES, response_format=Verse, seed=3, temperature=1,
