@@ -12,6 +12,7 @@
 #include "serve/http.h"
 #include "serve/request.h"
 #include "serve/streaming.h"
+#include "serve/structured.h"
 
 namespace cellm::cli {
 
@@ -102,8 +103,9 @@ void handle_chat(const ServeContext& ctx, const ChatEndpoint& endpoint, const ht
   if (auto e = check_session_budget(prompt.size(), max_tokens, ctx.limits)) {
     return send_error(res, *e);
   }
-  ApiResult<std::shared_ptr<Job>> started =
-      admit_and_start(ctx, make_job_spec(ctx, fields, std::move(prompt), max_tokens));
+  JobSpec spec = make_job_spec(ctx, fields, std::move(prompt), max_tokens);
+  if (auto e = attach_logits_processing(ctx.tokenizer, fields, spec)) return send_error(res, *e);
+  ApiResult<std::shared_ptr<Job>> started = admit_and_start(ctx, std::move(spec));
   if (auto* e = std::get_if<ApiError>(&started)) return send_error(res, *e);
   std::shared_ptr<Job> job = std::get<std::shared_ptr<Job>>(started);
 
