@@ -2,8 +2,10 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -146,10 +148,11 @@ class ConnectionStream final : public httplib::Stream {
     return off_ < len_ || (poll_one(fd_, POLLIN, std::chrono::milliseconds(0)) & POLLIN) != 0;
   }
 
-  // Still worth writing to: not aborted, and the peer has neither closed nor shut
-  // its side (a full send buffer is no reason to give up).
+  // Still worth writing to: not aborted, the peer has neither closed nor shut its
+  // side, and it has taken bytes within the request timeout (a full send buffer
+  // alone is no reason to give up: a slow reader is not a stalled one).
   bool is_writable() const override {
-    if (abort_io_.load()) return false;
+    if (abort_io_.load() || stalled()) return false;
     const short r = poll_one(fd_, POLLOUT | POLLRDHUP, std::chrono::milliseconds(0));
     return (r & (POLLERR | POLLHUP | POLLRDHUP | POLLNVAL)) == 0;
   }
@@ -170,14 +173,17 @@ class ConnectionStream final : public httplib::Stream {
     return static_cast<ssize_t>(n);
   }
 
-  // All of [ptr, ptr + size) within request_timeout, or -1.
+  // All of [ptr, ptr + size) within request_timeout, or -1 (also once the peer
+  // has stalled).
   ssize_t write(const char* ptr, size_t size) override {
     const Clock::time_point deadline = Clock::now() + limits_.request_timeout;
     size_t sent = 0;
     while (sent < size) {
+      if (stalled()) return -1;
       const ssize_t n = ::send(fd_, ptr + sent, size - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         sent += static_cast<size_t>(n);
+        sent_bytes_ += static_cast<uint64_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -209,6 +215,23 @@ class ConnectionStream final : public httplib::Stream {
 
  private:
   enum class Phase { kHead, kBody };
+
+  // Whether the peer has taken none of the bytes waiting for it for longer than the
+  // request timeout. The kernel's send buffer can hold megabytes, so a client that
+  // stops reading would otherwise go unnoticed until it filled: what the peer has
+  // acknowledged is what this stream sent minus what is still queued (SIOCOUTQ).
+  bool stalled() const {
+    int queued = 0;
+    if (::ioctl(fd_, SIOCOUTQ, &queued) != 0 || queued < 0) return false;
+    const uint64_t acked = sent_bytes_ - std::min<uint64_t>(sent_bytes_, queued);
+    const Clock::time_point now = Clock::now();
+    if (queued == 0 || acked != acked_seen_) {
+      acked_seen_ = acked;
+      progress_at_ = now;
+      return false;
+    }
+    return now - progress_at_ > limits_.request_timeout;
+  }
 
   // Reads what the socket has into the empty buffer; false at the end of the stream
   // (eof_) or on an error.
@@ -334,7 +357,10 @@ class ConnectionStream final : public httplib::Stream {
   std::string line_start_;  // the current header line's first bytes, lower-cased
   bool has_length_ = false, has_transfer_encoding_ = false;
   uint64_t declared_length_ = 0;  // Content-Length (saturated), 0 when absent
-  Clock::time_point deadline_{};  // the current request's
+  uint64_t sent_bytes_ = 0;       // over the connection's life
+  mutable uint64_t acked_seen_ = 0;
+  mutable Clock::time_point progress_at_ = Clock::now();  // when acked_seen_ last moved
+  Clock::time_point deadline_{};                          // the current request's
   std::optional<ApiError> refusal_;
 };
 
