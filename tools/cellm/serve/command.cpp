@@ -75,7 +75,9 @@ const std::vector<FlagSpec> kFlags = {
      "positions per session, prompt and completion (default: the model's context, capped by "
      "the KV pool)"},
     {"kv-cells", "N", "KV cells in the pool (default: from memory)"},
-    {"kv-memory", "GiB", "CPU: the KV pool's memory (default: a quarter of the machine's RAM)"},
+    {"kv-memory", "GiB",
+     "CPU: the KV pool's memory (default: a quarter of the host's memory: its RAM, or the "
+     "cgroup's limit when lower); a pool that cannot fit stops the start"},
     {"kv-memory-fraction", "F",
      "CUDA: the share of device memory left after the weights that the KV pool takes "
      "(default 0.90)"},

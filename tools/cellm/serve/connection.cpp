@@ -148,11 +148,13 @@ class ConnectionStream final : public httplib::Stream {
     return off_ < len_ || (poll_one(fd_, POLLIN, std::chrono::milliseconds(0)) & POLLIN) != 0;
   }
 
-  // Still worth writing to: not aborted, the peer has neither closed nor shut its
-  // side, and it has taken bytes within the request timeout (a full send buffer
-  // alone is no reason to give up: a slow reader is not a stalled one).
+  // Still worth writing to: the peer has neither closed nor shut its side, and it
+  // has taken bytes within the request timeout (a full send buffer alone is no
+  // reason to give up: a slow reader is not a stalled one).
   bool is_writable() const override {
-    if (abort_io_.load() || stalled()) return false;
+    // Not abort_io_: after the shutdown deadline a reading client still gets the
+    // cancellation's error events; only waiting for one that does not read fails.
+    if (stalled()) return false;
     const short r = poll_one(fd_, POLLOUT | POLLRDHUP, std::chrono::milliseconds(0));
     return (r & (POLLERR | POLLHUP | POLLRDHUP | POLLNVAL)) == 0;
   }
