@@ -463,9 +463,11 @@ int run_serve(int argc, const char* const* argv) {
   // Error answers name the model by its id, never by where it is kept.
   {
     std::vector<std::pair<std::string, std::string>> redactions;
+    std::error_code ec;  // a form that cannot be resolved is left out (empty)
+    const std::filesystem::path given(flags.model_dir);
     for (const std::string& dir :
-         {flags.model_dir, std::filesystem::absolute(flags.model_dir).lexically_normal().string(),
-          std::filesystem::weakly_canonical(flags.model_dir).string()}) {
+         {flags.model_dir, std::filesystem::absolute(given, ec).lexically_normal().string(),
+          std::filesystem::weakly_canonical(given, ec).string()}) {
       std::string trimmed = dir;
       while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
       redactions.emplace_back(trimmed, "<model " + ctx.model_id + ">");
