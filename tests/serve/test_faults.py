@@ -231,13 +231,14 @@ def stalled_stream(port, body):
     return sock
 
 
-# A stream of about 3 MB that takes seconds to generate on one thread: 16 choices of
-# 240 tokens, each token with its 20 most likely alternatives.
+# A stream of about 3 MB that takes seconds to generate on one CPU thread (ONE_THREAD):
+# 16 choices of 240 tokens, each token with its 20 most likely alternatives.
 BIG_STREAM = {"prompt": PROMPT, "max_tokens": 240, "n": 16, "logprobs": 20, "ignore_eos": True}
+ONE_THREAD = ("--executor", "cpu", "--threads", "1")
 
 
 def test_sigterm_cancels_what_cannot_finish_within_the_shutdown_timeout(start_server):
-    s = start_server("--shutdown-timeout", "1", "--request-timeout", "60", "--threads", "1",
+    s = start_server("--shutdown-timeout", "1", "--request-timeout", "60", *ONE_THREAD,
                      "--max-sessions", "32")
     stalled = stalled_stream(s.port, BIG_STREAM)
     threads, first, outcomes = start_streams(
@@ -262,7 +263,7 @@ def test_sigterm_cancels_what_cannot_finish_within_the_shutdown_timeout(start_se
 
 
 def test_a_second_signal_cancels_at_once(start_server):
-    s = start_server("--shutdown-timeout", "60", "--threads", "1")
+    s = start_server("--shutdown-timeout", "60", *ONE_THREAD)
     stalled = stalled_stream(s.port, BIG_STREAM)
     time.sleep(0.3)
     s.proc.send_signal(signal.SIGTERM)
@@ -354,7 +355,7 @@ def test_clients_stalled_mid_request_hold_no_worker_past_the_request_timeout(sta
 
 
 def test_a_client_stalled_mid_stream_is_cancelled_after_the_request_timeout(start_server):
-    s = start_server("--request-timeout", "1", "--threads", "1", "--max-sessions", "16")
+    s = start_server("--request-timeout", "1", *ONE_THREAD, "--max-sessions", "16")
     before = s.metrics()['cellm_requests_finished_total{finish_reason="cancelled"}']
     t0 = time.monotonic()
     stalled = stalled_stream(s.port, BIG_STREAM)
