@@ -18,19 +18,36 @@
 // refusals, /metrics and idle keep-alive connections). Handlers block on their
 // own job; runner callbacks only queue events (cellm/serve.h).
 //
-// Shutdown. SIGINT/SIGTERM: admission closes (waiters get 503), every running
-// generation is cancelled, the listener stops and in-flight answers finish,
-// then the Runner shuts down and the command exits 0.
+// Connections (serve/connection.h). No client holds a worker waiting on it for
+// longer than --request-timeout: a request must arrive whole within it (else 408),
+// each write of an answer must be taken within it (a stream whose client stopped
+// reading is cancelled). Headers, bodies and JSON nesting have limits answered with
+// a 4xx naming them.
+//
+// Security. With --api-key every endpoint but /health (and /metrics with
+// --metrics-public) wants 'Authorization: Bearer KEY', compared in constant time.
+// Error answers never carry the model folder's path or an exception's text.
+//
+// Shutdown. SIGINT/SIGTERM: admission closes (waiters and later requests get 503),
+// the listener closes (new connections are refused) and idle connections close;
+// requests in flight may finish for --shutdown-timeout seconds, then every running
+// generation is cancelled (streams end with an error event) and waiting reads and
+// writes fail. A second signal cancels at once. Then the Runner shuts down and the
+// command exits 0.
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "args.h"
 #include "cellm/engine.h"
@@ -40,6 +57,7 @@
 #include "commands.h"
 #include "serve/connection.h"
 #include "serve/endpoints.h"
+#include "serve/host_memory.h"
 #include "serve/http.h"
 
 namespace cellm::cli {
@@ -58,7 +76,9 @@ const std::vector<FlagSpec> kFlags = {
      "positions per session, prompt and completion (default: the model's context, capped by "
      "the KV pool)"},
     {"kv-cells", "N", "KV cells in the pool (default: from memory)"},
-    {"kv-memory", "GiB", "CPU: the KV pool's memory (default: a quarter of the machine's RAM)"},
+    {"kv-memory", "GiB",
+     "CPU: the KV pool's memory (default: a quarter of the host's memory: its RAM, or the "
+     "cgroup's limit when lower); a pool that cannot fit stops the start"},
     {"kv-memory-fraction", "F",
      "CUDA: the share of device memory left after the weights that the KV pool takes "
      "(default 0.90)"},
@@ -67,7 +87,17 @@ const std::vector<FlagSpec> kFlags = {
      "reserve (admit when prompt + max_tokens fit) (default overcommit)"},
     {"no-prefix-cache", "", "do not keep finished generations' cells for later prompts"},
     {"max-queued-requests", "N", "requests that may wait for a session; more get 429 (default 64)"},
-    {"api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/ endpoints"},
+    // Faults and security (serve/connection.h, docs/serve.md).
+    {"api-key", "KEY",
+     "require 'Authorization: Bearer KEY' on every endpoint but /health (and /metrics with "
+     "--metrics-public)"},
+    {"metrics-public", "", "with --api-key: serve /metrics without the key"},
+    {"request-timeout", "S",
+     "seconds a client may take to send a whole request, and to take each write of an "
+     "answer; a stalled stream is cancelled (default 60)"},
+    {"shutdown-timeout", "S",
+     "on SIGTERM/SIGINT, seconds requests in flight may take to finish before they are "
+     "cancelled (default 5)"},
     {"served-model-name", "NAMES",
      "the model's name in /v1/models and requests; a comma-separated list gives aliases "
      "(default: the model folder's name)"},
@@ -83,6 +113,10 @@ const std::vector<FlagSpec> kFlags = {
 };
 
 constexpr size_t kMaxBodyBytes = 4 << 20;
+constexpr size_t kMaxHeaderBytes = 16 << 10;
+// Deeper JSON than any request needs (a chat message's content part is 4 levels,
+// a JSON schema a few dozen) and shallow enough for recursive consumers.
+constexpr int kMaxJsonDepth = 128;
 
 // Known routes keep the path label of the request counter bounded.
 std::string path_label(const std::string& path) {
@@ -109,6 +143,9 @@ struct Flags {
   KvPolicy kv_policy = KvPolicy::kOvercommit;
   bool prefix_cache = true;
   std::optional<std::string> api_key;
+  bool metrics_public = false;
+  double request_timeout_s = 60;
+  double shutdown_timeout_s = 5;
   std::vector<std::string> served_names;
   std::optional<std::string> chat_template_file;
   std::vector<std::string> allowed_origins;
@@ -169,6 +206,18 @@ Result<Flags> read_flags(const Args& args) {
     if (key->empty()) return InvalidArgument("--api-key must not be empty");
     f.api_key = *key;
   }
+  f.metrics_public = args.has("metrics-public");
+  auto seconds = [&](const char* flag, double fallback, bool zero_ok) -> Result<double> {
+    CELLM_ASSIGN_OR_RETURN(double s, args.get_float(flag, fallback));
+    if (!(zero_ok ? s >= 0 : s > 0) || !(s <= 86400)) {
+      return InvalidArgument(std::string("--") + flag + " must be a number of seconds " +
+                             (zero_ok ? "from 0" : "above 0") + " to 86400");
+    }
+    return s;
+  };
+  // A request needs some time to arrive; shutting down may cancel at once (0).
+  CELLM_ASSIGN_OR_RETURN(f.request_timeout_s, seconds("request-timeout", 60, false));
+  CELLM_ASSIGN_OR_RETURN(f.shutdown_timeout_s, seconds("shutdown-timeout", 5, true));
   auto list = [&](const char* flag) -> Result<std::vector<std::string>> {
     std::vector<std::string> items;
     const std::optional<std::string> value = args.get(flag);
@@ -229,7 +278,7 @@ Result<ChatTemplate> load_chat_template_file(const std::string& path, const Toke
 }
 
 // SIGINT/SIGTERM are blocked in every thread and taken by one waiter thread;
-// SIGUSR1 only wakes it when the server ends by itself.
+// SIGUSR1 wakes it when the server has ended (by itself, or after a stop).
 class SignalWaiter {
  public:
   SignalWaiter() {
@@ -239,13 +288,28 @@ class SignalWaiter {
     sigaddset(&set_, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
   }
-  // Runs `on_stop` on the waiter thread when SIGINT or SIGTERM arrives.
-  template <typename F>
-  void start(F on_stop) {
-    thread_ = std::thread([this, on_stop] {
+  // On the waiter thread: `on_stop(sig)` when SIGINT or SIGTERM arrives, then
+  // `on_deadline(second_signal)` once `grace` has passed or at a second signal,
+  // unless the server has ended before (join()).
+  template <typename Stop, typename Deadline>
+  void start(Stop on_stop, Deadline on_deadline, std::chrono::milliseconds grace) {
+    thread_ = std::thread([this, on_stop, on_deadline, grace] {
       int sig = 0;
       sigwait(&set_, &sig);
-      if (sig != SIGUSR1) on_stop(sig);
+      if (sig == SIGUSR1) return;
+      on_stop(sig);
+      const auto deadline = std::chrono::steady_clock::now() + grace;
+      while (true) {
+        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return on_deadline(false);
+        timespec ts{};
+        ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
+        ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
+        const int got = sigtimedwait(&set_, nullptr, &ts);
+        if (got == SIGUSR1) return;
+        if (got == SIGINT || got == SIGTERM) return on_deadline(true);
+      }
     });
   }
   void join() {
@@ -258,6 +322,43 @@ class SignalWaiter {
   sigset_t set_;
   std::thread thread_;
 };
+
+// The CPU executor's KV pool against the host's memory (the process's cgroup limit
+// included): --kv-memory must not exceed it, and the pool --kv-cells or --kv-memory
+// asks for must fit beside what the process holds already (the weights).
+// Without either flag the pool gets a quarter of that memory.
+Status size_cpu_kv_pool(const Flags& flags, const ModelConfig& config, ExecutorLimits& limits) {
+  const HostMemory memory = read_host_memory();
+  const int64_t limit = memory.limit_bytes();
+  if (limit <= 0) return Status::Ok();  // unknown: nothing to check against
+  if (!flags.kv_cells && !flags.kv_memory_gib) {
+    limits.kv_memory_bytes = limit / 4;
+    return Status::Ok();
+  }
+  // One cell's K and V over every layer, as the CPU executor stores them (floats).
+  const int64_t cell_bytes = 2 * int64_t{config.num_layers()} * int64_t{config.kv_dim()} *
+                             static_cast<int64_t>(sizeof(float));
+  const int64_t free_bytes = std::max<int64_t>(0, limit - memory.resident_bytes);
+  const std::string room = "this host has " + memory.describe_limit() + " and the process holds " +
+                           bytes_text(memory.resident_bytes) + " already (the model)";
+  if (flags.kv_cells) {
+    const double pool = double(*flags.kv_cells) * double(cell_bytes);
+    if (pool > double(free_bytes)) {
+      return OutOfResources("the KV pool does not fit in memory: --kv-cells " +
+                            std::to_string(*flags.kv_cells) + " x " + bytes_text(cell_bytes) +
+                            " a cell = " + bytes_text(static_cast<int64_t>(pool)) + ", but " +
+                            room + "; lower --kv-cells");
+    }
+    return Status::Ok();
+  }
+  const int64_t asked = limits.kv_memory_bytes;
+  if (asked > free_bytes) {
+    return OutOfResources("the KV pool does not fit in memory: --kv-memory " + bytes_text(asked) +
+                          " (" + std::to_string(asked / cell_bytes) + " cells x " +
+                          bytes_text(cell_bytes) + "), but " + room + "; lower --kv-memory");
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -283,6 +384,11 @@ int run_serve(int argc, const char* const* argv) {
   // inherits the blocked signals and only the waiter takes them.
   ::signal(SIGPIPE, SIG_IGN);
   SignalWaiter signals;
+  // Every connection is a descriptor: take the hard limit, not the soft 1024.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   EngineOptions options;
   options.model.path = flags.model_dir;
@@ -311,6 +417,11 @@ int run_serve(int argc, const char* const* argv) {
   options.cpu.num_threads = flags.threads;
   options.cuda.cuda_graph_for_decode = flags.cuda_graphs;
   options.cuda.overlap_decode = flags.overlap_decode;
+  // The CPU executor grows its KV storage on demand, so a pool that cannot fit
+  // would fail only when sessions fill it: refused here, with the sizes.
+  if (flags.executor == ExecutorKind::kCpu) {
+    if (Status s = size_cpu_kv_pool(flags, config, limits); !s.ok()) return fail(cmd, s);
+  }
   Result<Engine> engine = Engine::create(*model, options);
   if (!engine.ok()) return fail(cmd, engine.status());
   Runner& runner = engine->runner();
@@ -354,15 +465,33 @@ int run_serve(int argc, const char* const* argv) {
   ctx.admission = &admission;
   ctx.metrics = &metrics;
 
-  httplib::Server svr;
+  // Error answers name the model by its id, never by where it is kept.
+  {
+    std::vector<std::pair<std::string, std::string>> redactions;
+    std::error_code ec;  // a form that cannot be resolved is left out (empty)
+    const std::filesystem::path given(flags.model_dir);
+    for (const std::string& dir :
+         {flags.model_dir, std::filesystem::absolute(given, ec).lexically_normal().string(),
+          std::filesystem::weakly_canonical(given, ec).string()}) {
+      std::string trimmed = dir;
+      while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+      redactions.emplace_back(trimmed, "<model " + ctx.model_id + ">");
+    }
+    if (flags.chat_template_file) {
+      redactions.emplace_back(*flags.chat_template_file, "<chat template file>");
+    }
+    set_error_redactions(std::move(redactions));
+  }
+
+  ConnectionLimits connection_limits;
+  connection_limits.request_timeout =
+      std::chrono::milliseconds(std::max<int64_t>(1, std::llround(flags.request_timeout_s * 1000)));
+  connection_limits.max_header_bytes = kMaxHeaderBytes;
+  connection_limits.max_body_bytes = kMaxBodyBytes;
+  HttpServer svr(connection_limits);
   const size_t http_threads =
       static_cast<size_t>(flags.max_sessions) + static_cast<size_t>(flags.max_queued) + 64;
   svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
-  svr.set_payload_max_length(kMaxBodyBytes);
-  svr.set_keep_alive_max_count(1000);
-  svr.set_keep_alive_timeout(5);
-  svr.set_read_timeout(10);
-  svr.set_write_timeout(10);
   std::atomic<bool> stopping{false};
 
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
@@ -378,20 +507,22 @@ int run_serve(int argc, const char* const* argv) {
       }
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (ctx.api_key &&
-        (req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize")) {
-      const std::string expected = "Bearer " + *ctx.api_key;
-      if (req.get_header_value("Authorization") != expected) {
-        send_error(res, ApiError{401, "Incorrect or missing API key", "invalid_request_error", "",
-                                 "invalid_api_key"});
-        return httplib::Server::HandlerResponse::Handled;
-      }
+    // Every endpoint but /health (and /metrics when public) wants the key, unknown
+    // paths too: without it, nothing tells which paths exist.
+    const bool open_path =
+        req.path == "/health" || (flags.metrics_public && req.path == "/metrics");
+    if (ctx.api_key && !open_path &&
+        !constant_time_equals("Bearer " + *ctx.api_key, req.get_header_value("Authorization"))) {
+      send_error(res, ApiError{401, "Incorrect or missing API key", "invalid_request_error", "",
+                               "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
   svr.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
-    const RequestLog& log = request_log();
-    const double ms = static_cast<double>(now_us() - log.t_start_us) / 1e3;
+    const RequestLog log = std::exchange(request_log(), RequestLog{});
+    // A request refused before routing (408, 431, 413) has no start time.
+    const double ms = log.t_start_us > 0 ? static_cast<double>(now_us() - log.t_start_us) / 1e3 : 0;
     metrics.count_http(path_label(req.path), res.status);
     std::fprintf(
         stderr, "cellm serve: %s %s %d prompt_tokens=%lld generated_tokens=%lld %.1f ms%s\n",
@@ -403,28 +534,57 @@ int run_serve(int argc, const char* const* argv) {
       httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         const int status = res.status;
+        if (status == 413) {
+          send_error(res, ApiError{413,
+                                   "the request body is larger than the server's limit of " +
+                                       std::to_string(kMaxBodyBytes) + " bytes",
+                                   "invalid_request_error", "", "body_too_large"});
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        // A request the connection layer refused (too slow, headers too large).
+        if (std::optional<ApiError> refusal = HttpServer::connection_refusal()) {
+          send_error(res, *refusal);
+          return httplib::Server::HandlerResponse::Handled;
+        }
         std::string message = "HTTP error " + std::to_string(status);
         if (status == 404) message = "no such endpoint";
-        if (status == 413) message = "the request body is too large";
+        if (status == 414)
+          message = "the request line is longer than the server's limit of 8192 bytes";
         send_error(res, ApiError{status, message,
                                  status >= 500 ? "server_error" : "invalid_request_error", "", ""});
         return httplib::Server::HandlerResponse::Handled;
       }));
+  // An exception's text may name files or internals: it goes to the log, never to
+  // the client.
   svr.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "internal error";
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
         try {
           if (ep) std::rethrow_exception(ep);
         } catch (const std::exception& e) {
           what = e.what();
         } catch (...) {
         }
-        send_error(res, ApiError{500, what, "server_error", "", ""});
+        std::fprintf(stderr, "cellm serve: %s %s: internal error: %s\n", req.method.c_str(),
+                     req.path.c_str(), what.c_str());
+        send_error(res, ApiError{500, "internal error (the server's log has the details)",
+                                 "server_error", "", ""});
       });
 
-  svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
-    handle_completions(ctx, req, res);
-  });
+  // The JSON endpoints' bodies (read after the pre-routing handler): nesting deeper
+  // than kMaxJsonDepth is refused before any parser sees it.
+  auto json_endpoint = [](auto handler) {
+    return [handler](const httplib::Request& req, httplib::Response& res) {
+      if (std::optional<ApiError> e = check_json_depth(req.body, kMaxJsonDepth)) {
+        return send_error(res, *e);
+      }
+      handler(req, res);
+    };
+  };
+  svr.Post("/v1/completions",
+           json_endpoint([&](const httplib::Request& req, httplib::Response& res) {
+             handle_completions(ctx, req, res);
+           }));
   std::shared_ptr<const ChatEndpoint> chat =
       make_chat_endpoint(engine->chat_template(), engine->chat_template_status());
   if (flags.chat_template_file) {
@@ -436,15 +596,16 @@ int run_serve(int argc, const char* const* argv) {
     std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",
                  s.message().c_str());
   }
-  svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
-    handle_chat(ctx, *chat, req, res);
-  });
-  svr.Post("/tokenize", [&](const httplib::Request& req, httplib::Response& res) {
-    handle_tokenize(ctx, *chat, req, res);
-  });
-  svr.Post("/detokenize", [&](const httplib::Request& req, httplib::Response& res) {
-    handle_detokenize(ctx, req, res);
-  });
+  svr.Post("/v1/chat/completions",
+           json_endpoint([&](const httplib::Request& req, httplib::Response& res) {
+             handle_chat(ctx, *chat, req, res);
+           }));
+  svr.Post("/tokenize", json_endpoint([&](const httplib::Request& req, httplib::Response& res) {
+             handle_tokenize(ctx, *chat, req, res);
+           }));
+  svr.Post("/detokenize", json_endpoint([&](const httplib::Request& req, httplib::Response& res) {
+             handle_detokenize(ctx, req, res);
+           }));
   auto model_card = [&](const std::string& id) {
     return json{{"id", id},
                 {"object", "model"},
@@ -493,13 +654,24 @@ int run_serve(int argc, const char* const* argv) {
   if (!raise_listen_backlog(port, 1024)) {
     std::fprintf(stderr, "cellm serve: warning: could not raise the listen backlog\n");
   }
-  signals.start([&](int sig) {
-    std::fprintf(stderr, "cellm serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    stopping.store(true);
-    admission.close();
-    serving->cancel_all();
-    svr.stop();
-  });
+  signals.start(
+      [&](int sig) {
+        std::fprintf(stderr,
+                     "cellm serve: %s: stopping (no new connections; requests in flight may "
+                     "finish for %g s)\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM", flags.shutdown_timeout_s);
+        stopping.store(true);
+        admission.close();
+        svr.stop_accepting();
+      },
+      [&](bool second_signal) {
+        std::fprintf(stderr, "cellm serve: %s: cancelling the %d requests in flight\n",
+                     second_signal ? "second signal" : "shutdown timeout",
+                     admission.requests_admitted());
+        serving->cancel_all();
+        svr.abort_waiting_io();
+      },
+      std::chrono::milliseconds(std::llround(flags.shutdown_timeout_s * 1000)));
   std::fprintf(stderr,
                "cellm serve: model %s (%s executor, %d generations at once, %s admission, "
                "prefix cache %s)\n",

@@ -1,5 +1,6 @@
 #include "serve/http.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -26,8 +27,75 @@ void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
   res.set_content(dump_json(body), "application/json");
 }
 
+namespace {
+
+std::vector<std::pair<std::string, std::string>>& redactions() {
+  static std::vector<std::pair<std::string, std::string>> list;
+  return list;
+}
+
+}  // namespace
+
+void set_error_redactions(std::vector<std::pair<std::string, std::string>> list) {
+  // Longest first, so a path is replaced before a shorter one inside it.
+  std::sort(list.begin(), list.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  std::erase_if(list, [](const auto& r) { return r.first.empty(); });
+  redactions() = std::move(list);
+}
+
 void send_error(httplib::Response& res, const ApiError& error) {
-  send_json(res, error.status, error.to_json());
+  ApiError redacted = error;
+  for (const auto& [text, replacement] : redactions()) {
+    for (size_t at = redacted.message.find(text); at != std::string::npos;
+         at = redacted.message.find(text, at + replacement.size())) {
+      redacted.message.replace(at, text.size(), replacement);
+    }
+  }
+  send_json(res, redacted.status, redacted.to_json());
+}
+
+bool constant_time_equals(std::string_view expected, std::string_view given) {
+  // Every byte of `given` is compared (against `expected` repeated), whatever
+  // differs first; the lengths take part without a branch.
+  volatile unsigned char diff = expected.size() == given.size() ? 0 : 1;
+  if (expected.empty()) return given.empty();
+  for (size_t i = 0; i < given.size(); ++i) {
+    diff = diff | static_cast<unsigned char>(expected[i % expected.size()] ^ given[i]);
+  }
+  return diff == 0;
+}
+
+std::optional<ApiError> check_json_depth(std::string_view body, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char c : body) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return ApiError{400,
+                        "the request body nests JSON arrays and objects deeper than the "
+                        "server's limit of " +
+                            std::to_string(max_depth) + " levels",
+                        "invalid_request_error", "", "json_too_deep"};
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<ApiError> check_model(const ServeContext& ctx,

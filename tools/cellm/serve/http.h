@@ -13,6 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "cellm/serve.h"
 #include "cellm/tokenizer.h"
@@ -61,7 +64,21 @@ JobSummary run_logged(Job& job, JobSink& sink);
 // JSON text; invalid UTF-8 (echoed prompts, split tokens) becomes U+FFFD.
 std::string dump_json(const nlohmann::json& j);
 void send_json(httplib::Response& res, int status, const nlohmann::json& body);
+// The error as the answer, its message redacted (set_error_redactions).
 void send_error(httplib::Response& res, const ApiError& error);
+
+// What error answers must not reveal (the model folder's path, a chat template
+// file's), each with the text that replaces it. Set once at start, before any
+// request is served.
+void set_error_redactions(std::vector<std::pair<std::string, std::string>> redactions);
+
+// a == b, in a time that depends only on b's length (b: what the client sent), for
+// secrets such as the API key.
+bool constant_time_equals(std::string_view expected, std::string_view given);
+
+// A 400 naming the limit when the JSON text nests arrays and objects deeper than
+// `max_depth` levels (a scan of the bytes, strings skipped; nothing else is checked).
+std::optional<ApiError> check_json_depth(std::string_view body, int max_depth);
 
 // 404 unless `model` is absent or names the served model (its id, an alias or its path).
 std::optional<ApiError> check_model(const ServeContext& ctx,
