@@ -169,6 +169,8 @@ class GrammarMatcher {
 
   // Ok, or OutOfResources once a budget of GrammarLimits was exceeded.
   const Status& status() const;
+  // The vocabulary the masks range over.
+  const TokenVocabulary& vocabulary() const;
 
  private:
   GrammarMatcher() = default;

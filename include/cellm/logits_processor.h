@@ -92,19 +92,28 @@ struct PenaltyParams {
 };
 
 // Ok, or InvalidArgument naming the field: penalties finite and in range,
-// repetition_penalty > 0, min_tokens >= 0, logit_bias ids in [0, vocab_size)
-// and distinct, biases in [-100, 100].
+// repetition_penalty finite and > 0, min_tokens >= 0, logit_bias ids in
+// [0, vocab_size) and distinct, biases finite and in [-100, 100], stop_tokens
+// ids in [0, vocab_size).
 Status validate_penalties(const PenaltyParams& params, int32_t vocab_size);
 
 // True when `params` change nothing (no processor is needed).
 bool penalties_are_neutral(const PenaltyParams& params);
 
 // A processor applying `params`; `prompt` is the tokens the repetition penalty
-// counts besides the output. REQUIRES: validate_penalties(params, V).ok().
+// counts besides the output. Each prepare() gives one edit per distinct token
+// whose logit changes: scale = repetition_penalty for a token of the prompt or
+// the output, bias = logit_bias[t] - (frequency_penalty * count(t) +
+// presence_penalty * [count(t) > 0]) where count(t) counts accepted tokens, and
+// -inf for a stop token while fewer than min_tokens tokens were accepted. State
+// is kept incrementally: a step costs O(distinct tokens touched), not O(prompt).
+// REQUIRES: validate_penalties(params, V).ok().
 std::unique_ptr<LogitsProcessor> make_penalty_processor(const PenaltyParams& params,
                                                         std::span<const Token> prompt);
 
-// One processor running several: masks are intersected, edits concatenated.
+// One processor running several, in order: masks are intersected (a shorter
+// mask forbids what it does not cover), edits concatenated; null members are
+// dropped and a single member is returned as is.
 // REQUIRES: at most one member ever gives edits for the same token.
 std::unique_ptr<LogitsProcessor> chain_logits_processors(
     std::vector<std::unique_ptr<LogitsProcessor>> processors);

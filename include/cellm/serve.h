@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -199,6 +200,9 @@ struct JobSpec {
   std::optional<uint64_t> seed;    // choice i: seed + i
   int32_t n = 1;
   std::vector<std::string> stop;  // stop strings
+  // Choice i's logits processor (GenConfig::processor), or none when unset. A stop
+  // token never adds text, whether special or not.
+  std::function<std::shared_ptr<LogitsProcessor>(int32_t choice)> processor_for;
 };
 
 // What one choice produced since its previous delta.

@@ -69,6 +69,16 @@ class Tokenizer {
   std::optional<std::string> id_to_token(Token id) const;
   // Whether `id` is an added token marked special (skipped by skip_special_tokens).
   bool is_special(Token id) const;
+  // The exact bytes token `id` adds to the output when decoded in the middle of a
+  // text (no start-of-text stripping, no UTF-8 repair): byte-level vocabularies
+  // give the raw bytes behind GPT-2's byte alphabet; SentencePiece-style ones give
+  // the piece with "▁" as a space and a <0xNN> byte-fallback piece as that byte;
+  // an added token gives its content, except special ones (control tokens), which
+  // give the empty string, as do ids outside the vocabulary. Constrained decoding
+  // builds its byte vocabulary (cellm/grammar.h) from this.
+  std::string token_bytes(Token id) const;
+  // Whether both handles share one loaded tokenizer (copies of one load()).
+  bool shares_state_with(const Tokenizer& other) const { return impl_ == other.impl_; }
 
   struct Impl;  // the parsed pipeline; defined in src/text/tokenizer_impl.h
 

@@ -277,4 +277,8 @@ const Status& GrammarMatcher::status() const {
   return impl_->status;
 }
 
+const TokenVocabulary& GrammarMatcher::vocabulary() const {
+  return impl_->cache->vocab;
+}
+
 }  // namespace cellm

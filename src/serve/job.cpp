@@ -1,4 +1,5 @@
 // Job: one request's choices driven to their end on the caller's thread (serve.h).
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -61,6 +62,7 @@ GenConfig Job::config_for(int32_t index) const {
   config.sampling = spec_.sampling;
   config.stop_tokens = spec_.stop_tokens;
   if (spec_.seed) config.seed = *spec_.seed + static_cast<uint64_t>(index);
+  if (spec_.processor_for) config.processor = spec_.processor_for(index);
   return config;
 }
 
@@ -146,7 +148,10 @@ std::optional<ChoiceDelta> Job::process(Event& event) {
     const Token t = u.tokens[k];
     d.tokens.push_back(t);
     if (k < u.logprobs.size()) d.logprobs.push_back(u.logprobs[k]);
-    d.text += c.matcher.push(c.decoder.feed(t));
+    // A stop token (EOS, or a request's stop_token_ids) ends the text, adding none.
+    const bool is_stop_token =
+        std::find(spec_.stop_tokens.begin(), spec_.stop_tokens.end(), t) != spec_.stop_tokens.end();
+    if (!is_stop_token) d.text += c.matcher.push(c.decoder.feed(t));
     if (c.matcher.stopped()) {
       c.stop_found = true;
       c.handle.cancel();

@@ -14,11 +14,18 @@
 // to every other sequence, as a small pool would. Run with the prefix cache
 // off (a resume recomputes its tokens) and on (it attaches the cells written
 // before it was preempted).
+//
+// With logits processors (penalties, a mask) the same holds: a resume feeds
+// the delivered tokens back as input, which the processor never sees, so it
+// is told each delivered token exactly once, and the streams agree up to the
+// first near-tie of the adjusted row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -28,6 +35,7 @@
 
 #include "cellm/cpu_executor.h"
 #include "cellm/decode_first_scheduler.h"
+#include "cellm/logits_processor.h"
 #include "cellm/model_weights.h"
 #include "cellm/runner.h"
 
@@ -70,6 +78,9 @@ class SmallPoolExecutor final : public Executor {
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override {
     inner_.set_sampling(id, params, seed);
+  }
+  bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) override {
+    return inner_.set_logits_processor(id, std::move(processor));
   }
   Status execute(const BatchInput& batch, BatchOutput& out) override {
     {
@@ -259,6 +270,150 @@ TEST_P(PreemptionParityTest, PreemptedGenerationsMatchAnUnpreemptedRun) {
   } else {
     EXPECT_GT(preempted.engine.recomputed_tokens, 0) << "resumes recomputed their tokens";
   }
+}
+
+// Wraps a processor and records what it gave and was told, for the test to read
+// after the generation ended (the engine thread calls it).
+class RecordingProcessor final : public LogitsProcessor {
+ public:
+  explicit RecordingProcessor(std::unique_ptr<LogitsProcessor> inner) : inner_(std::move(inner)) {}
+  void prepare(LogitAdjustments& out) override {
+    inner_->prepare(out);
+    prepared.push_back(out);
+  }
+  void accept(Token token) override {
+    inner_->accept(token);
+    accepted.push_back(token);
+  }
+  std::vector<LogitAdjustments> prepared;
+  std::vector<Token> accepted;
+
+ private:
+  std::unique_ptr<LogitsProcessor> inner_;
+};
+
+// Forbids `banned` (a mask over the vocabulary).
+class BanProcessor final : public LogitsProcessor {
+ public:
+  BanProcessor(const std::vector<Token>& banned, int64_t vocab)
+      : mask_(static_cast<size_t>((vocab + 63) / 64), ~uint64_t{0}) {
+    for (Token t : banned) mask_[static_cast<size_t>(t) / 64] &= ~(uint64_t{1} << (t % 64));
+  }
+  void prepare(LogitAdjustments& out) override {
+    out.clear();
+    out.allowed = mask_;
+  }
+  void accept(Token) override {}
+
+ private:
+  std::vector<uint64_t> mask_;
+};
+
+// The top-1 minus top-2 margin of the adjusted row at one step, from the raw
+// row's top logprobs and the step's adjustments; nullopt when the two best
+// adjusted tokens may lie outside the recorded top (then the step counts as a
+// near-tie). REQUIRES: additive edits only (scale 1) with bias <= 0, so no
+// token outside the recorded top gains over its raw logprob.
+std::optional<double> adjusted_margin(const TokenLogprobs& raw, const LogitAdjustments& adj) {
+  std::vector<double> values;
+  for (const auto& [token, logprob] : raw.top) {
+    double v = logprob;
+    for (const LogitEdit& e : adj.edits) {
+      if (e.token == token) v += double{e.bias};
+    }
+    const auto t = static_cast<size_t>(token);
+    if (!adj.allowed.empty() && ((adj.allowed[t / 64] >> (t % 64)) & 1u) == 0) {
+      v = -std::numeric_limits<double>::infinity();
+    }
+    values.push_back(v);
+  }
+  std::sort(values.begin(), values.end(), std::greater<>());
+  if (values.size() < 2 || raw.top.empty()) return std::nullopt;
+  if (!(values[1] > double{raw.top.back().second})) return std::nullopt;
+  return values[0] - values[1];
+}
+
+TEST_P(PreemptionParityTest, PreemptedGenerationsWithProcessorsMatchAnUnpreemptedRun) {
+  const bool prefix_cache = GetParam();
+  const std::vector<std::vector<Token>>& p = *prompts_;
+  ASSERT_GE(p.size(), 4u);
+  const auto vocab = static_cast<int32_t>((*weights_)->config().vocab_size());
+  // Fresh processors for each run: a processor follows one generation.
+  auto make_jobs = [&](std::vector<std::shared_ptr<RecordingProcessor>>& recorders) {
+    std::vector<Job> jobs = {
+        {p[0], gen_config(48, 0.0f, 1)},
+        {p[3], gen_config(40, 0.0f, 2)},
+        {p[1], gen_config(48, 0.8f, 20261206)},
+        {p[2], gen_config(56 - static_cast<int32_t>(p[2].size()), 0.0f, 3)},
+    };
+    PenaltyParams penalties[4];
+    penalties[0].frequency_penalty = 0.7f;
+    penalties[0].presence_penalty = 0.5f;
+    penalties[1].logit_bias = {{p[3][0], -3.0f}, {p[3][1], -2.0f}};
+    penalties[2].frequency_penalty = 1.0f;
+    penalties[3].presence_penalty = 1.2f;
+    recorders.clear();
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      EXPECT_TRUE(validate_penalties(penalties[i], vocab).ok());
+      std::vector<std::unique_ptr<LogitsProcessor>> members;
+      members.push_back(make_penalty_processor(penalties[i], jobs[i].prompt));
+      if (i == 1 || i == 2) {
+        members.push_back(std::make_unique<BanProcessor>(
+            std::vector<Token>{jobs[i].prompt.back(), jobs[i].prompt.front()}, vocab));
+      }
+      recorders.push_back(
+          std::make_shared<RecordingProcessor>(chain_logits_processors(std::move(members))));
+      jobs[i].config.processor = recorders.back();
+      jobs[i].config.sampling.num_logprobs = kMaxLogprobs;  // the top for adjusted_margin
+    }
+    return jobs;
+  };
+  std::vector<std::shared_ptr<RecordingProcessor>> want_rec, got_rec;
+  const std::vector<Job> want_jobs = make_jobs(want_rec);
+  const Outcome reference = run(*weights_, want_jobs, /*small_pool=*/false, prefix_cache);
+  const std::vector<Job> got_jobs = make_jobs(got_rec);
+  const Outcome preempted = run(*weights_, got_jobs, /*small_pool=*/true, prefix_cache);
+  ASSERT_EQ(reference.streams.size(), want_jobs.size());
+  ASSERT_EQ(preempted.streams.size(), got_jobs.size());
+  EXPECT_EQ(reference.engine.preemptions, 0);
+  EXPECT_GT(preempted.engine.preemptions, 0) << "the pool was too small for all of them";
+  EXPECT_EQ(preempted.engine.steps_failed, 0);
+
+  int compared = 0;
+  for (size_t i = 0; i < want_jobs.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "job " << i);
+    const Stream& want = reference.streams[i];
+    const Stream& got = preempted.streams[i];
+    EXPECT_EQ(want.finish, FinishReason::kNewTokenLimit) << want.error;
+    EXPECT_EQ(got.finish, FinishReason::kNewTokenLimit) << got.error;
+    ASSERT_EQ(want.tokens.size(), static_cast<size_t>(want_jobs[i].config.max_new_tokens));
+    ASSERT_EQ(got.tokens.size(), want.tokens.size()) << "no token lost or repeated";
+    // Each delivered token was told to the processor once, in order, and
+    // nothing else: a resume's recomputed tokens are input, never accepted.
+    EXPECT_EQ(want_rec[i]->accepted, want.tokens);
+    EXPECT_EQ(got_rec[i]->accepted, got.tokens);
+    ASSERT_EQ(want_rec[i]->prepared.size(), want.tokens.size());
+    ASSERT_EQ(want.logprobs.size(), want.tokens.size());
+    ASSERT_EQ(got.logprobs.size(), got.tokens.size());
+    for (size_t t = 0; t < want.tokens.size(); ++t) {
+      const LogitAdjustments& adj = want_rec[i]->prepared[t];
+      for (const LogitEdit& e : adj.edits) {
+        ASSERT_EQ(e.scale, 1.0f);
+        ASSERT_LE(e.bias, 0.0f);
+      }
+      const std::optional<double> margin = adjusted_margin(want.logprobs[t], adj);
+      if (!margin || *margin <= 2 * kTolerance) break;  // a near-tie of the adjusted row
+      ASSERT_EQ(got.tokens[t], want.tokens[t]) << "step " << t;
+      EXPECT_NEAR(got.logprobs[t].logprob, want.logprobs[t].logprob, 2 * kTolerance)
+          << "step " << t;
+      ++compared;
+    }
+  }
+  int preempted_generations = 0;
+  for (const Stream& s : preempted.streams) preempted_generations += s.preemptions > 0 ? 1 : 0;
+  EXPECT_GE(preempted_generations, 1);
+  EXPECT_GT(compared, 3 * 40) << "most steps are compared";
+  EXPECT_EQ(preempted.kv.cells_in_use, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(CacheOffAndOn, PreemptionParityTest, ::testing::Bool(),

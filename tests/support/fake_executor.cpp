@@ -45,6 +45,11 @@ void FakeExecutor::set_clone_throws(bool throws) {
   clone_throws_ = throws;
 }
 
+void FakeExecutor::set_accepts_processors(bool accepts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  accepts_processors_ = accepts;
+}
+
 void FakeExecutor::set_tokens_per_output(int n) {
   std::lock_guard<std::mutex> lock(mu_);
   tokens_per_output_ = n;
@@ -230,6 +235,7 @@ void FakeExecutor::close_session(SessionId id) {
   closed_.push_back(id);
   sessions_.erase(id);
   sampling_.erase(id);
+  processors_.erase(id);
   cv_.notify_all();
 }
 
@@ -266,6 +272,22 @@ void FakeExecutor::set_sampling(SessionId id, const SamplingParams& params,
   log("set_sampling " + std::to_string(id));
   if (sessions_.count(id) == 0) violations_.push_back("set_sampling on a closed session");
   sampling_[id] = SamplingInstall{params, seed};
+  processors_.erase(id);  // a new policy has no processor until one is set
+}
+
+bool FakeExecutor::set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  note_call();
+  log("set_logits_processor " + std::to_string(id));
+  if (!accepts_processors_ || sessions_.count(id) == 0 || sampling_.count(id) == 0) return false;
+  processors_[id] = std::move(processor);
+  return true;
+}
+
+std::shared_ptr<LogitsProcessor> FakeExecutor::logits_processor(SessionId sid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = processors_.find(sid);
+  return it == processors_.end() ? nullptr : it->second;
 }
 
 Status FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
@@ -337,6 +359,13 @@ Status FakeExecutor::execute(const BatchInput& batch, BatchOutput& out) {
       o.tokens.push_back(next_token(in.sid, in.end() + j));
     }
     history.insert(history.end(), o.tokens.begin(), o.tokens.end() - 1);
+    if (auto proc = processors_.find(in.sid); proc != processors_.end()) {
+      LogitAdjustments adjustments;
+      for (Token token : o.tokens) {
+        proc->second->prepare(adjustments);
+        proc->second->accept(token);
+      }
+    }
     auto policy = sampling_.find(in.sid);
     if (policy != sampling_.end() && policy->second.params.num_logprobs > 0) {
       for (Token token : o.tokens) o.logprobs.push_back(logprobs_for(token));

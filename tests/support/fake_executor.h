@@ -8,7 +8,9 @@
 // token_at(s, p) (scripted tokens per session come first). With
 // tokens_per_output n > 1 it answers n tokens (speculative) and commits all but
 // the last. A session whose sampling asks for num_logprobs > 0 gets
-// logprobs_for(token) beside each output token.
+// logprobs_for(token) beside each output token. Logits processors are refused
+// unless set_accepts_processors(true); an installed one is told each output
+// token (prepare, then accept) as a sampling executor would.
 //
 // Thread-safety: the Executor methods run on the runner's engine thread; every
 // setter and observer may be called from any thread. Hooks run with no lock held.
@@ -19,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -77,6 +80,8 @@ class FakeExecutor : public Executor {
   void set_clone_supported(bool supported);
   void set_clone_throws(bool throws);
   void set_tokens_per_output(int n);
+  // Whether set_logits_processor() accepts processors (false by default).
+  void set_accepts_processors(bool accepts);
   // Tokens produced for `sid`, in order, before the default rule applies.
   void script_tokens(SessionId sid, std::vector<Token> tokens);
   // execute() calls with index >= `index` fail with kFailedBatchMessage; -1 never.
@@ -109,6 +114,8 @@ class FakeExecutor : public Executor {
   bool called_before_initialize() const;
   bool executed_without_sampling() const;
   std::optional<SamplingInstall> sampling(SessionId sid) const;
+  // The session's installed processor; nullptr if none.
+  std::shared_ptr<LogitsProcessor> logits_processor(SessionId sid) const;
   std::vector<Token> history(SessionId sid) const;  // committed tokens
   std::vector<std::string> violations() const;      // contract breaches by the runner
   // Threads that made Executor calls (the runner's engine thread only).
@@ -121,6 +128,7 @@ class FakeExecutor : public Executor {
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
+  bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) override;
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
 
@@ -149,6 +157,8 @@ class FakeExecutor : public Executor {
   std::map<SessionId, std::vector<Token>> sessions_;  // open sessions: committed tokens
   std::map<SessionId, std::deque<Token>> scripts_;
   std::map<SessionId, SamplingInstall> sampling_;
+  bool accepts_processors_ = false;
+  std::map<SessionId, std::shared_ptr<LogitsProcessor>> processors_;
   std::vector<std::string> calls_;
   std::vector<ExecutedInput> executed_;
   std::vector<int> batch_sizes_;

@@ -221,6 +221,12 @@ void HistoryExecutor::set_sampling(SessionId id, const SamplingParams& params,
   table_.set_sampling(id, params, seed);
 }
 
+bool HistoryExecutor::set_logits_processor(SessionId id,
+                                           std::shared_ptr<LogitsProcessor> processor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_.set_logits_processor(id, std::move(processor));
+}
+
 Status HistoryExecutor::fail(std::string message) {
   errors_.push_back(message);
   return Internal("HistoryExecutor: " + message);

@@ -12,7 +12,8 @@
 // back through pool.cells_of(seq) and the per-cell tokens, so any lost,
 // repeated, misplaced or wrongly shared token changes the prediction. The row
 // is sampled with SessionTable::sample_with_logprobs (seeded draws keyed by
-// (seed, position); logprobs of the raw row when the policy asks for them).
+// (seed, position); logprobs of the raw row when the policy asks for them),
+// after the session's logits processor, if one is set, adjusted the row.
 //
 // logits_for() and greedy_continuation() compute the same predictions from a
 // plain token list: the oracle a test compares a runner's output against.
@@ -124,6 +125,7 @@ class HistoryExecutor : public Executor {
   std::optional<SessionId> clone(SessionId source, Position upto) override;
   void set_sampling(SessionId id, const SamplingParams& params,
                     std::optional<uint64_t> seed) override;
+  bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) override;
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
   KvBudget kv_budget() const override;

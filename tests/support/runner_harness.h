@@ -87,7 +87,9 @@ GenerationHandle generate(Session& session, std::vector<Token> delta, const GenC
                           const std::shared_ptr<Updates>& updates);
 
 // The token the FakeExecutor produces after position p of session sid.
-inline Token t(SessionId sid, Position p) { return FakeExecutor::token_at(sid, p); }
+inline Token t(SessionId sid, Position p) {
+  return FakeExecutor::token_at(sid, p);
+}
 
 // How many of the executor's recorded calls start with `prefix`.
 inline size_t count_calls(const FakeExecutor& executor, const std::string& prefix) {

@@ -11,6 +11,7 @@
 #include "serve/job_group.h"
 #include "serve/request.h"
 #include "serve/streaming.h"
+#include "serve/structured.h"
 
 namespace cellm::cli {
 namespace {
@@ -71,12 +72,19 @@ void handle_completions(const ServeContext& ctx, const httplib::Request& req,
                                  : (in.text ? *in.text : ctx.tokenizer.decode(prompt)));
     prompts.push_back(std::move(prompt));
   }
+  // Every spec (its constraint compiled, its penalties checked) before any job starts.
+  std::vector<JobSpec> specs;
+  for (std::vector<Token>& prompt : prompts) {
+    specs.push_back(make_job_spec(ctx, r.fields, std::move(prompt), max_tokens));
+    if (auto e = attach_logits_processing(ctx.tokenizer, r.fields, specs.back())) {
+      return send_error(res, *e);
+    }
+  }
   int64_t prompt_tokens = 0;
   std::vector<std::shared_ptr<Job>> jobs;
-  for (std::vector<Token>& prompt : prompts) {
-    prompt_tokens += static_cast<int64_t>(prompt.size());
-    ApiResult<std::shared_ptr<Job>> started =
-        admit_and_start(ctx, make_job_spec(ctx, r.fields, std::move(prompt), max_tokens));
+  for (JobSpec& spec : specs) {
+    prompt_tokens += static_cast<int64_t>(spec.prompt.size());
+    ApiResult<std::shared_ptr<Job>> started = admit_and_start(ctx, std::move(spec));
     // The jobs already started end (cancelled) with their handles.
     if (auto* e = std::get_if<ApiError>(&started)) return send_error(res, *e);
     jobs.push_back(std::get<std::shared_ptr<Job>>(started));

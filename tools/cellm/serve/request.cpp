@@ -154,9 +154,18 @@ constexpr KnownField kKnownFields[] = {
     {"stream_options", kOnBoth, kRead},
     {"ignore_eos", kOnBoth, kRead},
     {"logprobs", kOnBoth, kRead},
-    {"presence_penalty", kOnBoth, kRead},   // 0 only, see refuse_unsupported
-    {"frequency_penalty", kOnBoth, kRead},  // 0 only
-    {"logit_bias", kOnBoth, kRead},         // empty only
+    {"presence_penalty", kOnBoth, kRead},
+    {"frequency_penalty", kOnBoth, kRead},
+    {"repetition_penalty", kOnBoth, kRead},
+    {"logit_bias", kOnBoth, kRead},
+    {"min_tokens", kOnBoth, kRead},
+    {"stop_token_ids", kOnBoth, kRead},
+    {"response_format", kOnBoth, kRead},
+    {"guided_json", kOnBoth, kRead},
+    {"guided_regex", kOnBoth, kRead},
+    {"guided_choice", kOnBoth, kRead},
+    {"guided_grammar", kOnBoth, kRead},
+    {"structured_outputs", kOnBoth, kRead},
     {"user", kOnBoth, kRead},
     {"prompt", kOnCompletions, kRead},
     {"echo", kOnCompletions, kRead},
@@ -196,23 +205,257 @@ std::optional<ApiError> refuse_unknown_fields(const json& body, Endpoint endpoin
 
 // Fields that would change the answer and that cellm does not implement.
 std::optional<ApiError> refuse_unsupported(const json& body) {
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    const json* v = field(body, name);
-    if (v == nullptr) continue;
-    if (!v->is_number()) {
-      return invalid_field(name, std::string("'") + name + "' must be a number");
-    }
-    if (v->get<double>() != 0.0) {
-      return invalid_field(name, std::string("'") + name + "' is not supported (only 0)");
-    }
-  }
-  if (const json* v = field(body, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
-    return invalid_field("logit_bias", "'logit_bias' is not supported");
-  }
   if (const json* v = field(body, "suffix"); v != nullptr) {
     return invalid_field("suffix", "'suffix' is not supported");
   }
   return std::nullopt;
+}
+
+constexpr size_t kMaxLogitBias = 1024;
+constexpr size_t kMaxStopTokenIds = 64;
+constexpr size_t kMaxChoices = 1024;
+
+// A token id of the vocabulary, for the 400 of `name`.
+std::optional<ApiError> check_token_id(int64_t id, const RequestLimits& limits,
+                                       const std::string& name) {
+  if (id < 0 || id >= limits.vocab_size) {
+    return invalid_field(name, "'" + name + "' holds token id " + std::to_string(id) +
+                                   ", outside the vocabulary [0, " +
+                                   std::to_string(limits.vocab_size) + ")");
+  }
+  return std::nullopt;
+}
+
+// presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens
+// and stop_token_ids into f.penalties and f.stop_token_ids.
+std::optional<ApiError> read_sampling_controls(const json& body, const RequestLimits& limits,
+                                               GenerationFields& f) {
+  std::optional<double> x;
+  SERVE_TRY(x, read_number(body, "presence_penalty", -2.0, 2.0));
+  f.penalties.presence_penalty = static_cast<float>(x.value_or(0.0));
+  SERVE_TRY(x, read_number(body, "frequency_penalty", -2.0, 2.0));
+  f.penalties.frequency_penalty = static_cast<float>(x.value_or(0.0));
+  SERVE_TRY(x, read_number(body, "repetition_penalty", 0.0, std::numeric_limits<float>::max()));
+  if (x && *x <= 0.0) {
+    return invalid_field("repetition_penalty", "'repetition_penalty' must be greater than 0");
+  }
+  f.penalties.repetition_penalty = static_cast<float>(x.value_or(1.0));
+
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) {
+      return invalid_field("logit_bias",
+                           "'logit_bias' must be an object of token ids to numbers, got " +
+                               std::string(type_name(*v)));
+    }
+    if (v->size() > kMaxLogitBias) {
+      return invalid_field(
+          "logit_bias", "'logit_bias' holds at most " + std::to_string(kMaxLogitBias) + " tokens");
+    }
+    for (const auto& [key, value] : v->items()) {
+      // A key is a decimal token id ("50256"), as OpenAI's API takes it.
+      int64_t id = 0;
+      bool digits = !key.empty() && key.size() <= 10;
+      for (char c : key) {
+        if (c < '0' || c > '9') digits = false;
+      }
+      if (!digits) {
+        return invalid_field(
+            "logit_bias", "'logit_bias' keys must be token ids, got '" + key.substr(0, 32) + "'");
+      }
+      id = std::stoll(key);
+      if (auto e = check_token_id(id, limits, "logit_bias")) return e;
+      if (!value.is_number() || !std::isfinite(value.get<double>()) ||
+          value.get<double>() < -100.0 || value.get<double>() > 100.0) {
+        return invalid_field(
+            "logit_bias", "'logit_bias' values must be numbers in [-100, 100] (token " + key + ")");
+      }
+      for (const auto& [other, bias] : f.penalties.logit_bias) {
+        if (other == static_cast<Token>(id)) {
+          return invalid_field("logit_bias", "'logit_bias' names token " + key + " twice");
+        }
+      }
+      f.penalties.logit_bias.emplace_back(static_cast<Token>(id), value.get<float>());
+    }
+  }
+
+  std::optional<int64_t> i;
+  SERVE_TRY(i, read_int(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
+  f.penalties.min_tokens = static_cast<int32_t>(i.value_or(0));
+  if (f.max_tokens && f.penalties.min_tokens > *f.max_tokens) {
+    return invalid_field("min_tokens", "'min_tokens' (" + std::to_string(f.penalties.min_tokens) +
+                                           ") must not exceed 'max_tokens' (" +
+                                           std::to_string(*f.max_tokens) + ")");
+  }
+
+  if (const json* v = field(body, "stop_token_ids")) {
+    if (!v->is_array()) {
+      return invalid_field("stop_token_ids", "'stop_token_ids' must be a list of token ids");
+    }
+    if (v->size() > kMaxStopTokenIds) {
+      return invalid_field("stop_token_ids", "'stop_token_ids' holds at most " +
+                                                 std::to_string(kMaxStopTokenIds) + " ids");
+    }
+    for (const json& t : *v) {
+      if (!t.is_number_integer()) {
+        return invalid_field("stop_token_ids", "'stop_token_ids' must hold only integers");
+      }
+      const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > (uint64_t{1} << 62)
+                             ? std::numeric_limits<int64_t>::max()
+                             : t.get<int64_t>();
+      if (auto e = check_token_id(id, limits, "stop_token_ids")) return e;
+      f.stop_token_ids.push_back(static_cast<Token>(id));
+    }
+  }
+  return std::nullopt;
+}
+
+// One constraint's JSON schema: an object, or a string holding one (guided_json).
+ApiResult<std::string> schema_text(const json& v, const std::string& name) {
+  if (v.is_object() || v.is_boolean()) return v.dump();
+  if (v.is_string()) return v.get<std::string>();
+  return invalid_field(name, "'" + name + "' must be a JSON schema (an object or a string), got " +
+                                 std::string(type_name(v)));
+}
+
+ApiResult<std::vector<std::string>> choice_list(const json& v, const std::string& name) {
+  if (!v.is_array() || v.empty()) {
+    return invalid_field(name, "'" + name + "' must be a non-empty list of strings");
+  }
+  if (v.size() > kMaxChoices) {
+    return invalid_field(
+        name, "'" + name + "' holds at most " + std::to_string(kMaxChoices) + " strings");
+  }
+  std::vector<std::string> out;
+  for (const json& c : v) {
+    if (!c.is_string()) return invalid_field(name, "'" + name + "' must hold only strings");
+    out.push_back(c.get<std::string>());
+  }
+  return out;
+}
+
+ApiResult<std::string> string_of(const json& v, const std::string& name) {
+  if (!v.is_string()) {
+    return invalid_field(name, "'" + name + "' must be a string, got " + std::string(type_name(v)));
+  }
+  return v.get<std::string>();
+}
+
+// The constraint of response_format: nullopt for {"type": "text"}.
+ApiResult<std::optional<StructuredConstraint>> response_format_constraint(const json& v) {
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string()) {
+    return invalid_field("response_format",
+                         "'response_format' must be an object with a string 'type'");
+  }
+  const std::string type = v["type"].get<std::string>();
+  StructuredConstraint c;
+  c.field = "response_format";
+  if (type == "text") return std::optional<StructuredConstraint>();
+  if (type == "json_object") {
+    c.kind = ConstraintKind::kJsonObject;
+    return std::optional<StructuredConstraint>(std::move(c));
+  }
+  if (type != "json_schema") {
+    return invalid_field("response_format.type",
+                         "'response_format.type' must be \"text\", \"json_object\" or "
+                         "\"json_schema\", got \"" +
+                             type.substr(0, 64) + "\"");
+  }
+  auto js = v.find("json_schema");
+  if (js == v.end() || !js->is_object()) {
+    return invalid_field("response_format.json_schema",
+                         "'response_format.json_schema' must be an object holding 'schema'");
+  }
+  for (const auto& [key, value] : js->items()) {
+    if (key != "name" && key != "schema" && key != "strict" && key != "description") {
+      return invalid_field("response_format.json_schema." + key,
+                           "'response_format.json_schema." + key + "' is not supported");
+    }
+  }
+  if (js->contains("name") && !(*js)["name"].is_string()) {
+    return invalid_field("response_format.json_schema.name",
+                         "'response_format.json_schema.name' must be a string");
+  }
+  if (js->contains("strict") && !(*js)["strict"].is_boolean() && !(*js)["strict"].is_null()) {
+    return invalid_field("response_format.json_schema.strict",
+                         "'response_format.json_schema.strict' must be a boolean");
+  }
+  auto schema = js->find("schema");
+  if (schema == js->end() || !schema->is_object()) {
+    return invalid_field("response_format.json_schema.schema",
+                         "'response_format.json_schema.schema' must be a JSON schema object");
+  }
+  c.kind = ConstraintKind::kJsonSchema;
+  c.field = "response_format.json_schema.schema";
+  c.text = schema->dump();
+  return std::optional<StructuredConstraint>(std::move(c));
+}
+
+// One of the keys of vLLM's structured_outputs / guided_* families.
+ApiResult<StructuredConstraint> family_constraint(const std::string& kind, const json& v,
+                                                  const std::string& name) {
+  StructuredConstraint c;
+  c.field = name;
+  if (kind == "json") {
+    c.kind = ConstraintKind::kJsonSchema;
+    SERVE_TRY(c.text, schema_text(v, name));
+  } else if (kind == "regex") {
+    c.kind = ConstraintKind::kRegex;
+    SERVE_TRY(c.text, string_of(v, name));
+  } else if (kind == "choice") {
+    c.kind = ConstraintKind::kChoice;
+    SERVE_TRY(c.choices, choice_list(v, name));
+  } else if (kind == "grammar") {
+    c.kind = ConstraintKind::kGbnf;
+    SERVE_TRY(c.text, string_of(v, name));
+  } else {  // json_object
+    if (!v.is_boolean()) return invalid_field(name, "'" + name + "' must be a boolean");
+    c.kind = ConstraintKind::kJsonObject;
+  }
+  return c;
+}
+
+// The request's one constraint, if any; 400 naming the fields when several are given.
+ApiResult<std::optional<StructuredConstraint>> read_constraint(const json& body) {
+  std::vector<StructuredConstraint> found;
+  if (const json* v = field(body, "response_format")) {
+    std::optional<StructuredConstraint> c;
+    SERVE_TRY(c, response_format_constraint(*v));
+    if (c) found.push_back(std::move(*c));
+  }
+  for (const char* kind : {"json", "regex", "choice", "grammar"}) {
+    const std::string name = std::string("guided_") + kind;
+    if (const json* v = field(body, name.c_str())) {
+      StructuredConstraint c;
+      SERVE_TRY(c, family_constraint(kind, *v, name));
+      found.push_back(std::move(c));
+    }
+  }
+  if (const json* so = field(body, "structured_outputs")) {
+    if (!so->is_object()) {
+      return invalid_field("structured_outputs", "'structured_outputs' must be an object");
+    }
+    for (const auto& [key, value] : so->items()) {
+      const std::string name = "structured_outputs." + key;
+      if (key != "json" && key != "regex" && key != "choice" && key != "grammar" &&
+          key != "json_object") {
+        return invalid_field(name, "'" + name + "' is not supported on this server");
+      }
+      if (value.is_null() || (key == "json_object" && value == false)) continue;
+      StructuredConstraint c;
+      SERVE_TRY(c, family_constraint(key, value, name));
+      found.push_back(std::move(c));
+    }
+  }
+  if (found.size() > 1) {
+    std::string names;
+    for (const StructuredConstraint& c : found) {
+      names += (names.empty() ? "'" : ", '") + c.field + "'";
+    }
+    return invalid_field(found[1].field,
+                         "a request takes at most one structured-output constraint; got " + names);
+  }
+  if (found.empty()) return std::optional<StructuredConstraint>();
+  return std::optional<StructuredConstraint>(std::move(found[0]));
 }
 
 // A message's content: a string, null (an assistant turn with no text), or a
@@ -380,6 +623,8 @@ ApiResult<GenerationFields> parse_generation_fields(const json& body, const Requ
   std::optional<std::string> user;
   SERVE_TRY(user, read_string(body, "user"));
   f.user = user.value_or("");
+  if (auto e = read_sampling_controls(body, limits, f)) return *e;
+  SERVE_TRY(f.constraint, read_constraint(body));
   return f;
 }
 

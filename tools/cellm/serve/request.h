@@ -1,9 +1,8 @@
 // Request bodies of the OpenAI-compatible endpoints, parsed and validated once
 // into plain structs. Every error is a 400 ApiError whose `param` names the
 // field. Each endpoint has an allowlist: a field cellm does not implement, or
-// one nobody defines, is refused (a non-zero presence_penalty, a logit_bias,
-// `tools`, `foo`); only fields that cannot change the answer (`metadata`,
-// `store`) are accepted and ignored.
+// one nobody defines, is refused (`tools`, `suffix`, `foo`); only fields that
+// cannot change the answer (`metadata`, `store`) are accepted and ignored.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "cellm/chat_template.h"
+#include "cellm/logits_processor.h"
 #include "cellm/status.h"
 #include "cellm/types.h"
 #include "serve/api_error.h"
@@ -39,6 +39,18 @@ struct RequestLimits {
   GenerationDefaults defaults;     // where a request gives no sampling field
 };
 
+// A request's structured-output constraint, as parsed (compiled by
+// serve/structured.h): response_format json_object / json_schema, vLLM's
+// guided_json / guided_regex / guided_choice / guided_grammar, or the same under
+// structured_outputs.
+enum class ConstraintKind { kJsonSchema, kJsonObject, kRegex, kChoice, kGbnf };
+struct StructuredConstraint {
+  ConstraintKind kind = ConstraintKind::kJsonObject;
+  std::string text;                  // the schema (JSON text), regex or GBNF; empty otherwise
+  std::vector<std::string> choices;  // kChoice
+  std::string field;                 // the request field it came from, for errors
+};
+
 // The fields /v1/completions and /v1/chat/completions share.
 struct GenerationFields {
   std::optional<std::string> model;     // checked against the served model by the caller
@@ -52,6 +64,12 @@ struct GenerationFields {
   std::optional<int32_t> top_logprobs;  // alternatives per token; nullopt: no logprobs
   bool ignore_eos = false;              // extension: keep generating past EOS
   std::string user;
+  // Structured outputs and sampling controls (serve/structured.h applies them).
+  std::optional<StructuredConstraint> constraint;
+  // presence/frequency/repetition penalties, logit_bias (ids checked against the
+  // vocabulary), min_tokens; stop_tokens is left empty here.
+  PenaltyParams penalties;
+  std::vector<Token> stop_token_ids;  // end the generation like EOS; no text
 };
 
 // One prompt of a completion request: text, or token ids fed as given.
