@@ -137,12 +137,7 @@ def test_a_model_without_a_chat_template_answers_400(server):
 UNSUPPORTED_CHAT = [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
     ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}),
-    ("repetition_penalty", 1.1),
-    ("min_tokens", 2),
-    ("stop_token_ids", [1]),
     ("chat_template_kwargs", {"enable_thinking": False}),
-    ("guided_json", {"type": "object"}),
     ("no_such_field", 1),
 ]
 

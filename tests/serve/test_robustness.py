@@ -195,7 +195,7 @@ def test_hostile_input_gets_only_4xx_and_the_server_keeps_serving(server):
         b"{\"prompt\": [[1, 2], [-3]]}", b"{\"prompt\": [[1, 2], 7]}", b"{\"prompt\": [\"a\", []]}",
         b"{\"prompt\": {\"nested\": true}}",
         b"{\"prompt\": \"a\", \"seed\": \"seven\"}",
-        b"{\"prompt\": \"a\", \"logit_bias\": {\"1\": 100}}",
+        b"{\"prompt\": \"a\", \"logit_bias\": {\"1\": 1000}}",
         b"{\"messages\": 5}",
         b"\x00\x01\x02\x03",
         b"{\"prompt\": \"" + b"[" * 10000 + b"\"}",
