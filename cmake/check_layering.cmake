@@ -35,7 +35,7 @@ set(PUBLIC_grammar grammar.h)
 set(PUBLIC_cpu cpu_executor.h weight_quant.h)
 set(PUBLIC_cuda cuda_executor.h gpu_power.h)
 set(PUBLIC_engine engine.h)
-set(PUBLIC_serve serve.h)
+set(PUBLIC_serve chat_output.h serve.h)
 
 # Angle-bracket headers that belong to one layer's dependency: CUDA and its
 # libraries to cuda; PCRE2 and utf8proc to text. The HTTP library belongs to the

@@ -197,3 +197,37 @@ class GrammarLogitsProcessor : public LogitsProcessor {
 };
 
 }  // namespace cellm
+
+namespace cellm {
+
+// Tool calls for constrained decoding (tool_choice "required" or a named
+// function): the text of one or more calls, each a JSON object
+//   {"name": "<one of the functions>", "<arguments_key>": <arguments>}
+// written compactly up to the arguments, whose value follows that function's
+// parameters schema (as compile_json_schema). The syntax gives the literal text
+// around the calls: prefix, then each call as call_open + object + call_close,
+// `separator` between calls, then suffix. E.g. Hermes: call_open "<tool_call>\n",
+// call_close "\n</tool_call>", separator "\n"; Mistral: prefix "[TOOL_CALLS][",
+// separator ", ", suffix "]"; Llama 3: arguments_key "parameters", separator "; ".
+struct ToolCallSyntax {
+  std::string prefix;
+  std::string call_open;
+  std::string call_close;
+  std::string separator;
+  std::string suffix;
+  std::string arguments_key = "arguments";
+};
+
+// A function a call may name, with its parameters schema (JSON text).
+struct ToolCallSchema {
+  std::string name;
+  std::string parameters_schema;
+};
+
+// One call (allow_many false) or one or more, to one of `functions` (non-empty,
+// names distinct). Errors name the function whose schema does not compile.
+Result<Grammar> compile_tool_calls(const ToolCallSyntax& syntax,
+                                   std::span<const ToolCallSchema> functions, bool allow_many,
+                                   const GrammarLimits& limits = {});
+
+}  // namespace cellm

@@ -20,13 +20,12 @@
 #include <string>
 #include <string_view>
 
+#include "cellm/chat_output.h"
+
 namespace cellm::serve {
 
-// Whether a chat template uses <think> blocks (then its replies go through the parser).
-bool template_uses_reasoning(std::string_view template_source);
-// Whether a rendered prompt leaves the generation inside an open <think> block: its
-// last "<think>" comes after its last "</think>".
-bool prompt_opens_reasoning(std::string_view prompt);
+// template_uses_reasoning and prompt_opens_reasoning are declared in
+// cellm/chat_output.h.
 
 struct ReasoningChunk {
   std::string reasoning;

@@ -36,19 +36,13 @@
 #include <string_view>
 #include <vector>
 
+#include "cellm/chat_output.h"
 #include "cellm/status.h"
 
 namespace cellm::serve {
 
-enum class ToolCallFormat { kHermes, kLlama3, kMistral };
-
-// "hermes", "llama3" (or "llama3_json"), "mistral"; else InvalidArgument listing them.
-Result<ToolCallFormat> tool_call_format_named(std::string_view name);
-std::string_view tool_call_format_name(ToolCallFormat format);
-// The format a chat template teaches its model, from markers in its source:
-// "<tool_call>" -> kHermes, "[TOOL_CALLS]" -> kMistral, "<|python_tag|>" or a Llama 3
-// header with a "parameters" call format -> kLlama3; nullopt when it shows none.
-std::optional<ToolCallFormat> detect_tool_call_format(std::string_view template_source);
+// ToolCallFormat, tool_call_format_named/_name, detect_tool_call_format and
+// ToolCallDelta are declared in cellm/chat_output.h.
 
 // Call ids: "call_" + 24 random letters and digits, or for kMistral 9 letters and digits
 // (Mistral templates refuse any other id when the history is sent back).
@@ -73,16 +67,6 @@ struct ToolCall {
 struct ParsedToolCalls {
   std::string content;  // empty when the reply was only calls
   std::vector<ToolCall> calls;
-};
-
-// One streamed tool call, as an OpenAI delta.tool_calls[] entry: index (0-based, per
-// message), id and name (this parser sends both on the call's only delta), and a
-// fragment of the arguments text (here the whole of it).
-struct ToolCallDelta {
-  int index = 0;
-  std::string id;
-  std::string name;
-  std::string arguments;
 };
 
 // What one push()/finish() releases: content first, then the calls completed by it.

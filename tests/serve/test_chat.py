@@ -135,9 +135,9 @@ def test_a_model_without_a_chat_template_answers_400(server):
 
 # Fields cellm does not implement, each answered with a 400 that names it.
 UNSUPPORTED_CHAT = [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "auto"),
-    ("chat_template_kwargs", {"enable_thinking": False}),
+    # OpenAI's deprecated forms of tools and tool_choice (test_tools.py covers those).
+    ("functions", [{"name": "f", "parameters": {}}]),
+    ("function_call", "auto"),
     ("no_such_field", 1),
 ]
 
@@ -151,7 +151,9 @@ def test_an_unimplemented_field_answers_400_naming_it(chat_server, name, value):
 
 
 def test_message_keys_the_server_cannot_render_answer_400(chat_server):
-    for extra in [{"tool_calls": []}, {"tool_call_id": "x"}, {"name": "alice"}]:
+    # tool_calls, tool_call_id and name are rendered (test_tools.py); these are not.
+    for extra in [{"audio": {"id": "a"}}, {"function_call": {"name": "f", "arguments": "{}"}},
+                  {"tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]:
         key = next(iter(extra))
         messages = [{"role": "user", "content": "hi", **extra}]
         with pytest.raises(openai.BadRequestError) as e:

@@ -102,6 +102,9 @@ const std::vector<FlagSpec> kFlags = {
      "the model's name in /v1/models and requests; a comma-separated list gives aliases "
      "(default: the model folder's name)"},
     {"chat-template", "FILE", "a Jinja chat template to use instead of the model's"},
+    {"tool-call-parser", "FORMAT",
+     "hermes, llama3 or mistral: the tool-call format of the model's replies (default: the "
+     "one its chat template shows)"},
     {"allowed-origins", "LIST",
      "CORS: comma-separated origins browsers may call from, or * for any (default: none)"},
     {"step-width", "W", "tokens per forward (default 256)"},
@@ -148,6 +151,7 @@ struct Flags {
   double shutdown_timeout_s = 5;
   std::vector<std::string> served_names;
   std::optional<std::string> chat_template_file;
+  std::optional<serve::ToolCallFormat> tool_call_parser;
   std::vector<std::string> allowed_origins;
   int32_t step_width = 256;
   int32_t threads = 0;
@@ -238,6 +242,13 @@ Result<Flags> read_flags(const Args& args) {
   CELLM_ASSIGN_OR_RETURN(f.served_names, list("served-model-name"));
   CELLM_ASSIGN_OR_RETURN(f.allowed_origins, list("allowed-origins"));
   f.chat_template_file = args.get("chat-template");
+  if (std::optional<std::string> parser = args.get("tool-call-parser")) {
+    Result<serve::ToolCallFormat> format = serve::tool_call_format_named(*parser);
+    if (!format.ok()) {
+      return Status(format.status().code(), "--tool-call-parser: " + format.status().message());
+    }
+    f.tool_call_parser = *format;
+  }
   ModelSource source;
   source.path = args.get("model").value_or("");
   CELLM_ASSIGN_OR_RETURN(f.model_dir, resolve_model_folder(source));
@@ -585,12 +596,12 @@ int run_serve(int argc, const char* const* argv) {
            json_endpoint([&](const httplib::Request& req, httplib::Response& res) {
              handle_completions(ctx, req, res);
            }));
-  std::shared_ptr<const ChatEndpoint> chat =
-      make_chat_endpoint(engine->chat_template(), engine->chat_template_status());
+  std::shared_ptr<const ChatEndpoint> chat = make_chat_endpoint(
+      engine->chat_template(), engine->chat_template_status(), flags.tool_call_parser);
   if (flags.chat_template_file) {
     Result<ChatTemplate> custom = load_chat_template_file(*flags.chat_template_file, tokenizer);
     if (!custom.ok()) return fail(cmd, custom.status());
-    chat = make_chat_endpoint(&*custom, Status::Ok());
+    chat = make_chat_endpoint(&*custom, Status::Ok(), flags.tool_call_parser);
   }
   if (const Status& s = chat_template_status(*chat); !s.ok()) {
     std::fprintf(stderr, "cellm serve: /v1/chat/completions unavailable: %s\n",

@@ -173,6 +173,10 @@ constexpr KnownField kKnownFields[] = {
     {"messages", kOnChat, kRead},
     {"max_completion_tokens", kOnChat, kRead},
     {"top_logprobs", kOnChat, kRead},
+    {"tools", kOnChat, kRead},  // these four: chat_request.cpp
+    {"tool_choice", kOnChat, kRead},
+    {"parallel_tool_calls", kOnChat, kRead},
+    {"chat_template_kwargs", kOnChat, kRead},
     // The client's own bookkeeping: no effect on what is generated.
     {"metadata", kOnChat, kIgnored},
     {"store", kOnChat, kIgnored},

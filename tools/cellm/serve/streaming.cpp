@@ -42,7 +42,9 @@ bool SseSink::deliver(const ChoiceDelta& delta) {
   if (delta.finish_reason) {
     if (auto e = failure_of(*delta.finish_reason, delta.error_message)) return send(e->to_json());
   }
-  return send(format_(delta));
+  const nlohmann::json event = format_(delta);
+  if (event.is_null()) return alive();  // nothing to send for this delta
+  return send(event);
 }
 
 bool SseSink::alive() {

@@ -21,7 +21,8 @@ namespace cellm::cli {
 
 class SseSink final : public JobSink {
  public:
-  // One chunk per delta; an "error" delta is sent as an OpenAI error object.
+  // One chunk per delta (none when the format gives null: a delta whose text a
+  // parser still holds); an "error" delta is sent as an OpenAI error object.
   using Format = std::function<nlohmann::json(const ChoiceDelta&)>;
   SseSink(httplib::DataSink& sink, PeerWatch peer, Format format);
 

@@ -47,8 +47,9 @@ void handle_tokenize(const ServeContext& ctx, const ChatEndpoint& endpoint,
   ApiResult<json> body_or = parse_json_body(req.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return send_error(res, *e);
   const json& body = std::get<json>(body_or);
-  if (auto e = refuse_other_fields(
-          body, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"})) {
+  if (auto e =
+          refuse_other_fields(body, {"model", "prompt", "messages", "add_special_tokens",
+                                     "add_generation_prompt", "tools", "chat_template_kwargs"})) {
     return send_error(res, *e);
   }
   if (auto m = read_model(ctx, body); std::holds_alternative<ApiError>(m)) {
@@ -79,7 +80,7 @@ void handle_tokenize(const ServeContext& ctx, const ChatEndpoint& endpoint,
     ApiResult<bool> add_generation_prompt = read_flag(body, "add_generation_prompt", true);
     if (auto* e = std::get_if<ApiError>(&add_generation_prompt)) return send_error(res, *e);
     ApiResult<std::vector<Token>> prompt =
-        chat_prompt(ctx, endpoint, body, std::get<bool>(add_generation_prompt));
+        chat_prompt(ctx, endpoint, req.body, std::get<bool>(add_generation_prompt));
     if (auto* e = std::get_if<ApiError>(&prompt)) return send_error(res, *e);
     tokens = std::move(std::get<std::vector<Token>>(prompt));
   }
