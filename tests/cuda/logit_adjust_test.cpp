@@ -139,6 +139,9 @@ void check_against_host(int64_t vocab, int64_t n_rows, uint32_t seed) {
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   CELLM_ASSERT_CUDA(
       cudaMemcpy(d->get(), logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice));
+  // A pageable cudaMemcpy may return before its DMA lands, and the adjuster's
+  // non-blocking stream does not wait for it.
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   Result<Stream> stream = Stream::create();
   ASSERT_TRUE(stream.ok());
   LogitAdjuster adjuster(vocab);
@@ -147,6 +150,9 @@ void check_against_host(int64_t vocab, int64_t n_rows, uint32_t seed) {
     if (pass == 1) {
       CELLM_ASSERT_CUDA(cudaMemcpy(d->get(), logits.data(), logits.size() * sizeof(float),
                                    cudaMemcpyHostToDevice));
+      // A pageable cudaMemcpy may return before its DMA lands, and the adjuster's
+      // non-blocking stream does not wait for it.
+      CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
     }
     const Status s = adjuster.apply(rows, d->as<float>(), n_rows, stream->get());
     ASSERT_TRUE(s.ok()) << s.to_string();
@@ -207,6 +213,9 @@ TEST(LogitAdjustTest, ManyEditsAndAllForbiddenAndAllAllowedMasks) {
   ASSERT_TRUE(d.ok());
   CELLM_ASSERT_CUDA(
       cudaMemcpy(d->get(), logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice));
+  // A pageable cudaMemcpy may return before its DMA lands, and the adjuster's
+  // non-blocking stream does not wait for it.
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   LogitAdjuster adjuster(vocab);
   ASSERT_TRUE(adjuster.apply(rows, d->as<float>(), 3, nullptr).ok());
   EXPECT_EQ(adjuster.last_adjusted_rows(), 3);
