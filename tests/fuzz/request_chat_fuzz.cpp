@@ -1,8 +1,9 @@
 // Fuzzes the /v1/chat/completions request body: the bytes (or a structured body
 // built from them) through parse_json_body, parse_generation_fields and
-// parse_chat_messages, then the messages rendered with a Llama-3-style chat
-// template, as handle_chat runs them. Every answer must be a request that holds
-// to the limits or a 400 naming a field.
+// parse_chat_conversation (messages, tools, tool_choice, chat_template_kwargs),
+// then the conversation rendered with a Llama-3-style chat template, as
+// handle_chat runs them. Every answer must be a request that holds to the limits
+// or a 400 naming a field.
 #include <cstdint>
 #include <ctime>
 #include <string>
@@ -10,6 +11,7 @@
 #include "cellm/chat_template.h"
 #include "fuzz_check.h"
 #include "request_body.h"
+#include "serve/chat_request.h"
 #include "serve/request.h"
 
 namespace {
@@ -70,15 +72,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(!f.max_tokens || *f.max_tokens >= 1, "max_tokens positive");
   FUZZ_CHECK(!f.top_logprobs || (*f.top_logprobs >= 0 && *f.top_logprobs <= 20),
              "top_logprobs within [0, 20]");
-  ApiResult<std::vector<cellm::ChatMessage>> messages = cellm::cli::parse_chat_messages(object);
-  if (const auto* e = std::get_if<ApiError>(&messages)) {
+  ApiResult<cellm::cli::ChatConversation> conversation =
+      cellm::cli::parse_chat_conversation(object.dump());
+  if (const auto* e = std::get_if<ApiError>(&conversation)) {
     cellm::fuzz::check_request_error(*e);
     return 0;
   }
-  const auto& list = std::get<std::vector<cellm::ChatMessage>>(messages);
-  FUZZ_CHECK(!list.empty() && list.size() <= 4096, "between 1 and 4096 messages");
-  for (const cellm::ChatMessage& m : list) FUZZ_CHECK(!m.role.empty(), "every role named");
-  cellm::Result<std::string> rendered = chat_template().render(list, true);
+  const auto& c = std::get<cellm::cli::ChatConversation>(conversation);
+  FUZZ_CHECK(c.messages.is_array() && !c.messages.empty() && c.messages.size() <= 4096,
+             "between 1 and 4096 messages");
+  for (const auto& m : c.messages) {
+    FUZZ_CHECK(m.is_object() && m.contains("role") && m["role"].is_string(), "every role named");
+  }
+  FUZZ_CHECK(c.tool_choice != cellm::cli::ToolChoice::kNamed || !c.named_function.empty(),
+             "a named tool choice names a function");
+  // The template reads message['content'] as a string: render only conversations whose
+  // contents are strings (as the server does after joining text parts).
+  bool all_strings = true;
+  for (const auto& m : c.messages) {
+    all_strings = all_strings && m.contains("content") && m["content"].is_string();
+  }
+  if (!all_strings) return 0;
+  cellm::Result<std::string> rendered =
+      chat_template().render(c.messages, c.tools, c.kwargs, /*add_generation_prompt=*/true);
   FUZZ_CHECK(rendered.ok(), "a template that only concatenates renders any messages");
   return 0;
 }

@@ -15,7 +15,6 @@ using nlohmann::json;
 constexpr int32_t kMaxTopLogprobs = 20;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
-constexpr size_t kMaxMessages = 4096;
 
 const char* type_name(const json& v) {
   return v.type_name();
@@ -458,27 +457,6 @@ ApiResult<std::optional<StructuredConstraint>> read_constraint(const json& body)
   return std::optional<StructuredConstraint>(std::move(found[0]));
 }
 
-// A message's content: a string, null (an assistant turn with no text), or a
-// list of parts of which only {"type": "text", "text": ...} are accepted.
-ApiResult<std::string> message_content(const json& m, size_t i) {
-  const std::string param = "messages[" + std::to_string(i) + "].content";
-  auto it = m.find("content");
-  if (it == m.end() || it->is_null()) return std::string();
-  if (it->is_string()) return it->get<std::string>();
-  if (!it->is_array())
-    return invalid_field(param, "'" + param + "' must be a string or a list of parts");
-  std::string text;
-  for (const json& part : *it) {
-    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
-        !part["text"].is_string()) {
-      return invalid_field(param,
-                           "'" + param + "' parts must be {\"type\": \"text\", \"text\": ...}");
-    }
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
 }  // namespace
 
 Result<GenerationDefaults> read_generation_defaults(const std::string& path,
@@ -524,38 +502,6 @@ ApiResult<json> parse_json_body(const std::string& body) {
     return ApiError{400, "the request body must be a JSON object", "invalid_request_error", "", ""};
   }
   return parsed;
-}
-
-ApiResult<std::vector<ChatMessage>> parse_chat_messages(const json& body) {
-  auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) {
-    return invalid_field("messages", "'messages' must be a non-empty list");
-  }
-  if (it->size() > kMaxMessages) {
-    return invalid_field("messages", "'messages' holds at most " + std::to_string(kMaxMessages));
-  }
-  std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    const std::string param = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) return invalid_field(param, "'" + param + "' must be an object");
-    // A message's other keys (tool_calls, tool_call_id, name, ...) would reach the
-    // template as nothing: refused rather than dropped.
-    for (const auto& [key, value] : m.items()) {
-      if (key != "role" && key != "content") {
-        return invalid_field(param + "." + key,
-                             "'" + param + "." + key + "' is not supported on this server");
-      }
-    }
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
-      return invalid_field(param + ".role", "'" + param + ".role' must be a non-empty string");
-    }
-    ApiResult<std::string> content = message_content(m, i);
-    if (auto* e = std::get_if<ApiError>(&content)) return *e;
-    messages.push_back(ChatMessage{role->get<std::string>(), std::get<std::string>(content)});
-  }
-  return messages;
 }
 
 ApiResult<GenerationFields> parse_generation_fields(const json& body, const RequestLimits& limits,

@@ -12,7 +12,6 @@
 #include <variant>
 #include <vector>
 
-#include "cellm/chat_template.h"
 #include "cellm/logits_processor.h"
 #include "cellm/status.h"
 #include "cellm/types.h"
@@ -102,10 +101,6 @@ enum class Endpoint { kCompletions, kChat };
 // max_completion_tokens; completions reads logprobs (int).
 ApiResult<GenerationFields> parse_generation_fields(const nlohmann::json& body,
                                                     const RequestLimits& limits, Endpoint endpoint);
-
-// The chat endpoint's `messages`: a non-empty list (at most 4096) of {role, content}
-// objects; content is a string, null, or a list of {"type": "text", "text"} parts.
-ApiResult<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::json& body);
 
 ApiResult<CompletionRequest> parse_completion_request(const nlohmann::json& body,
                                                       const RequestLimits& limits);
