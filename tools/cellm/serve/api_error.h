@@ -13,24 +13,6 @@
 
 namespace cellm::cli {
 
-struct ApiError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::string param;
-  std::string code;
-
-  // The message and param may quote a client's bytes (a field's name): invalid UTF-8 in
-  // them becomes U+FFFD, so the body is always valid JSON text.
-  nlohmann::json to_json() const {
-    nlohmann::json e = {
-        {"message", valid_utf8(message)}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
-    if (!param.empty()) e["param"] = valid_utf8(param);
-    if (!code.empty()) e["code"] = code;
-    return {{"error", std::move(e)}};
-  }
-};
-
 // `text` with every byte that does not begin a well-formed UTF-8 sequence (overlong,
 // surrogate, past U+10FFFF or cut short) replaced by U+FFFD.
 inline std::string valid_utf8(const std::string& text) {
@@ -63,6 +45,24 @@ inline std::string valid_utf8(const std::string& text) {
   }
   return out;
 }
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;
+  std::string code;
+
+  // The message and param may quote a client's bytes (a field's name): invalid UTF-8 in
+  // them becomes U+FFFD, so the body is always valid JSON text.
+  nlohmann::json to_json() const {
+    nlohmann::json e = {
+        {"message", valid_utf8(message)}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+    if (!param.empty()) e["param"] = valid_utf8(param);
+    if (!code.empty()) e["code"] = code;
+    return {{"error", std::move(e)}};
+  }
+};
 
 // 400 naming the field.
 inline ApiError invalid_field(std::string param, std::string message) {
