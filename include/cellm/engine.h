@@ -174,6 +174,9 @@ struct KvPoolReport {
 // 131072 tokens, cell table 256.0 MiB" (no table part on the CPU).
 std::string describe_kv_pool(const KvPoolReport& report);
 
+// A byte count for people: "12.0 KiB", "256.5 MiB", "51.3 GiB" ("512 bytes" below 1 KiB).
+std::string bytes_text(int64_t bytes);
+
 // Batched decode steps so far and their time, from an executor that measures them (the
 // CUDA executor with time_steps).
 struct StepTimeReport {

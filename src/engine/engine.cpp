@@ -65,9 +65,21 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
   return std::unique_ptr<Executor>(std::move(e));
 }
 
-// "12.0 KiB", "256.5 MiB", "51.3 GiB".
+// DecodeFirstScheduler sized for one forward per batch: a budget of step_width tokens, up
+// to min(max_sessions, step_width / 2) decodes, and prefill chunks of the rest.
+Result<std::unique_ptr<Scheduler>> make_scheduler(const ExecutorLimits& limits) {
+  const auto budget = static_cast<size_t>(std::max(2, limits.step_width));
+  const size_t decodes =
+      std::clamp<size_t>(static_cast<size_t>(limits.max_sessions), 1, budget / 2);
+  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<DecodeFirstScheduler> s,
+                         DecodeFirstScheduler::create(budget, decodes, budget - decodes));
+  return std::unique_ptr<Scheduler>(std::move(s));
+}
+
+}  // namespace
+
 std::string bytes_text(int64_t bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
   auto value = static_cast<double>(bytes);
   size_t unit = 0;
   while (value >= 1024 && unit + 1 < std::size(units)) {
@@ -82,19 +94,6 @@ std::string bytes_text(int64_t bytes) {
   }
   return text;
 }
-
-// DecodeFirstScheduler sized for one forward per batch: a budget of step_width tokens, up
-// to min(max_sessions, step_width / 2) decodes, and prefill chunks of the rest.
-Result<std::unique_ptr<Scheduler>> make_scheduler(const ExecutorLimits& limits) {
-  const auto budget = static_cast<size_t>(std::max(2, limits.step_width));
-  const size_t decodes =
-      std::clamp<size_t>(static_cast<size_t>(limits.max_sessions), 1, budget / 2);
-  CELLM_ASSIGN_OR_RETURN(std::unique_ptr<DecodeFirstScheduler> s,
-                         DecodeFirstScheduler::create(budget, decodes, budget - decodes));
-  return std::unique_ptr<Scheduler>(std::move(s));
-}
-
-}  // namespace
 
 const char* to_string(ExecutorKind kind) {
   switch (kind) {

@@ -91,21 +91,4 @@ HostMemory read_host_memory() {
   return m;
 }
 
-std::string bytes_text(int64_t bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  auto value = static_cast<double>(bytes);
-  size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(units)) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[48];
-  if (unit == 0) {
-    std::snprintf(text, sizeof(text), "%lld bytes", static_cast<long long>(bytes));
-  } else {
-    std::snprintf(text, sizeof(text), "%.1f %s", value, units[unit]);
-  }
-  return text;
-}
-
 }  // namespace cellm::cli

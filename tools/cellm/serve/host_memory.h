@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "cellm/engine.h"
+
 namespace cellm::cli {
 
 struct HostMemory {
@@ -23,7 +25,6 @@ struct HostMemory {
 
 HostMemory read_host_memory();
 
-// "12.0 KiB", "256.5 MiB", "51.3 GiB".
-std::string bytes_text(int64_t bytes);
+using cellm::bytes_text;  // engine.h
 
 }  // namespace cellm::cli
