@@ -133,6 +133,9 @@ Value filter_map(Budget& budget, const Value& value, CallArgs& args) {
 
 Value filter_round(const Value& value, const BoundArgs& a) {
   if (!value.is_number()) type_error("type " + value.type_name() + " doesn't define __round__");
+  if (a.get(0) != nullptr && !a.get(0)->is_int()) {
+    type_error("round() precision must be an int, not " + a.get(0)->type_name());
+  }
   const int64_t precision = a.get(0) == nullptr ? 0 : a.get(0)->as_int();
   const std::string method = a.get(1) == nullptr ? "common" : a.get(1)->str();
   const double x = value.to_double();
@@ -285,7 +288,11 @@ Value apply_filter(Budget& budget, std::string_view name, const Value& value, Ca
     const std::string s = value.str();
     const std::string old = a.get(0)->str();
     const std::string with = a.get(1)->str();
-    const int64_t count = a.get(2) == nullptr || a.get(2)->is_none() ? -1 : a.get(2)->as_int();
+    const bool all = a.get(2) == nullptr || a.get(2)->is_none();
+    if (!all && !a.get(2)->is_int()) {
+      type_error("replace() count must be an int, not " + a.get(2)->type_name());
+    }
+    const int64_t count = all ? -1 : a.get(2)->as_int();
     if (!old.empty() && with.size() > old.size()) {
       size_t k = 0;
       for (size_t at = s.find(old); at != std::string::npos; at = s.find(old, at + old.size())) ++k;

@@ -111,15 +111,18 @@ class Value {
   bool is_namespace() const { return kind() == Kind::kNamespace; }
   bool is_callable() const { return kind() == Kind::kCallable; }
 
-  bool as_bool() const { return std::get<bool>(v_); }
-  int64_t as_int() const { return std::get<int64_t>(v_); }
-  double as_float() const { return std::get<double>(v_); }
-  const std::string& as_string() const { return *std::get<StringPtr>(v_); }
-  const ListData& as_list() const { return *std::get<ListPtr>(v_); }
-  const DictData& as_dict() const { return *std::get<DictPtr>(v_); }
-  NamespaceData& as_namespace() const { return *std::get<NamespacePtr>(v_); }
-  const Callable& as_callable() const { return *std::get<CallablePtr>(v_); }
-  const std::string& undefined_name() const { return std::get<Undefined>(v_).name; }
+  // The value as one type. A value of another type is the template's type
+  // error (Python's TypeError), never a crash: a builtin that forgot to check
+  // what a template passed it fails the render, not the process.
+  bool as_bool() const { return alternative<bool>("bool"); }
+  int64_t as_int() const { return alternative<int64_t>("int"); }
+  double as_float() const { return alternative<double>("float"); }
+  const std::string& as_string() const { return *alternative<StringPtr>("str"); }
+  const ListData& as_list() const { return *alternative<ListPtr>("list"); }
+  const DictData& as_dict() const { return *alternative<DictPtr>("dict"); }
+  NamespaceData& as_namespace() const { return *alternative<NamespacePtr>("namespace"); }
+  const Callable& as_callable() const { return *alternative<CallablePtr>("callable"); }
+  const std::string& undefined_name() const { return alternative<Undefined>("undefined").name; }
   // A number as a double. REQUIRES: is_number().
   double to_double() const;
   // Nesting depth of lists and dicts: 0 for scalars.
@@ -148,6 +151,12 @@ class Value {
   template <typename T>
   explicit Value(T v) : v_(std::move(v)) {}
   void repr_into(std::string& out, int depth) const;
+  template <typename T>
+  const T& alternative(const char* type) const {
+    if (const T* v = std::get_if<T>(&v_)) return *v;
+    throw TemplateError(std::string("expected a value of type '") + type + "', got '" +
+                        type_name() + "'");
+  }
 
   Variant v_;
 };

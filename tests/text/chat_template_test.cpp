@@ -262,6 +262,17 @@ TEST(ChatTemplateRenderTest, RuntimeErrorsNameTheProblemAndPosition) {
   EXPECT_NE(render_error("{{ 'a,b'.split(sep=',', bogus=1) }}").find("bogus"), std::string::npos);
 }
 
+// Arguments of the wrong type are the template's TypeError, never a crash (a
+// fuzz finding: round() with a name for its precision threw out of the render).
+TEST(ChatTemplateRenderTest, ArgumentsOfTheWrongTypeAreTypeErrors) {
+  EXPECT_NE(render_error("{{ 3.14|round(none) }}").find("precision must be an int, not NoneType"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ 3.14|round('2') }}").find("precision must be an int, not str"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ 'aa'|replace('a', 'b', 1.5) }}").find("count must be an int"),
+            std::string::npos);
+}
+
 TEST(ChatTemplateRenderTest, StrftimeNowFormatsTheInjectedTime) {
   std::tm now{};
   now.tm_year = 2025 - 1900;
