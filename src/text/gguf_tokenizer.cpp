@@ -88,12 +88,26 @@ json added_token(const std::string& content, Token id, bool special) {
           {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
+// The longest normal token a SentencePiece vocabulary may hold. SentencePiece
+// trains pieces of at most 16 characters by default (max_sentencepiece_length),
+// at most 64 bytes of UTF-8; the bound leaves room for any real vocabulary and
+// keeps the split search below (quadratic in a piece's length) bounded.
+constexpr size_t kMaxSentencePieceBytes = 1024;
+
 // SentencePiece merges: each split of a normal token into two normal tokens,
 // ranked by the merged token's score (highest first), then by the ids.
-json sentencepiece_merges(const GgufVocab& v) {
+Result<json> sentencepiece_merges(const GgufVocab& v) {
   std::unordered_map<std::string_view, Token> normal;
   for (size_t id = 0; id < v.tokens.size(); ++id) {
-    if (v.token_types[id] == kNormal) normal.emplace(v.tokens[id], static_cast<Token>(id));
+    if (v.token_types[id] != kNormal) continue;
+    if (v.tokens[id].size() > kMaxSentencePieceBytes) {
+      return InvalidProgram("tokenizer.ggml.tokens[" + std::to_string(id) + "] is " +
+                            std::to_string(v.tokens[id].size()) +
+                            " bytes long; a SentencePiece ('llama') vocabulary's pieces are at "
+                            "most " +
+                            std::to_string(kMaxSentencePieceBytes));
+    }
+    normal.emplace(v.tokens[id], static_cast<Token>(id));
   }
   struct Merge {
     float score;
@@ -216,7 +230,7 @@ Result<json> tokenizer_json(const GgufVocab& in) {
     model["unk_token"] = unk ? json(v.tokens[static_cast<size_t>(*unk)]) : json(nullptr);
     model["fuse_unk"] = true;
     model["byte_fallback"] = true;
-    model["merges"] = sentencepiece_merges(v);
+    CELLM_ASSIGN_OR_RETURN(model["merges"], sentencepiece_merges(v));
     const bool prefix = v.add_space_prefix.value_or(true);
     json normalizers = json::array();
     if (prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});

@@ -266,6 +266,13 @@ TEST(GgufTokenizer, InconsistentFieldsAreErrors) {
   v = tiny_gpt2();
   v.model = "llama";
   EXPECT_NE(error(v).find("tokenizer.ggml.scores is missing"), std::string::npos);
+  // A SentencePiece piece far longer than any trained one (the merge search is
+  // quadratic in a piece's length): refused, not searched for minutes.
+  v = tiny_gpt2();
+  v.model = "llama";
+  v.scores.assign(v.tokens.size(), 0.0f);
+  v.tokens[0] = std::string(4096, 'a');
+  EXPECT_NE(error(v).find("tokenizer.ggml.tokens[0] is 4096 bytes long"), std::string::npos);
 }
 
 }  // namespace
