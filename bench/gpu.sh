@@ -17,10 +17,12 @@ usage: bench/gpu.sh COMMAND [ARGS]
   build                 configure and build a Release tree for sm_$ARCH in \$BUILD (installs
                         the Debian build dependencies with tools/install_deps.sh when missing;
                         uses the prefix .deps/ when present, see \`deps\`)
-  test [--all] [--memcheck]
+  test [--all] [--memcheck] [--sanitize]
                         ctest -L 'gpu|cuda' on \$BUILD (tests skip without a GPU); --all runs
                         every other suite as well; --memcheck adds compute-sanitizer memcheck
-                        on the executor and attention tests
+                        on the executor and attention tests; --sanitize runs memcheck,
+                        racecheck and synccheck on every executor test (SANITIZE_TESTS: the
+                        test binaries, SANITIZE_FILTER: a gtest filter for all of them)
   bench [PRESET [B,...]] [CELLM BENCH FLAGS...]
                         \`cellm bench --executor cuda --step-times --peak-bandwidth \$PEAK_GBS\`
                         with -npp 128 -ntg 128 unless the flags give -npp; no PRESET runs
@@ -88,11 +90,12 @@ cmd_build() {
 }
 
 cmd_test() {
-  local all=0 memcheck=0 out rc=0
+  local all=0 memcheck=0 sanitize=0 out rc=0
   while [ $# -gt 0 ]; do
     case $1 in
       --all) all=1 ;;
       --memcheck) memcheck=1 ;;
+      --sanitize) sanitize=1 ;;
       *) echo "gpu.sh test: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -119,6 +122,31 @@ cmd_test() {
       echo "memcheck $t: exit $e ($(grep -c 'Invalid' "$out/memcheck_$t.log") invalid accesses)"
     done
   fi
+  if [ $sanitize = 1 ]; then
+    sanitize_executor_tests "$out" || rc=1
+  fi
+  return $rc
+}
+
+# compute-sanitizer's memcheck, racecheck and synccheck over the executor tests (the
+# tests that run whole steps: graphs, overlap, processors, the prefix cache), each
+# tool on each test binary; a report or a non-zero exit fails it. One line a run.
+sanitize_executor_tests() {
+  local out=$1 rc=0 t tool e
+  local tests=${SANITIZE_TESTS:-"cuda_cuda_executor_test cuda_cuda_runner_test cuda_cuda_prefix_test cuda_cuda_logits_processor_test cuda_overlap_decode_test cuda_cuda_gguf_test"}
+  local filter=()
+  [ -n "${SANITIZE_FILTER:-}" ] && filter=(--gtest_filter="$SANITIZE_FILTER")
+  for tool in memcheck racecheck synccheck; do
+    for t in $tests; do
+      [ -x "$BUILD/tests/cuda/$t" ] || { echo "$tool $t: no such test binary"; rc=1; continue; }
+      timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$BUILD/tests/cuda/$t" "${filter[@]}" >"$out/${tool}_$t.log" 2>&1
+      e=$?
+      [ $e = 0 ] || rc=1
+      echo "$tool $t: exit $e, $(grep -E -m1 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/${tool}_$t.log" \
+        || echo 'no summary'), $(grep -E -c '\[  PASSED  \]' "$out/${tool}_$t.log") gtest pass line"
+    done
+  done
   return $rc
 }
 
