@@ -35,7 +35,8 @@ double finite_logprob(float logprob) {
   return std::max(static_cast<double>(logprob), -9999.0);
 }
 
-// One token's entry, its text offset `offset` (advanced past it). Null `lp` (a
+// One token's entry, its text offset `offset` (advanced past it: offsets index the
+// choice's text). Null `lp` (a
 // prompt's first token, which nothing predicts) gives null log-probabilities. The
 // alternatives are the top `top_n` and, as OpenAI's API, the chosen token too: up
 // to top_n + 1 entries.
@@ -44,7 +45,8 @@ void append_logprob(const Tokenizer& tok, Token token, const TokenLogprobs* lp, 
   const std::string text = tok.decode(std::span<const Token>(&token, 1));
   out["tokens"].push_back(text);
   out["text_offset"].push_back(offset);
-  offset += text.size();
+  // A special token (BOS, EOS) is named in `tokens` but takes no room in the text.
+  if (!tok.is_special(token)) offset += text.size();
   if (lp == nullptr) {
     out["token_logprobs"].push_back(nullptr);
     out["top_logprobs"].push_back(nullptr);
@@ -130,8 +132,10 @@ void handle_completions(const ServeContext& ctx, const httplib::Request& req,
     if (auto e = check_session_budget(prompt.size(), generate, ctx.limits)) {
       return send_error(res, *e);
     }
-    echo_texts.push_back(!r.echo ? std::string()
-                                 : (in.text ? *in.text : ctx.tokenizer.decode(prompt)));
+    echo_texts.push_back(
+        !r.echo
+            ? std::string()
+            : (in.text ? *in.text : ctx.tokenizer.decode(prompt, /*skip_special_tokens=*/true)));
     prompts.push_back(std::move(prompt));
   }
   const std::vector<std::vector<Token>> prompt_ids = score ? prompts : decltype(prompts)();
