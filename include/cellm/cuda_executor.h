@@ -206,6 +206,8 @@ class CudaExecutor final : public Executor {
   // stay those of the raw rows. A step of sessions without processors runs as before.
   // Settles a step queued ahead that holds the session first.
   bool set_logits_processor(SessionId id, std::shared_ptr<LogitsProcessor> processor) override;
+  // Scores prefill slices (Input::score): scored rows join the LM head's rows.
+  bool supports_scoring() const override { return true; }
   Status execute(const BatchInput& batch, BatchOutput& out) override;
   KvMetrics kv_metrics() const override;
   KvBudget kv_budget() const override;

@@ -203,6 +203,10 @@ struct JobSpec {
   // Choice i's logits processor (GenConfig::processor), or none when unset. A stop
   // token never adds text, whether special or not.
   std::function<std::shared_ptr<LogitsProcessor>(int32_t choice)> processor_for;
+  // Score the prompt (GenConfig::score_prompt): the first session opens without a
+  // cached prefix, so the whole prompt is fed and scored, and every choice's first
+  // delta carries ChoiceDelta::prompt_logprobs. The executor must support scoring.
+  bool score_prompt = false;
 };
 
 // What one choice produced since its previous delta.
@@ -211,6 +215,9 @@ struct ChoiceDelta {
   std::string text;                     // safe to send: no part of a stop string
   std::vector<Token> tokens;            // delivered with this delta
   std::vector<TokenLogprobs> logprobs;  // parallel to tokens when asked for
+  // With JobSpec::score_prompt, on the choice's first delta: one entry per prompt
+  // token after the first (sampling.num_logprobs alternatives each).
+  std::vector<TokenLogprobs> prompt_logprobs;
   // On the last delta: "stop", "length", "cancelled" or "error".
   std::optional<std::string> finish_reason;
   std::string error_message;  // with "error"
@@ -279,6 +286,7 @@ class Job {
   std::shared_ptr<Channel> channel_ = std::make_shared<Channel>();
   std::vector<std::unique_ptr<Choice>> choices_;
   int64_t prompt_tokens_cached_ = 0;
+  std::vector<TokenLogprobs> prompt_logprobs_;  // choice 0's, for every choice's first delta
   bool clones_started_ = false;
 
   std::mutex cancel_mu_;

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cellm/sampler.h"
 #include "core/cell_pool.h"
 #include "core/session_table.h"
 #include "core/step_plan.h"
@@ -19,6 +20,7 @@
 #include "cuda/kernels/embedding.h"
 #include "cuda/launch_control.h"
 #include "cuda/pool_sizing.h"
+#include "cuda/score_rows.h"
 #include "cuda/step_ahead_policy.h"
 
 namespace cellm {
@@ -68,6 +70,7 @@ class ExecutorImpl {
   CudaExecutorOptions options_;
   CellPool pool_;
   SessionTable sessions_;
+  std::vector<float> score_scratch_;  // token_logprobs' scratch for scored rows
   std::unique_ptr<ForwardEngine> engine_;
   CudaExecutor::KvSizing kv_sizing_;  // how create() sized the pool
   std::string last_error_;
@@ -125,15 +128,17 @@ class ExecutorImpl {
   };
   StepProcessors step_processors_;
 
-  // Collects the processors of the selected rows (`sids[s]` is selected row s's
-  // session); nullptr when none has one (the step runs as it would without processors).
-  const AdjustmentSource* processors_for(std::span<const SessionId> sids) {
+  // Collects the processors of the sampling rows (`sids[s]` is sampling row s's
+  // session, at selected row at[s], or s when `at` is empty); nullptr when none has one
+  // (the step runs as it would without processors).
+  const AdjustmentSource* processors_for(std::span<const SessionId> sids,
+                                         std::span<const int32_t> at = {}) {
     StepProcessors& p = step_processors_;
     p.rows.clear();
     p.processors.clear();
     for (size_t s = 0; s < sids.size(); ++s) {
       if (LogitsProcessor* processor = sessions_.logits_processor(sids[s])) {
-        p.rows.push_back(static_cast<int32_t>(s));
+        p.rows.push_back(at.empty() ? static_cast<int32_t>(s) : at[s]);
         p.processors.push_back(processor);
       }
     }
@@ -164,11 +169,14 @@ class ExecutorImpl {
   }
 
   // The selected rows (indices into the step's selection) whose sessions want
-  // logprobs; `sids[s]` is selected row s's session.
-  std::vector<int32_t> logit_rows_for(std::span<const SessionId> sids) const {
+  // logprobs; `sids[s]` is sampling row s's session, at selected row at[s] (s when
+  // `at` is empty).
+  std::vector<int32_t> logit_rows_for(std::span<const SessionId> sids,
+                                      std::span<const int32_t> at = {}) const {
     std::vector<int32_t> rows;
     for (size_t s = 0; s < sids.size(); ++s) {
-      if (sessions_.wants_logprobs(sids[s])) rows.push_back(static_cast<int32_t>(s));
+      if (sessions_.wants_logprobs(sids[s]))
+        rows.push_back(at.empty() ? static_cast<int32_t>(s) : at[s]);
     }
     return rows;
   }
@@ -227,10 +235,13 @@ class ExecutorImpl {
     last_error_.clear();
     out.outputs.assign(batch.inputs.size(), std::nullopt);
     if (broken_) return fail("a previous CUDA error left the device unusable");
+    // A batch that scores runs as eager slices (scored rows join their selection).
+    const std::optional<ScoreTargets> targets = score_targets(batch);
+    if (targets) out.scores.assign(batch.inputs.size(), {});
     if (ahead_) {
-      if (std::optional<std::vector<size_t>> rows = ahead_rows_for(batch)) {
-        return run_ahead(batch, *rows, out);
-      }
+      std::optional<std::vector<size_t>> rows;
+      if (!targets) rows = ahead_rows_for(batch);
+      if (rows) return run_ahead(batch, *rows, out);
       if (!drop_ahead()) return false;
     }
     Result<PackedStep> packed_or = sessions_.pack(batch);
@@ -239,10 +250,10 @@ class ExecutorImpl {
     if (Status s = check_tokens_in_vocab(packed, weights_->config().vocab_size()); !s.ok()) {
       return fail(s.message());
     }
-    if (is_batched_decode(batch)) return run_decode(batch, packed, out);
+    if (!targets && is_batched_decode(batch)) return run_decode(batch, packed, out);
     const auto total = static_cast<int>(packed.tokens.size());
     for (const StepSlice& slice : plan_slices(total, limits_.step_width, options_.min_prefill)) {
-      if (!run_slice(batch, packed, slice, out)) return false;
+      if (!run_slice(batch, packed, slice, targets ? &*targets : nullptr, out)) return false;
     }
     return true;
   }
@@ -548,7 +559,7 @@ class ExecutorImpl {
 
   // One slice of the plan: an eager prefill, or a one-token decode.
   bool run_slice(const BatchInput& batch, const PackedStep& packed, const StepSlice& slice,
-                 BatchOutput& out) {
+                 const ScoreTargets* targets, BatchOutput& out) {
     const auto off = static_cast<size_t>(slice.offset);
     const auto len = static_cast<size_t>(slice.length);
     std::span<const SeqId> seq_ids(packed.seq_ids.data() + off, len);
@@ -563,35 +574,50 @@ class ExecutorImpl {
     }
     SliceRows rows = select_rows(packed, slice.offset, slice.length);
     if (rows.inputs.empty()) rows.selector.clear();
+    // The sampling rows and, when scoring, the scored rows; a scored row's token is
+    // sampled greedily and dropped.
+    const SliceSelection sel =
+        select_with_scores(rows.selector, targets, slice.offset, slice.length);
+    for (size_t k = 0; k < sel.rows.size(); ++k) {
+      h.selected[k] = sel.rows[k];
+      h.sampling[k] = SamplingRow{};
+    }
     for (size_t s = 0; s < rows.selector.size(); ++s) {
-      h.selected[s] = rows.selector[s];
       const Input& in = batch.inputs[static_cast<size_t>(rows.inputs[s])];
       const Position next = packed.positions[off + static_cast<size_t>(rows.selector[s])] + 1;
-      if (!fill_sampling(static_cast<int32_t>(s), in, next)) {
+      if (!fill_sampling(sel.sampling[s], in, next)) {
         return fail("session " + std::to_string(in.sid) + " has no sampling policy");
       }
     }
     std::vector<SessionId> selected_sids;
     for (int32_t input : rows.inputs)
       selected_sids.push_back(batch.inputs[static_cast<size_t>(input)].sid);
-    const std::vector<int32_t> logit_rows = logit_rows_for(selected_sids);
-    const AdjustmentSource* adjust = processors_for(selected_sids);
+    std::vector<int32_t> logit_rows = logit_rows_for(selected_sids, sel.sampling);
+    logit_rows.insert(logit_rows.end(), sel.scored.begin(), sel.scored.end());
+    std::sort(logit_rows.begin(), logit_rows.end());
+    logit_rows.erase(std::unique(logit_rows.begin(), logit_rows.end()), logit_rows.end());
+    const AdjustmentSource* adjust = processors_for(selected_sids, sel.sampling);
+    const auto n_sel = static_cast<int32_t>(sel.rows.size());
     Status st;
     if (slice.method == StepMethod::kDecode && options_.cuda_graph_for_decode &&
-        rows.selector.size() == 1) {
+        rows.selector.size() == 1 && sel.scored.empty()) {
       st = engine_->run_decode_graph(1, logit_rows, adjust);
       ++calls_.decode_graph_replays;
     } else {
-      st = engine_->run_eager(static_cast<int32_t>(len), static_cast<int32_t>(rows.selector.size()),
-                              logit_rows, adjust);
+      st = engine_->run_eager(static_cast<int32_t>(len), n_sel, logit_rows, adjust);
       ++(slice.method == StepMethod::kDecode ? calls_.decode_eager : calls_.prefill);
     }
     if (!st.ok()) return fail_cuda(st);
     count_device_time();
     if (adjust != nullptr) accept_tokens();
+    if (targets != nullptr) {
+      Status scored =
+          score_slice(batch, *targets, sel, logit_rows, *engine_, sessions_, score_scratch_, out);
+      if (!scored.ok()) return fail(scored.message());
+    }
     for (size_t s = 0; s < rows.inputs.size(); ++s) {
       const auto input = static_cast<size_t>(rows.inputs[s]);
-      out.outputs[input] = output_for(batch.inputs[input].sid, static_cast<int32_t>(s), logit_rows);
+      out.outputs[input] = output_for(batch.inputs[input].sid, sel.sampling[s], logit_rows);
     }
     return true;
   }

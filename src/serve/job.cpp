@@ -63,6 +63,8 @@ GenConfig Job::config_for(int32_t index) const {
   config.stop_tokens = spec_.stop_tokens;
   if (spec_.seed) config.seed = *spec_.seed + static_cast<uint64_t>(index);
   if (spec_.processor_for) config.processor = spec_.processor_for(index);
+  // Choice 0 feeds the whole prompt; the clones share its scores.
+  config.score_prompt = spec_.score_prompt && index == 0;
   return config;
 }
 
@@ -137,6 +139,12 @@ std::optional<ChoiceDelta> Job::process(Event& event) {
   d.index = event.index;
   ServeMetrics& metrics = engine_.metrics();
   const GenerationUpdate& u = event.update;
+  if (!u.prompt_logprobs.empty()) prompt_logprobs_ = u.prompt_logprobs;
+  const bool first_scored = spec_.score_prompt && !c.scores_sent;
+  if (first_scored) {
+    d.prompt_logprobs = prompt_logprobs_;
+    c.scores_sent = true;
+  }
   for (size_t k = 0; k < u.tokens.size() && !c.stop_found; ++k) {
     if (c.n_tokens == 0) {
       metrics.observe_ttft(static_cast<double>(event.t_us - t_arrival_us_) / 1e6);
@@ -176,7 +184,7 @@ std::optional<ChoiceDelta> Job::process(Event& event) {
       return std::nullopt;
     }
   }
-  if (d.text.empty() && d.tokens.empty() && !d.finish_reason) return std::nullopt;
+  if (d.text.empty() && d.tokens.empty() && !d.finish_reason && !first_scored) return std::nullopt;
   return d;
 }
 

@@ -22,8 +22,9 @@ struct Job::Choice {
   IncrementalDecoder decoder;
   StopMatcher matcher;
   bool started = false;
-  bool ended = false;       // its terminal update arrived (or it never started)
-  bool stop_found = false;  // a stop string ended it; later tokens are dropped
+  bool ended = false;        // its terminal update arrived (or it never started)
+  bool stop_found = false;   // a stop string ended it; later tokens are dropped
+  bool scores_sent = false;  // its first delta (with the prompt's scores) was made
   int64_t n_tokens = 0;
   int64_t t_last_token_us = 0;
 };

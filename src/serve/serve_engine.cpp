@@ -36,8 +36,11 @@ Result<std::unique_ptr<Job>> ServeEngine::start(JobSpec spec, Admission::Ticket 
   Job::Choice& first = *job->choices_[0];
 
   // The session opens on the longest cached prefix of the prompt (never the whole
-  // prompt: its last token is fed, so choice 0 samples its first token).
-  std::optional<Session> session = runner_.open_session_async(prompt).get();
+  // prompt: its last token is fed, so choice 0 samples its first token). A scored
+  // prompt opens on none: only the tokens a generation feeds are scored.
+  std::optional<Session> session = job->spec_.score_prompt
+                                       ? runner_.open_session_async().get()
+                                       : runner_.open_session_async(prompt).get();
   if (!session) {
     const Status init = runner_.initialize_status();
     if (!init.ok()) return OutOfResources("the executor failed to start: " + init.message());

@@ -512,7 +512,10 @@ ApiResult<GenerationFields> parse_generation_fields(const json& body, const Requ
   SERVE_TRY(f.model, read_string(body, "model"));
 
   std::optional<int64_t> max_tokens;
-  SERVE_TRY(max_tokens, read_int(body, "max_tokens", 1, std::numeric_limits<int32_t>::max()));
+  // Completions take 0 with echo (the prompt alone, as evaluation harnesses ask for
+  // prompt log-probabilities); parse_completion_request checks that.
+  SERVE_TRY(max_tokens, read_int(body, "max_tokens", endpoint == Endpoint::kCompletions ? 0 : 1,
+                                 std::numeric_limits<int32_t>::max()));
   if (endpoint == Endpoint::kChat && !max_tokens) {
     SERVE_TRY(max_tokens,
               read_int(body, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max()));
@@ -581,8 +584,10 @@ ApiResult<CompletionRequest> parse_completion_request(const json& body,
   std::optional<bool> echo;
   SERVE_TRY(echo, read_bool(body, "echo"));
   r.echo = echo.value_or(false);
-  if (r.echo && r.fields.top_logprobs) {
-    return invalid_field("echo", "'echo' with 'logprobs' is not supported (no prompt logprobs)");
+  if (r.fields.max_tokens == 0 && !r.echo) {
+    return invalid_field("max_tokens",
+                         "'max_tokens' must be at least 1 (0 only with 'echo': true, which "
+                         "returns the prompt and its log-probabilities without generating)");
   }
 
   const json* p = field(body, "prompt");
