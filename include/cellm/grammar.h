@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -183,16 +184,28 @@ class GrammarMatcher {
 // end), and each accepted token advances the matcher. When the matcher fails
 // (its budget or stack depth is exceeded: an all-zero mask) the mask allows
 // only the EOS ids, so the generation ends, and failed() turns true.
+//
+// accept() only records the token: the matcher steps over its bytes (building
+// any automaton state met for the first time) at the next prepare() or matcher().
+// An executor that calls prepare() while the device computes the step (the CUDA
+// executor) thereby overlaps that work with the device too, instead of running it
+// between the step's end and the next launch. A token outside the last mask is a
+// bug of the executor: it fails (CELLM_CHECK) when the matcher steps over it.
 class GrammarLogitsProcessor : public LogitsProcessor {
  public:
   explicit GrammarLogitsProcessor(GrammarMatcher matcher);
   void prepare(LogitAdjustments& out) override;
   void accept(Token token) override;
   bool failed() const { return failed_; }
-  const GrammarMatcher& matcher() const { return matcher_; }
+  // The matcher after every accepted token.
+  const GrammarMatcher& matcher() const;
 
  private:
-  GrammarMatcher matcher_;
+  // Steps the matcher over the recorded token, if any.
+  void advance() const;
+
+  mutable GrammarMatcher matcher_;
+  mutable std::optional<Token> pending_;
   bool failed_ = false;
 };
 

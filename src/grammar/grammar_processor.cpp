@@ -1,8 +1,9 @@
 // GrammarLogitsProcessor: a GrammarMatcher as a LogitsProcessor. Its mask is
-// the matcher's next-token mask; accepted tokens advance the matcher. Once the
-// matcher has ended (an EOS was accepted) or failed (an all-zero mask: budget
-// or stack depth exceeded), only the EOS ids are allowed, so the generation
-// stops instead of sampling from a row with every token forbidden.
+// the matcher's next-token mask; accepted tokens advance the matcher (at the
+// next prepare() or matcher(): see grammar.h). Once the matcher has ended (an
+// EOS was accepted) or failed (an all-zero mask: budget or stack depth
+// exceeded), only the EOS ids are allowed, so the generation stops instead of
+// sampling from a row with every token forbidden.
 #include <string>
 
 #include "cellm/grammar.h"
@@ -13,16 +14,19 @@ GrammarLogitsProcessor::GrammarLogitsProcessor(GrammarMatcher matcher)
     : matcher_(std::move(matcher)) {}
 
 void GrammarLogitsProcessor::prepare(LogitAdjustments& out) {
-  out.clear();
+  advance();
+  out.edits.clear();
   const TokenVocabulary& vocab = matcher_.vocabulary();
-  out.allowed.assign(vocab.mask_words(), 0);
   if (!failed_ && !matcher_.ended()) {
+    // fill_next_token_mask writes every word: no clearing first.
+    out.allowed.resize(vocab.mask_words());
     matcher_.fill_next_token_mask(out.allowed);
     for (uint64_t word : out.allowed) {
       if (word != 0) return;
     }
     failed_ = true;  // nothing continues the match: the matcher ran out of budget
   }
+  out.allowed.assign(vocab.mask_words(), 0);
   for (Token eos : vocab.eos_ids()) {
     const auto t = static_cast<size_t>(eos);
     out.allowed[t / 64] |= uint64_t{1} << (t % 64);
@@ -30,13 +34,27 @@ void GrammarLogitsProcessor::prepare(LogitAdjustments& out) {
 }
 
 void GrammarLogitsProcessor::accept(Token token) {
-  // A token outside the last mask is a bug of the executor (it must sample from
-  // the masked row).
+  advance();  // a second accept() without a prepare() between
   if (failed_ || matcher_.ended()) {
+    // After the grammar ended or failed only EOS ids are allowed; nothing to step.
     CELLM_CHECK_MSG(matcher_.vocabulary().is_eos(token),
                     "token " + std::to_string(token) + " after the grammar ended or failed");
     return;
   }
+  pending_ = token;
+}
+
+const GrammarMatcher& GrammarLogitsProcessor::matcher() const {
+  advance();
+  return matcher_;
+}
+
+void GrammarLogitsProcessor::advance() const {
+  if (!pending_) return;
+  const Token token = *pending_;
+  pending_.reset();
+  // A token outside the last mask is a bug of the executor (it must sample from
+  // the masked row).
   const bool accepted = matcher_.accept_token(token);
   CELLM_CHECK_MSG(accepted, "token " + std::to_string(token) + " is not allowed by the grammar");
 }

@@ -222,6 +222,8 @@ TEST(GrammarLogitsProcessorDeathTest, ATokenOutsideTheMaskIsABug) {
       {
         GrammarLogitsProcessor processor(GrammarMatcher(compile_choice(choices).value(), vocab));
         processor.accept(id_of(vocab, "ab"));
+        LogitAdjustments adj;
+        processor.prepare(adj);  // the matcher steps over the recorded token here
       },
       "not allowed by the grammar");
 }

@@ -9,7 +9,9 @@
 //   N_KV = B (PP + TG)   S_PP = B PP / T_PP   S_TG = B TG / T_TG   S = N_KV / T
 // Greedy unless the sampling flags say otherwise (--temperature, --top-k, --top-p,
 // --min-p, as `cellm generate` takes them; session i draws with seed S + i); stop tokens
-// ignored.
+// ignored. With --json-schema, --grammar or --regex every generation is constrained
+// (bench_grammar.h): it stops at EOS once its output is complete, and S_TG counts the
+// tokens really generated (the gen column).
 //
 // With --requests N, a serving load instead: B clients send N requests in all, each
 // client one after another. A request opens a session, prefills PP random tokens,
@@ -25,6 +27,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_grammar.h"
 #include "bench_load.h"
 #include "cellm/engine.h"
 #include "cellm/gpu_power.h"
@@ -116,6 +120,8 @@ const std::vector<FlagSpec> kFlags = [] {
            "readings with the clock held down by the power limit)"},
           {"json", "", "print one JSON object per row instead of the table"},
       });
+  const std::vector<FlagSpec> constraint = constraint_flags();
+  flags.insert(flags.end(), constraint.begin(), constraint.end());
   return flags;
 }();
 
@@ -126,7 +132,17 @@ struct Row {
   std::optional<StepTimeReport> steps;   // the TG phase's decode steps (--step-times)
   std::optional<GpuPowerSummary> power;  // the TG phase's clock and power (--clocks)
   SamplingParams sampling;               // how every token was drawn
+  // Under a constraint: the TG phase's tokens really generated (the EOS that ends a
+  // complete output included) and its generations that ended complete.
+  std::optional<int64_t> tg_tokens;
+  int64_t tg_done = 0;
+  std::string constraint;  // BenchConstraint::what(), or empty
 };
+
+// The TG phase's tokens: generated ones under a constraint, else B TG.
+int64_t tg_tokens_of(const Row& r) {
+  return r.tg_tokens.value_or(r.b * r.tg);
+}
 
 // --clocks: the CUDA device's clock and power through a row's TG phase.
 class PowerProbe {
@@ -151,22 +167,68 @@ class PowerProbe {
   std::unique_ptr<DevicePowerProbe> device_;
 };
 
+// What a phase's generations produced under a constraint: each session's tokens and
+// processor.
+struct PhaseOutputs {
+  std::vector<std::vector<Token>> tokens;
+  std::vector<std::shared_ptr<GrammarLogitsProcessor>> processors;
+};
+
 // Runs one generation of each session concurrently (session i draws with seed `seed` +
-// i) and returns the wall time in seconds.
+// i) and returns the wall time in seconds. With `constraint`, each generation gets its
+// own processor, stops at the vocabulary's EOS ids, and `outputs` receives its tokens.
 double run_phase(std::vector<Session>& sessions, const std::vector<std::vector<Token>>& deltas,
-                 GenConfig config, uint64_t seed, std::string& error) {
+                 GenConfig config, uint64_t seed, std::string& error,
+                 const BenchConstraint* constraint = nullptr, PhaseOutputs* outputs = nullptr) {
+  const size_t n = sessions.size();
+  if (outputs != nullptr) {
+    outputs->tokens.assign(n, {});
+    outputs->processors.assign(n, nullptr);
+  }
+  if (constraint != nullptr) config.stop_tokens = constraint->eos_ids();
   const int64_t t0 = now_us();
   std::vector<GenerationHandle> handles;
-  handles.reserve(sessions.size());
-  for (size_t i = 0; i < sessions.size(); ++i) {
+  handles.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
     config.seed = seed + i;
-    handles.push_back(sessions[i].generate_async(deltas[i], config, nullptr));
+    GenerationCallback on_update;
+    if (constraint != nullptr) {
+      std::shared_ptr<GrammarLogitsProcessor> processor = constraint->make_processor();
+      config.processor = processor;
+      if (outputs != nullptr) {
+        outputs->processors[i] = processor;
+        std::vector<Token>* tokens = &outputs->tokens[i];
+        on_update = [tokens](const GenerationUpdate& u) {
+          tokens->insert(tokens->end(), u.tokens.begin(), u.tokens.end());
+        };
+      }
+    }
+    handles.push_back(sessions[i].generate_async(deltas[i], config, std::move(on_update)));
   }
   for (GenerationHandle& h : handles) {
     h.wait();
     if (h.finish_reason() == FinishReason::kFailed && error.empty()) error = h.error_message();
   }
   return static_cast<double>(now_us() - t0) / 1e6;
+}
+
+// Appends the TG phase's generations of `row` to --outputs' file, one JSON line each.
+Status write_outputs(const BenchConstraint& c, const Row& row, const PhaseOutputs& outputs) {
+  if (c.outputs_path().empty()) return Status::Ok();
+  std::ofstream out(c.outputs_path(), std::ios::app);
+  for (size_t i = 0; i < outputs.tokens.size(); ++i) {
+    const nlohmann::json line = {{"pp", row.pp},
+                                 {"tg", row.tg},
+                                 {"b", row.b},
+                                 {"session", i},
+                                 {"tokens", outputs.tokens[i].size()},
+                                 {"done", BenchConstraint::ended(*outputs.processors[i])},
+                                 {"text", c.text_of(outputs.tokens[i])}};
+    // A generation cut by -ntg may end inside a UTF-8 sequence.
+    out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  if (!out) return IoError("--outputs: writing '" + c.outputs_path() + "' failed");
+  return Status::Ok();
 }
 
 // Bytes one decode step must read: every weight but the embedding table (the
@@ -180,7 +242,7 @@ double weight_bytes_per_step(const ModelWeights& w) {
 Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const EngineOptions& options,
                       int64_t pp, int64_t tg, int64_t b, uint64_t seed,
                       const SamplingParams& sampling, std::optional<double> peak_gbs,
-                      PowerProbe* power) {
+                      PowerProbe* power, const BenchConstraint* constraint, bool warm_up = false) {
   CELLM_ASSIGN_OR_RETURN(Engine engine,
                          Engine::create(model, options_for(options, b, pp + tg + 2)));
   Runner& runner = engine.runner();
@@ -204,14 +266,31 @@ Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const Eng
   GenConfig config;  // no stop tokens
   config.sampling = sampling;
   std::string error;
-  Row row{pp, tg, b, b * (pp + tg), 0, 0, std::nullopt, std::nullopt, std::nullopt, sampling};
+  Row row;
+  row.pp = pp;
+  row.tg = tg;
+  row.b = b;
+  row.n_kv = b * (pp + tg);
+  row.sampling = sampling;
   config.max_new_tokens = 1;
-  row.t_pp = run_phase(sessions, prompts, config, seed, error);
+  row.t_pp = run_phase(sessions, prompts, config, seed, error, constraint);
   config.max_new_tokens = static_cast<int32_t>(tg);
+  PhaseOutputs outputs;
   if (power != nullptr) power->start();
-  row.t_tg = run_phase(sessions, nexts, config, seed, error);
+  row.t_tg = run_phase(sessions, nexts, config, seed, error, constraint, &outputs);
   if (power != nullptr) row.power = power->stop();
   if (!error.empty()) return Internal("a generation failed: " + error);
+  if (constraint != nullptr) {
+    int64_t generated = 0;
+    for (size_t i = 0; i < outputs.tokens.size(); ++i) {
+      generated += static_cast<int64_t>(outputs.tokens[i].size());
+      if (BenchConstraint::ended(*outputs.processors[i])) ++row.tg_done;
+    }
+    row.tg_tokens = generated;
+    row.constraint = constraint->what();
+    row.n_kv = b * pp + generated;
+    if (!warm_up) CELLM_RETURN_IF_ERROR(write_outputs(*constraint, row, outputs));
+  }
   row.steps = engine.step_time_report();
   if (peak_gbs) {
     // The floor of the TG phase: TG steps, each reading the weights once and
@@ -227,17 +306,17 @@ Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const Eng
   return row;
 }
 
-void print_header(bool with_floor, bool with_steps, bool with_clocks) {
+void print_header(bool with_floor, bool with_steps, bool with_clocks, bool with_constraint) {
   std::printf(
       "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |"
-      "      T s |    S t/s |%s%s%s\n",
-      with_floor ? " TG_BW% |" : "", with_steps ? " step ms |  dev ms |" : "",
-      with_clocks ? " TG MHz |   TG W | capped |" : "");
+      "      T s |    S t/s |%s%s%s%s\n",
+      with_constraint ? "    gen |  done |" : "", with_floor ? " TG_BW% |" : "",
+      with_steps ? " step ms |  dev ms |" : "", with_clocks ? " TG MHz |   TG W | capped |" : "");
   std::printf(
       "|-------|--------|------|--------|----------|----------|----------|----------|"
-      "----------|----------|%s%s%s\n",
-      with_floor ? "--------|" : "", with_steps ? "---------|---------|" : "",
-      with_clocks ? "--------|--------|--------|" : "");
+      "----------|----------|%s%s%s%s\n",
+      with_constraint ? "--------|-------|" : "", with_floor ? "--------|" : "",
+      with_steps ? "---------|---------|" : "", with_clocks ? "--------|--------|--------|" : "");
 }
 
 void print_row(const Row& r) {
@@ -246,7 +325,11 @@ void print_row(const Row& r) {
               static_cast<long long>(r.pp), static_cast<long long>(r.tg),
               static_cast<long long>(r.b), static_cast<long long>(r.n_kv), r.t_pp,
               static_cast<double>(r.b * r.pp) / r.t_pp, r.t_tg,
-              static_cast<double>(r.b * r.tg) / r.t_tg, t, static_cast<double>(r.n_kv) / t);
+              static_cast<double>(tg_tokens_of(r)) / r.t_tg, t, static_cast<double>(r.n_kv) / t);
+  if (r.tg_tokens) {
+    std::printf(" %6lld | %5lld |", static_cast<long long>(*r.tg_tokens),
+                static_cast<long long>(r.tg_done));
+  }
   if (r.floor_fraction) std::printf(" %5.1f%% |", 100.0 * *r.floor_fraction);
   if (r.steps && r.steps->decode_steps > 0) {
     const auto n = static_cast<double>(r.steps->decode_steps);
@@ -270,11 +353,16 @@ void print_json(const Row& r, const std::string& device) {
                       {"t_pp", r.t_pp},
                       {"speed_pp", static_cast<double>(r.b * r.pp) / r.t_pp},
                       {"t_tg", r.t_tg},
-                      {"speed_tg", static_cast<double>(r.b * r.tg) / r.t_tg},
+                      {"speed_tg", static_cast<double>(tg_tokens_of(r)) / r.t_tg},
                       {"t", t},
                       {"speed", static_cast<double>(r.n_kv) / t},
                       {"sampling", describe_sampling(r.sampling)}};
   if (!device.empty()) j["device"] = device;
+  if (r.tg_tokens) {
+    j["tg_tokens"] = *r.tg_tokens;
+    j["tg_done"] = r.tg_done;
+    j["constraint"] = r.constraint;
+  }
   if (r.floor_fraction) j["tg_floor_fraction"] = *r.floor_fraction;
   add_step_json(j, r.steps);
   if (r.power) {
@@ -315,7 +403,8 @@ int run_bench(int argc, const char* const* argv) {
   const std::string cmd = "cellm bench";
   if (wants_help(argc, argv)) {
     std::printf("%s", format_help("cellm bench (--model DIR | --preset NAME) -npp 128,512 -ntg 128 "
-                                  "-npl 1,16,64 [--executor cpu|cuda] [--json]",
+                                  "-npl 1,16,64 [--executor cpu|cuda] [--json] [--json-schema FILE "
+                                  "--tokenizer DIR]",
                                   "Measures prefill (PP) and decode (TG) throughput with B "
                                   "concurrent sessions through the Runner, with the columns of "
                                   "llama.cpp's llama-batched-bench.",
@@ -412,6 +501,10 @@ int run_bench(int argc, const char* const* argv) {
   if (!model_or.ok()) return fail(cmd, model_or.status());
   const std::shared_ptr<const LoadedModel> model = *model_or;
   print_weights_summary(*model);
+  Result<std::optional<BenchConstraint>> constraint_or = BenchConstraint::from_flags(
+      *args, args->get("model").value_or(""), model->weights->config().vocab_size());
+  if (!constraint_or.ok()) return fail(cmd, constraint_or.status());
+  const BenchConstraint* constraint = constraint_or->has_value() ? &**constraint_or : nullptr;
 
   options.limits.step_width = static_cast<int32_t>(*step_width);
   options.cpu.num_threads = static_cast<int32_t>(*threads);
@@ -431,6 +524,12 @@ int run_bench(int argc, const char* const* argv) {
         static_cast<double>(model->weights->total_bytes()) / 1e9, to_string(*kind),
         device.empty() ? "" : " on ", device.c_str(), options.limits.step_width,
         describe_sampling(*sampling).c_str());
+    if (constraint != nullptr) {
+      // What every generation is held to, and the rules it compiled to.
+      std::printf("constraint %s over the vocabulary of %s (%zu ids); grammar:\n%s\n",
+                  constraint->what().c_str(), constraint->tokenizer_dir().c_str(),
+                  constraint->vocab_size(), constraint->gbnf().c_str());
+    }
   }
   std::vector<std::string> startups;  // per executor: "B=b x.x s"
   const auto note_startup = [&](const char* what, int64_t b, const Row& row) {
@@ -448,7 +547,9 @@ int run_bench(int argc, const char* const* argv) {
     startups.push_back(note);
   };
   // Warm-up: threads, page faults, allocator (and, on CUDA, the B = 1 GEMMs' tuning).
-  Result<Row> warm = bench_one(model, options, 8, 4, 1, 0, *sampling, std::nullopt, nullptr);
+  Result<Row> warm =
+      bench_one(model, options, 8, 4, 1, 0, *sampling, std::nullopt, nullptr, constraint,
+                /*warm_up=*/true);
   if (!warm.ok()) return fail(cmd, warm.status());
   note_startup("warm-up ", 1, *warm);
   const bool with_steps = options.cuda.time_steps && *kind == ExecutorKind::kCuda;
@@ -479,13 +580,15 @@ int run_bench(int argc, const char* const* argv) {
     }
     return 0;
   }
-  if (!json) print_header(peak_gbs.has_value(), with_steps, power != nullptr);
+  if (!json) {
+    print_header(peak_gbs.has_value(), with_steps, power != nullptr, constraint != nullptr);
+  }
   double power_limit_w = 0;
   for (int64_t pp : *npp) {
     for (int64_t tg : *ntg) {
       for (int64_t b : *npl) {
         Result<Row> row = bench_one(model, options, pp, tg, b, static_cast<uint64_t>(*seed),
-                                    *sampling, peak_gbs, power.get());
+                                    *sampling, peak_gbs, power.get(), constraint);
         if (!row.ok()) return fail(cmd, row.status());
         note_startup("", b, *row);
         if (row->power) power_limit_w = row->power->power_limit_watts;
