@@ -17,12 +17,13 @@ usage: bench/gpu.sh COMMAND [ARGS]
   build                 configure and build a Release tree for sm_$ARCH in \$BUILD (installs
                         the Debian build dependencies with tools/install_deps.sh when missing;
                         uses the prefix .deps/ when present, see \`deps\`)
-  test [--all] [--memcheck] [--sanitize]
+  test [--all] [--memcheck]
                         ctest -L 'gpu|cuda' on \$BUILD (tests skip without a GPU); --all runs
                         every other suite as well; --memcheck adds compute-sanitizer memcheck
-                        on the executor and attention tests; --sanitize runs memcheck,
-                        racecheck and synccheck on every executor test (SANITIZE_TESTS: the
-                        test binaries, SANITIZE_FILTER: a gtest filter for all of them)
+                        on the executor and attention tests
+  sanitize              compute-sanitizer memcheck, racecheck and synccheck on every executor
+                        test (SANITIZE_TESTS: the test binaries, SANITIZE_FILTER: a gtest
+                        filter for all of them, SANITIZE_TIMEOUT: seconds a run, default 300)
   bench [PRESET [B,...]] [CELLM BENCH FLAGS...]
                         \`cellm bench --executor cuda --step-times --peak-bandwidth \$PEAK_GBS\`
                         with -npp 128 -ntg 128 unless the flags give -npp; no PRESET runs
@@ -90,12 +91,11 @@ cmd_build() {
 }
 
 cmd_test() {
-  local all=0 memcheck=0 sanitize=0 out rc=0
+  local all=0 memcheck=0 out rc=0
   while [ $# -gt 0 ]; do
     case $1 in
       --all) all=1 ;;
       --memcheck) memcheck=1 ;;
-      --sanitize) sanitize=1 ;;
       *) echo "gpu.sh test: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -122,17 +122,16 @@ cmd_test() {
       echo "memcheck $t: exit $e ($(grep -c 'Invalid' "$out/memcheck_$t.log") invalid accesses)"
     done
   fi
-  if [ $sanitize = 1 ]; then
-    sanitize_executor_tests "$out" || rc=1
-  fi
   return $rc
 }
 
 # compute-sanitizer's memcheck, racecheck and synccheck over the executor tests (the
 # tests that run whole steps: graphs, overlap, processors, the prefix cache), each
 # tool on each test binary; a report or a non-zero exit fails it. One line a run.
-sanitize_executor_tests() {
-  local out=$1 rc=0 t tool e
+cmd_sanitize() {
+  need_build
+  local out rc=0 t tool e
+  out=$(out_dir)
   local tests=${SANITIZE_TESTS:-"cuda_cuda_executor_test cuda_cuda_runner_test cuda_cuda_prefix_test cuda_cuda_logits_processor_test cuda_overlap_decode_test cuda_cuda_gguf_test"}
   local filter=()
   [ -n "${SANITIZE_FILTER:-}" ] && filter=(--gtest_filter="$SANITIZE_FILTER")
@@ -250,7 +249,7 @@ cmd_deps() {
 }
 
 case ${1:-} in
-  build | test | bench | profile | deps)
+  build | test | sanitize | bench | profile | deps)
     command=$1
     shift
     "cmd_$command" "$@"
