@@ -36,6 +36,10 @@ class ThreadPool;
 struct CpuExecutorOptions {
   int32_t initial_cells = 256;  // KV rows allocated at first; grows geometrically
   int32_t num_threads = 0;      // kernel threads; 0 = every hardware thread
+  // bf16 weights: round each product's activations to bf16 and use AVX-512 BF16 dot
+  // products where the CPU has them (llama.cpp's numerics, faster); false keeps every
+  // product exact in f32 (see cpu/cpu_forward.h).
+  bool bf16_activations = false;
 };
 
 class CpuExecutor final : public Executor {

@@ -137,7 +137,8 @@ CpuExecutor::CpuExecutor(std::shared_ptr<const ModelWeights> weights, const Exec
   threads_ = std::make_unique<cpu::ThreadPool>(options_.num_threads);
   kv_ = std::make_unique<cpu::KvStore>(c.num_layers(), c.kv_dim(), limits_.max_cells,
                                        options_.initial_cells);
-  forward_ = std::make_unique<cpu::CpuForward>(weights_, *threads_, limits_.step_width);
+  forward_ = std::make_unique<cpu::CpuForward>(weights_, *threads_, limits_.step_width,
+                                               options_.bf16_activations);
 }
 
 CpuExecutor::~CpuExecutor() = default;

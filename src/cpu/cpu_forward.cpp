@@ -10,6 +10,7 @@
 #include "cpu/kernels/matmul.h"
 #include "cpu/kernels/rmsnorm.h"
 #include "cpu/kernels/rope.h"
+#include "cpu/quant/bf16_dot_matmul.h"
 #include "cpu/quant/block_formats.h"
 #include "cpu/quant/quant_matmul.h"
 #include "model/rope.h"
@@ -31,17 +32,6 @@ quant::QuantWeights quant_weights(const TensorView& w) {
           w.shape[1]};
 }
 
-// y = x · Wᵀ (+ bias): block-format weights through quant_matmul (activations
-// quantized to 8 bits), every other weight through cpu::matmul unchanged.
-void linear(ThreadPool& pool, const float* x, int64_t m, int64_t k, const TensorView& w, int64_t n,
-            TypedPtr bias, float* y) {
-  if (w.block_type) {
-    quant::quant_matmul(pool, x, m, quant_weights(w), bias, y);
-  } else {
-    matmul(pool, x, m, k, typed(w), n, bias, y);
-  }
-}
-
 // out[i, :] = the embedding rows of tokens[i], dequantized from their blocks.
 void embedding_gather_blocks(const TensorView& table, std::span<const Token> tokens, float* out) {
   const quant::QuantWeights w = quant_weights(table);
@@ -57,8 +47,11 @@ void embedding_gather_blocks(const TensorView& table, std::span<const Token> tok
 }  // namespace
 
 CpuForward::CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool,
-                       int64_t max_rows)
-    : weights_(std::move(weights)), pool_(pool), max_rows_(max_rows) {
+                       int64_t max_rows, bool bf16_activations)
+    : weights_(std::move(weights)),
+      pool_(pool),
+      max_rows_(max_rows),
+      bf16_dot_(bf16_activations && quant::bf16_dot_supported()) {
   CELLM_CHECK(max_rows > 0);
   const ModelConfig& c = weights_->config();
   inv_freq_ = rope_inv_freq_for(c);
@@ -72,6 +65,26 @@ CpuForward::CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& 
   v_.resize(rows * c.kv_dim());
   gate_.resize(rows * c.intermediate_size());
   up_.resize(rows * c.intermediate_size());
+}
+
+// y = x · Wᵀ (+ bias): block-format weights through quant_matmul (activations
+// quantized to 8 bits), bf16 weights through bf16_dot_matmul when asked for (activations
+// rounded to bf16), every other weight through cpu::matmul unchanged (exact products).
+void CpuForward::linear(const float* x, int64_t m, int64_t k, const TensorView& w, int64_t n,
+                        TypedPtr bias, float* y) {
+  if (w.block_type) {
+    quant::quant_matmul(pool_, x, m, quant_weights(w), bias, y);
+  } else if (bf16_dot_ && w.dtype == DType::kBF16) {
+    quant::bf16_dot_matmul(pool_, x, m, k, static_cast<const uint16_t*>(w.data), n, y);
+    if (bias.data != nullptr) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float b = load_as_f32(bias.data, bias.dtype, j);
+        for (int64_t i = 0; i < m; ++i) y[i * n + j] += b;
+      }
+    }
+  } else {
+    matmul(pool_, x, m, k, typed(w), n, bias, y);
+  }
 }
 
 void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> logits) {
@@ -100,11 +113,10 @@ void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> lo
   }
   rmsnorm(pool_, h_.data(), n_sel, d, typed(weights_->final_norm()),
           static_cast<float>(c.rms_norm_eps()), h_.data());
-  if (weights_->lm_head().block_type) {
+  if (weights_->lm_head().block_type || (bf16_dot_ && weights_->lm_head().dtype == DType::kBF16)) {
     // h_ holds exactly the selected rows, in order.
     if (n_sel > 0) {
-      quant::quant_matmul(pool_, h_.data(), n_sel, quant_weights(weights_->lm_head()), TypedPtr{},
-                          logits.data());
+      linear(h_.data(), n_sel, d, weights_->lm_head(), c.vocab_size(), TypedPtr{}, logits.data());
     }
     return;
   }
@@ -123,9 +135,9 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
 
   // Attention block.
   rmsnorm(pool_, x_.data(), n, d, typed(w.input_norm), eps, h_.data());
-  linear(pool_, h_.data(), n, d, w.q_proj, c.q_dim(), typed(w.q_bias), q_.data());
-  linear(pool_, h_.data(), n, d, w.k_proj, c.kv_dim(), typed(w.k_bias), k_.data());
-  linear(pool_, h_.data(), n, d, w.v_proj, c.kv_dim(), typed(w.v_bias), v_.data());
+  linear(h_.data(), n, d, w.q_proj, c.q_dim(), typed(w.q_bias), q_.data());
+  linear(h_.data(), n, d, w.k_proj, c.kv_dim(), typed(w.k_bias), k_.data());
+  linear(h_.data(), n, d, w.v_proj, c.kv_dim(), typed(w.v_bias), v_.data());
   if (c.qk_norm()) {
     rmsnorm(pool_, q_.data(), n * c.num_heads(), hd, typed(w.q_norm), eps, q_.data());
     rmsnorm(pool_, k_.data(), n * c.num_kv_heads(), hd, typed(w.k_norm), eps, k_.data());
@@ -148,15 +160,15 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
   args.window = static_cast<int32_t>(c.window(l));
   args.out = attn_.data();
   attention(pool_, args);
-  linear(pool_, attn_.data(), n, c.q_dim(), w.o_proj, d, typed(w.o_bias), o_.data());
+  linear(attn_.data(), n, c.q_dim(), w.o_proj, d, typed(w.o_bias), o_.data());
 
   // MLP block: x += o, h = rmsnorm(x) fused.
   add_rmsnorm(pool_, x_.data(), o_.data(), n, d, typed(w.post_attention_norm), eps, h_.data());
   const int64_t ff = c.intermediate_size();
-  linear(pool_, h_.data(), n, d, w.gate_proj, ff, TypedPtr{}, gate_.data());
-  linear(pool_, h_.data(), n, d, w.up_proj, ff, TypedPtr{}, up_.data());
+  linear(h_.data(), n, d, w.gate_proj, ff, TypedPtr{}, gate_.data());
+  linear(h_.data(), n, d, w.up_proj, ff, TypedPtr{}, up_.data());
   silu_mul(pool_, gate_.data(), up_.data(), n * ff, gate_.data());
-  linear(pool_, gate_.data(), n, ff, w.down_proj, d, TypedPtr{}, o_.data());
+  linear(gate_.data(), n, ff, w.down_proj, d, TypedPtr{}, o_.data());
   for (int64_t i = 0; i < n * d; ++i) x_[static_cast<size_t>(i)] += o_[static_cast<size_t>(i)];
 }
 

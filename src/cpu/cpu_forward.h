@@ -11,6 +11,13 @@
 //   x += down(silu(rmsnorm(x)·Wgᵀ) * (rmsnorm(x)·Wuᵀ))
 // then logits = rmsnorm(x[selected]) · lm_headᵀ.
 //
+// Products with bf16 weights: by default exact (W widened to f32, activations
+// kept f32: logits match an f32 reference to ~1e-5). With bf16_activations, and a
+// CPU with AVX-512 BF16, each product's activations are rounded to bf16 once and
+// multiplied by vdpbf16ps (quant::bf16_dot_matmul: llama.cpp's numerics for bf16
+// weights, up to twice the multiply-adds per cycle; each product carries x's
+// rounding, at most 2^-8 relative). Without the instructions the flag does nothing.
+//
 // Thread-safety: none; one forward at a time (the executor's engine thread).
 #pragma once
 
@@ -22,6 +29,7 @@
 #include "cellm/model_weights.h"
 #include "cellm/types.h"
 #include "core/cell_pool.h"
+#include "cpu/kernels/convert.h"
 #include "cpu/kernels/thread_pool.h"
 #include "cpu/kv_store.h"
 
@@ -40,7 +48,8 @@ struct ForwardSlice {
 class CpuForward {
  public:
   // REQUIRES: max_rows > 0. `weights` must outlive this object.
-  CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool, int64_t max_rows);
+  CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool, int64_t max_rows,
+             bool bf16_activations = false);
 
   // Runs the forward and writes logits [selected_rows.size(), vocab] into `logits`.
   // REQUIRES: slice sizes agree, n <= max_rows, cells < kv.rows(), tokens in vocab.
@@ -48,10 +57,14 @@ class CpuForward {
 
  private:
   void layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore& kv);
+  // y = x · Wᵀ (+ bias) for a linear weight in any layout this forward reads.
+  void linear(const float* x, int64_t m, int64_t k, const TensorView& w, int64_t n, TypedPtr bias,
+              float* y);
 
   std::shared_ptr<const ModelWeights> weights_;
   ThreadPool& pool_;
   int64_t max_rows_;
+  bool bf16_dot_;                // bf16 weights go through quant::bf16_dot_matmul
   std::vector<float> inv_freq_;  // [rotary_dim / 2]
   // Workspace, sized for max_rows once.
   std::vector<float> x_;     // [n, hidden] the residual stream

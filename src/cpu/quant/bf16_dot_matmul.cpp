@@ -96,7 +96,9 @@ void to_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t*
   }
 }
 
-template <int MR>
+// kPrefetch: the first block of x rows to meet a W tile streams it from memory, so
+// it asks for the rows two tiles ahead; later blocks find W in L2 already.
+template <int MR, bool kPrefetch>
 void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
   const uint16_t* w[kNr];
   for (int j = 0; j < kNr; ++j) w[j] = a.w + (j0 + (j < nr ? j : nr - 1)) * a.k;
@@ -110,9 +112,11 @@ void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
     for (int j = 0; j < kNr; ++j) {
       // The same line of the row two tiles ahead, into L2 (see matmul.cpp); integer
       // arithmetic, as past W's end the address leaves it.
-      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w[j] + c) +
-                                                 static_cast<uintptr_t>(2 * kNr * a.k * 2)),
-                   _MM_HINT_T1);
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w[j] + c) +
+                                                   static_cast<uintptr_t>(2 * kNr * a.k * 2)),
+                     _MM_HINT_T1);
+      }
       wv[j] =
           as_bf16(full ? _mm512_loadu_si512(w[j] + c) : _mm512_maskz_loadu_epi16(mask, w[j] + c));
     }
@@ -131,23 +135,46 @@ void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
   }
 }
 
+// x rows [i0, i1) against one W tile: 4-row blocks, then the 1-3 rows left.
+template <bool kPrefetch>
+void block_avx512(const Args& a, int64_t i0, int64_t i1, int64_t j, int nr) {
+  int64_t i = i0;
+  for (; i + 4 <= i1; i += 4) tile_avx512<4, kPrefetch>(a, i, j, nr);
+  switch (i1 - i) {
+    case 1:
+      tile_avx512<1, kPrefetch>(a, i, j, nr);
+      break;
+    case 2:
+      tile_avx512<2, kPrefetch>(a, i, j, nr);
+      break;
+    case 3:
+      tile_avx512<3, kPrefetch>(a, i, j, nr);
+      break;
+    default:
+      break;
+  }
+}
+
+// Rows of x per pass over a W chunk: kMb bf16 rows of k <= 768 are <= 36 KiB, so a
+// block stays in L1 while every W tile of the chunk passes over it; kNc W rows of
+// k <= 1,536 are <= 384 KiB, so the chunk stays in L2 for every block after the
+// first (which streams it from memory).
+constexpr int64_t kMb = 24;
+constexpr int64_t kNc = 128;
+
 void rows_avx512(const Args& a, int64_t j0, int64_t j1) {
-  for (int64_t j = j0; j < j1; j += kNr) {
-    const int nr = static_cast<int>(std::min<int64_t>(kNr, j1 - j));
-    int64_t i = 0;
-    for (; i + 4 <= a.m; i += 4) tile_avx512<4>(a, i, j, nr);
-    switch (a.m - i) {
-      case 1:
-        tile_avx512<1>(a, i, j, nr);
-        break;
-      case 2:
-        tile_avx512<2>(a, i, j, nr);
-        break;
-      case 3:
-        tile_avx512<3>(a, i, j, nr);
-        break;
-      default:
-        break;
+  for (int64_t jc = j0; jc < j1; jc += kNc) {
+    const int64_t je = std::min(j1, jc + kNc);
+    for (int64_t ib = 0; ib < a.m; ib += kMb) {
+      const int64_t ie = std::min(a.m, ib + kMb);
+      for (int64_t j = jc; j < je; j += kNr) {
+        const int nr = static_cast<int>(std::min<int64_t>(kNr, je - j));
+        if (ib == 0) {
+          block_avx512<true>(a, ib, ie, j, nr);
+        } else {
+          block_avx512<false>(a, ib, ie, j, nr);
+        }
+      }
     }
   }
 }
