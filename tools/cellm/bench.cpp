@@ -62,6 +62,7 @@ const std::vector<FlagSpec> kFlags = [] {
       {
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
           weights_flag(),
+          bf16_activations_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"no-pdl", "",
            "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
@@ -508,6 +509,7 @@ int run_bench(int argc, const char* const* argv) {
 
   options.limits.step_width = static_cast<int32_t>(*step_width);
   options.cpu.num_threads = static_cast<int32_t>(*threads);
+  options.cpu.bf16_activations = args->has("bf16-activations");
   if (Status s = read_cuda_flags(*args, options.cuda); !s.ok()) return fail(cmd, s);
   const bool json = args->has("json");
   // Which GPU ran (several devices of one kind differ by a percent or so).

@@ -32,6 +32,9 @@ Result<ExecutorKind> parse_executor_flag(const Args& args);
 // anything loads. Without --executor, such a format sets `executor` to the CPU one.
 FlagSpec weights_flag();
 Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor);
+// --bf16-activations: the CPU executor's bf16 products round the activations to bf16
+// (CpuExecutorOptions::bf16_activations): faster where the CPU has AVX-512 BF16, not exact.
+FlagSpec bf16_activations_flag();
 // Prints LoadedModel::weights_summary to stderr when --weights did something.
 void print_weights_summary(const LoadedModel& model);
 

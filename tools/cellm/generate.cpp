@@ -44,6 +44,7 @@ const std::vector<FlagSpec> kFlags = [] {
           {"threads", "N", "CPU threads; 0 = all (default 0)"},
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
           weights_flag(),
+          bf16_activations_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"report-json", "FILE", "write a JSON report of generations, timing and metrics"},
       });
@@ -244,6 +245,7 @@ int run_generate(int argc, const char* const* argv) {
   limits.step_width =
       static_cast<int32_t>(std::min<int64_t>(*step_width, limits.max_session_tokens));
   options.cpu.num_threads = static_cast<int32_t>(*threads);
+  options.cpu.bf16_activations = args.has("bf16-activations");
   options.cuda.cuda_graph_for_decode = !args.has("no-cuda-graphs");
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t need = static_cast<int64_t>(prompts[i].tokens.size()) + gen.max_new_tokens;

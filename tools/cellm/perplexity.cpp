@@ -39,6 +39,7 @@ const std::vector<FlagSpec> kFlags = {
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     weights_flag(),
+    bf16_activations_flag(),
 };
 
 struct ChunkResult {
@@ -122,6 +123,7 @@ int run_perplexity(int argc, const char* const* argv) {
   limits.max_session_tokens = static_cast<int32_t>(n_ctx + 1);
   limits.step_width = static_cast<int32_t>(std::min<int64_t>(*step_width, n_ctx + 1));
   options.cpu.num_threads = static_cast<int32_t>(*threads);
+  options.cpu.bf16_activations = args.has("bf16-activations");
   Result<Engine> engine = Engine::create(*model_or, options);
   if (!engine.ok()) return fail(cmd, engine.status());
   std::fprintf(stderr, "%s: %zu tokens, %zu chunks of %zu (%s executor)\n", cmd.c_str(),

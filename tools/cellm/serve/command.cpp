@@ -71,6 +71,7 @@ const std::vector<FlagSpec> kFlags = {
     {"port", "N", "TCP port; 0 picks a free one (default 8080)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     weights_flag(),
+    bf16_activations_flag(),
     {"max-sessions", "N", "generations running at once; n choices count n (default 16)"},
     {"max-session-tokens", "N",
      "positions per session, prompt and completion (default: the model's context, capped by "
@@ -155,6 +156,7 @@ struct Flags {
   std::vector<std::string> allowed_origins;
   int32_t step_width = 256;
   int32_t threads = 0;
+  bool bf16_activations = false;
   bool cuda_graphs = true;
   bool overlap_decode = true;
 };
@@ -204,6 +206,7 @@ Result<Flags> read_flags(const Args& args) {
   f.prefix_cache = !args.has("no-prefix-cache");
   f.step_width = static_cast<int32_t>(step_width);
   f.threads = static_cast<int32_t>(threads);
+  f.bf16_activations = args.has("bf16-activations");
   f.cuda_graphs = !args.has("no-cuda-graphs");
   f.overlap_decode = !args.has("no-overlap");
   if (auto key = args.get("api-key")) {
@@ -426,6 +429,7 @@ int run_serve(int argc, const char* const* argv) {
       static_cast<int32_t>(std::min<int64_t>(config.max_position_embeddings(), 1 << 30)));
   options.runner.policy = flags.kv_policy;
   options.cpu.num_threads = flags.threads;
+  options.cpu.bf16_activations = flags.bf16_activations;
   options.cuda.cuda_graph_for_decode = flags.cuda_graphs;
   options.cuda.overlap_decode = flags.overlap_decode;
   // The CPU executor grows its KV storage on demand, so a pool that cannot fit
