@@ -115,8 +115,9 @@ CHAT_TEMPLATE_FREE_MESSAGES = [{"role": "user", "content": "Who made the heaven 
 
 
 def request_bytes(path, body, extra_headers=b""):
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
-            extra_headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    """One request on a connection the server closes after its answer (read to the end)."""
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\n" + extra_headers + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
 
 def read_status(sock):
@@ -162,7 +163,8 @@ def stream_ok(data):
 class Hostile:
     """One request of each kind; each returns (outcome, expected) where outcome is a
     status code or "closed" (the server closed without an answer) and expected the
-    set of acceptable outcome classes ("2xx", "4xx", "closed")."""
+    set of acceptable outcome classes ("2xx", "4xx", "closed"). "error_event" is a
+    200 stream that ended without [DONE] or with an error event (a 5xx in the tally)."""
 
     def __init__(self, host, port, timeout, max_tokens, chat):
         self.host, self.port, self.timeout, self.max_tokens = host, port, timeout, max_tokens
@@ -193,7 +195,7 @@ class Hostile:
     def stream(self, seed):
         status, data = http_post(self.host, self.port, "/v1/completions", self.body(seed, True), self.timeout)
         if status == 200 and not stream_ok(data):
-            return 500, {"2xx"}  # an error event inside a 200 stream counts as a server error
+            return "error_event", {"2xx"}  # a 200 stream that failed: a server error
         return status, {"2xx"}
 
     def malformed(self, seed):
@@ -233,11 +235,13 @@ class Hostile:
             for i in range(0, len(data), step):
                 s.sendall(data[i:i + step])
                 time.sleep(0.1)
-            status = read_status(s)
-            rest = read_to_end(s) if status == 200 and seed % 2 == 0 else b"data: [DONE]"
-        if status == 200 and not stream_ok(rest):
-            return 500, {"2xx"}
-        return ("closed" if status is None else status), {"2xx"}
+            data = read_to_end(s)
+        if not data.startswith(b"HTTP/1."):
+            return "closed", {"2xx"}
+        status = int(data.split(b" ")[1])
+        if status == 200 and seed % 2 == 0 and not stream_ok(data):
+            return "error_event", {"2xx"}
+        return status, {"2xx"}
 
     def slow_read(self, seed):
         """A stream read a few bytes at a time with pauses (a slow consumer)."""
@@ -249,7 +253,7 @@ class Hostile:
             return "closed", {"2xx"}
         status = int(data.split(b" ")[1])
         if status == 200 and not stream_ok(data):
-            return 500, {"2xx"}
+            return "error_event", {"2xx"}
         return status, {"2xx"}
 
     def truncated(self, seed):
@@ -376,7 +380,8 @@ def run_hostile(args, host, port):
         if args.idle:
             time.sleep(args.idle)
         rss = probe.rss_bytes() if alive else 0
-        five = sum(v for k in kinds.values() for o, v in k["outcomes"].items() if o.startswith("5"))
+        five = sum(v for k in kinds.values() for o, v in k["outcomes"].items()
+                   if o.startswith("5") or o == "error_event")
         conn_errors = sum(k["connection_errors"] for k in kinds.values())
         unexpected = sum(k["unexpected"] for k in kinds.values())
         growth = 100.0 * (rss - previous) / previous if previous else float("nan")
