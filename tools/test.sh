@@ -2,7 +2,8 @@
 # Builds cellm and runs the whole test suite:
 #   1. a release build and every test (GPU tests skip without a GPU);
 #   2. the core, model, text, grammar, CPU and tools suites under AddressSanitizer + UndefinedBehaviorSanitizer
-#      (the tools suite runs the sanitized `cellm` command as a child process);
+#      (the tools suite runs the sanitized `cellm` command as a child process), and
+#      the serve fault and memory tests against the sanitized `cellm serve`;
 #   3. the core suite under ThreadSanitizer;
 #   4. the libFuzzer fuzz targets (clang, ASan + UBSan), each fuzzing for
 #      CELLM_FUZZ_SECONDS (default 30) over its seed corpus (the long run, a number
@@ -23,6 +24,22 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCELLM_SANI
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L 'core|model|text|grammar|cpu|tools'
+
+echo "== ASan + UBSan: the serve fault tests against the sanitized cellm"
+# tests/serve/test_faults.py and test_memory.py start the sanitized server: an
+# executor failure, SIGTERM under load, a KV pool that cannot fit, stalled clients,
+# a thousand dropped connections and two short rounds of hostile load. A sanitizer
+# report or a leak at exit makes the server's exit status non-zero, which the
+# tests assert is 0 (test_memory.py's bound on resident memory is left out: a
+# sanitized process's is mostly the sanitizer's).
+if python3 -c "import pytest" 2>/dev/null; then
+  CELLM_BINARY="$PWD/build-asan/cellm" CELLM_SOURCE_DIR="$PWD" CELLM_SANITIZED=1 \
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    python3 -m pytest -q -p no:cacheprovider tests/serve/test_faults.py tests/serve/test_memory.py
+else
+  echo "pytest is not installed: the serve fault tests were not run under ASan" >&2
+  exit 1
+fi
 
 echo "== TSan: core suite"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCELLM_SANITIZE=thread >/dev/null

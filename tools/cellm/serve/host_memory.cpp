@@ -53,7 +53,9 @@ std::optional<int64_t> cgroup_limit() {
   return limit;
 }
 
-int64_t resident_bytes() {
+}  // namespace
+
+int64_t process_resident_bytes() {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
@@ -66,8 +68,6 @@ int64_t resident_bytes() {
   }
   return 0;
 }
-
-}  // namespace
 
 int64_t HostMemory::limit_bytes() const {
   return cgroup_limit_bytes ? std::min(ram_bytes, *cgroup_limit_bytes) : ram_bytes;
@@ -87,7 +87,7 @@ HostMemory read_host_memory() {
   const long page_bytes = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page_bytes > 0) m.ram_bytes = int64_t{pages} * int64_t{page_bytes};
   m.cgroup_limit_bytes = cgroup_limit();
-  m.resident_bytes = resident_bytes();
+  m.resident_bytes = process_resident_bytes();
   return m;
 }
 

@@ -25,6 +25,9 @@ struct HostMemory {
 
 HostMemory read_host_memory();
 
+// This process's resident set now (VmRSS of /proc/self/status), bytes; 0 when unreadable.
+int64_t process_resident_bytes();
+
 using cellm::bytes_text;  // engine.h
 
 }  // namespace cellm::cli
