@@ -36,7 +36,7 @@ usage: bench/peer/llama_cpp.sh LLAMA_CPP_SRC [COMMAND]
   all         (default) build, models, perplexity
 
 The text: the first \$TEXT_BYTES (default 20000) bytes of data/kjv/bible-kjv-4.38.txt.xz,
-unpacked (Genesis 1:1 to 7:20).
+unpacked (Genesis 1:1 to 6:18).
 
 environment: CACHE (made files, default ~/.cache/cellm/peer), PEER_BUILD (llama.cpp build
 tree, default \$CACHE/llama.cpp-build), CELLM (the cellm binary, default build/cellm; build
