@@ -6,7 +6,6 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -134,6 +133,21 @@ TEST(CellmBenchGrammarTest, TheTableNamesTheConstraintAndPrintsTheGrammar) {
   EXPECT_NE(r.out.find("|    gen |  done |"), std::string::npos) << r.out;
 }
 
+// Whether `text` matches [a-z]{3,5} [0-9]{2} (whole) or is a prefix of such a
+// match (written out: std::regex trips -Wmaybe-uninitialized under the sanitizers).
+bool MatchesWordAndNumber(const std::string& text, bool whole) {
+  size_t i = 0;
+  while (i < text.size() && text[i] >= 'a' && text[i] <= 'z') ++i;
+  if (i > 5 || (whole && i < 3)) return false;
+  if (i == text.size()) return !whole;
+  if (text[i] != ' ' || i < 3) return false;
+  size_t digits = 0;
+  for (++i; i < text.size(); ++i, ++digits) {
+    if (text[i] < '0' || text[i] > '9') return false;
+  }
+  return whole ? digits == 2 : digits <= 2;
+}
+
 TEST(CellmBenchGrammarTest, RegexOutputsMatch) {
   testing::TempDir dir;
   const std::string outputs = (dir / "outputs.jsonl").string();
@@ -143,16 +157,14 @@ TEST(CellmBenchGrammarTest, RegexOutputsMatch) {
   ExpectSuccess(r);
   const std::vector<json> generations = ReadLines(outputs);
   ASSERT_EQ(generations.size(), 3u);
-  const std::regex whole("[a-z]{3,5} [0-9]{2}");
-  const std::regex prefix("[a-z]{0,5}( [0-9]{0,2})?");
   for (const json& g : generations) {
     const std::string text = g.at("text").get<std::string>();
     if (g.at("done").get<bool>()) {
-      EXPECT_TRUE(std::regex_match(text, whole)) << g.dump();
+      EXPECT_TRUE(MatchesWordAndNumber(text, /*whole=*/true)) << g.dump();
     } else {
       // Cut by -ntg: a prefix of a match, exactly TG tokens long.
       EXPECT_EQ(g.at("tokens").get<int64_t>(), 12) << g.dump();
-      EXPECT_TRUE(std::regex_match(text, prefix)) << g.dump();
+      EXPECT_TRUE(MatchesWordAndNumber(text, /*whole=*/false)) << g.dump();
     }
   }
 }
