@@ -5,6 +5,7 @@
 // the bound the activations' 8-bit rounding allows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -131,8 +132,10 @@ std::vector<Shape> shapes_for(QuantType t) {
   if (is_k(t)) {
     return {{1, 7, 256}, {2, 9, 512}, {5, 13, 768}, {16, 6, 256}, {17, 5, 1536}, {1, 203, 512}};
   }
-  return {{1, 5, 32},   {1, 9, 576},    {3, 13, 96},  {4, 8, 64},
-          {16, 7, 576}, {17, 10, 1536}, {1, 203, 576}};
+  // m >= 8 goes through the 512-bit path's packed weight tiles: 11 and 35 leave
+  // 3 rows after the tiles of 4, 33 one, 8 none.
+  return {{1, 5, 32},   {1, 9, 576}, {3, 13, 96},    {4, 8, 64},    {8, 4, 64},   {11, 9, 96},
+          {16, 7, 576}, {33, 6, 32}, {17, 10, 1536}, {35, 37, 576}, {1, 203, 576}};
 }
 
 TEST(QuantMatmulTest, EveryVectorPathMatchesItsScalarTwinOnEveryType) {
@@ -159,6 +162,47 @@ TEST(QuantMatmulTest, EveryVectorPathMatchesItsScalarTwinOnEveryType) {
     }
   }
   std::printf("vector paths checked: %d\n", paths);
+}
+
+// The vector quantizer writes every byte the scalar one does, on every format:
+// random rows, an all-zero block, a block with exact .5 ties, huge and tiny values.
+TEST(QuantMatmulTest, VectorActivationQuantizerMatchesItsScalarTwinByteForByte) {
+  if (!isa_supported(QuantIsa::kAvx512Vnni)) {
+    std::printf("[ skipped  ] avx512-vnni: not on this CPU\n");
+    return;
+  }
+  std::mt19937 rng(5);
+  int rows = 0;
+  for (const int64_t k : {int64_t{32}, int64_t{64}, int64_t{96}, int64_t{256}, int64_t{576},
+                          int64_t{768}, int64_t{1536}}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      std::vector<float> x = cpu::testing::random_floats(rng, k, -3.0f, 3.0f);
+      if (variant == 1) std::fill(x.begin(), x.begin() + 32, 0.0f);
+      if (variant == 2) {
+        // max 127: every value's product is itself, so the k + 0.5 ties round to even.
+        for (int64_t l = 0; l < k; ++l)
+          x[l] = l % 32 == 0 ? 127.0f : static_cast<float>(l % 7) - 2.5f;
+      }
+      if (variant == 3) {
+        for (int64_t l = 0; l < k; ++l) x[l] *= l % 2 == 0 ? 1e30f : 1e-30f;
+      }
+      for (const ActFormat f : {ActFormat::kBlock32, ActFormat::kPair64, ActFormat::kBlockK}) {
+        if (f == ActFormat::kBlockK && k % kBlockK != 0) continue;
+        for (const int offset : {0, 8, 16, 128}) {
+          const auto bytes = static_cast<size_t>(act_row_bytes(f, k));
+          std::vector<uint8_t> want(bytes, 0xAB), got(bytes, 0xCD);
+          quantize_activations(x.data(), k, f, offset, want.data());
+          quantize_activations_avx512(x.data(), k, f, offset, got.data());
+          for (size_t b = 0; b < bytes; ++b) {
+            ASSERT_EQ(got[b], want[b]) << "k=" << k << " variant=" << variant
+                                       << " format=" << static_cast<int>(f) << " byte " << b;
+          }
+          ++rows;
+        }
+      }
+    }
+  }
+  std::printf("rows compared: %d\n", rows);
 }
 
 TEST(QuantMatmulTest, TheScalarTwinIsTheDotOfTheDequantizedOperands) {

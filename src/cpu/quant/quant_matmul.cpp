@@ -180,7 +180,12 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
   uint8_t* const act_data = act.data();
   const auto quantize_rows = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      quantize_activations(x + i * w.cols, w.cols, format, offset, act_data + i * act_bytes);
+      if (isa == QuantIsa::kAvx512Vnni) {
+        quantize_activations_avx512(x + i * w.cols, w.cols, format, offset,
+                                    act_data + i * act_bytes);
+      } else {
+        quantize_activations(x + i * w.cols, w.cols, format, offset, act_data + i * act_bytes);
+      }
     }
   };
   if (m * w.cols >= (int64_t{1} << 15)) {

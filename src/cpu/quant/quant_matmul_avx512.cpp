@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/quant/isa_target.h"
 #include "cpu/quant/quant_kernels.h"
@@ -32,12 +33,94 @@ constexpr int kMr = 4;
 #include "cpu/quant/quant_matmul_simd.inc"
 #undef CELLM_QUANT_VNNI
 
+// quantize_activations' arithmetic, 16 values per step: the same max |x|, the same
+// f32 products x * (127 / max) rounded to nearest even (vcvtps2dq in the default
+// rounding mode is nearbyint), so every byte equals the scalar twin's.
+
+// The 32 values at x into q; returns the block's scale d.
+inline float quantize32(const float* x, int8_t* q) {
+  const __m512 a = _mm512_loadu_ps(x);
+  const __m512 b = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float d = amax / 127.0f;
+  const __m512 id = _mm512_set1_ps(d == 0.0f ? 0.0f : 127.0f / amax);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q),
+                   _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, id))));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
+                   _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, id))));
+  return d;
+}
+
+void quantize_pairs(const float* x, int64_t k, int offset, uint8_t* out) {
+  const int64_t blocks = k / kBlock32;
+  for (int64_t p = 0; p < (blocks + 1) / 2; ++p) {
+    uint8_t* pair = out + p * static_cast<int64_t>(sizeof(ActPair64));
+    std::memset(pair, 0, sizeof(ActPair64));  // an odd last block's upper half stays zero
+    for (int h = 0; h < 2 && 2 * p + h < blocks; ++h) {
+      auto* qs = reinterpret_cast<int8_t*>(pair + offsetof(ActPair64, qs)) + 32 * h;
+      const float d = quantize32(x + (2 * p + h) * kBlock32, qs);
+      // Sums of 4 consecutive quants, one per lane.
+      const __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
+                                              _mm256_loadu_si256(reinterpret_cast<__m256i*>(qs)));
+      _mm256_storeu_ps(reinterpret_cast<float*>(pair + offsetof(ActPair64, d)) + 8 * h,
+                       _mm256_set1_ps(d));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pair + offsetof(ActPair64, offset) + 32 * h),
+                          _mm256_mullo_epi32(sum, _mm256_set1_epi32(-offset)));
+      _mm256_storeu_ps(reinterpret_cast<float*>(pair + offsetof(ActPair64, sums)) + 8 * h,
+                       _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum)));
+    }
+  }
+}
+
+void quantize_blocks32(const float* x, int64_t k, uint8_t* out) {
+  for (int64_t b = 0; b < k / kBlock32; ++b) {
+    ActBlock32 blk;
+    blk.d = quantize32(x + b * kBlock32, blk.qs);
+    std::memcpy(out + b * static_cast<int64_t>(sizeof(blk)), &blk, sizeof(blk));
+  }
+}
+
+void quantize_blocks_k(const float* x, int64_t k, uint8_t* out) {
+  for (int64_t b = 0; b < k / kBlockK; ++b) {
+    const float* xb = x + b * kBlockK;
+    __m512 m = _mm512_setzero_ps();
+    for (int l = 0; l < kBlockK; l += 16)
+      m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + l)));
+    const float amax = _mm512_reduce_max_ps(m);
+    BlockQ8_K blk;
+    blk.d = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(blk.d == 0.0f ? 0.0f : 127.0f / amax);
+    for (int g = 0; g < 16; ++g) {
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * g), id));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(blk.qs + 16 * g), _mm512_cvtsepi32_epi8(q));
+      blk.bsums[g] = static_cast<int16_t>(_mm512_reduce_add_epi32(q));
+    }
+    std::memcpy(out + b * static_cast<int64_t>(sizeof(blk)), &blk, sizeof(blk));
+  }
+}
+
 CELLM_TARGET_END
 
 }  // namespace
 
 QuantKernel avx512_vnni_kernel(QuantType t) {
   return kernel_for(t);
+}
+
+void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, int offset,
+                                 void* out) {
+  auto* bytes = static_cast<uint8_t*>(out);
+  switch (format) {
+    case ActFormat::kPair64:
+      quantize_pairs(x, k, offset, bytes);
+      return;
+    case ActFormat::kBlock32:
+      quantize_blocks32(x, k, bytes);
+      return;
+    case ActFormat::kBlockK:
+      quantize_blocks_k(x, k, bytes);
+      return;
+  }
 }
 
 }  // namespace cellm::cpu::quant
@@ -47,6 +130,10 @@ QuantKernel avx512_vnni_kernel(QuantType t) {
 namespace cellm::cpu::quant {
 QuantKernel avx512_vnni_kernel(QuantType) {
   return nullptr;
+}
+void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, int offset,
+                                 void* out) {
+  quantize_activations(x, k, format, offset, out);
 }
 }  // namespace cellm::cpu::quant
 
