@@ -25,16 +25,7 @@
 #include "cpu/quant/cpu_features.h"
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 headers trip its own -Wuninitialized (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
+#include "cpu/kernels/x86_intrinsics.h"
 #endif
 
 namespace {

@@ -18,17 +18,7 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CELLM_SIMD_AVX512 1
-// GCC 12's AVX-512 headers trip its own -Wuninitialized on _mm512_undefined_*
-// (GCC bug 105593); the diagnostics point into the header, so silence them there.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
+#include "cpu/kernels/x86_intrinsics.h"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define CELLM_SIMD_AVX2 1
 #include <immintrin.h>

@@ -11,17 +11,7 @@
 #include "cpu/quant/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-// GCC 12's AVX-512 headers trip its own -Wuninitialized on _mm512_undefined_*
-// (GCC bug 105593); the diagnostics point into the header, so silence them there.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
+#include "cpu/kernels/x86_intrinsics.h"
 
 namespace cellm::cpu::quant {
 namespace {
