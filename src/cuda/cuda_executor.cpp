@@ -22,6 +22,7 @@
 #include "cuda/pool_sizing.h"
 #include "cuda/score_rows.h"
 #include "cuda/step_ahead_policy.h"
+#include "cuda/step_processors.h"
 
 namespace cellm {
 namespace cuda {
@@ -113,60 +114,7 @@ class ExecutorImpl {
     return true;
   }
 
-  // The logits processors of a step's selected rows (LogitsProcessor, cellm/
-  // logits_processor.h): the engine calls source() once the forward is queued, which
-  // runs each processor's prepare() on the host while the device computes; after the
-  // step, accept() tells each processor its row's token.
-  struct StepProcessors {
-    std::vector<int32_t> rows;                 // selected rows with a processor, ascending
-    std::vector<LogitsProcessor*> processors;  // [rows.size()]
-    std::vector<LogitAdjustments> adjustments;
-    std::vector<RowAdjustments> prepared;
-    AdjustmentSource source;
-
-    bool empty() const { return rows.empty(); }
-  };
-  StepProcessors step_processors_;
-
-  // Collects the processors of the sampling rows (`sids[s]` is sampling row s's
-  // session, at selected row at[s], or s when `at` is empty); nullptr when none has one
-  // (the step runs as it would without processors).
-  const AdjustmentSource* processors_for(std::span<const SessionId> sids,
-                                         std::span<const int32_t> at = {}) {
-    StepProcessors& p = step_processors_;
-    p.rows.clear();
-    p.processors.clear();
-    for (size_t s = 0; s < sids.size(); ++s) {
-      if (LogitsProcessor* processor = sessions_.logits_processor(sids[s])) {
-        p.rows.push_back(at.empty() ? static_cast<int32_t>(s) : at[s]);
-        p.processors.push_back(processor);
-      }
-    }
-    if (p.empty()) return nullptr;
-    if (p.adjustments.size() < p.rows.size()) p.adjustments.resize(p.rows.size());
-    if (!p.source) {
-      p.source = [this]() -> std::span<const RowAdjustments> {
-        StepProcessors& q = step_processors_;
-        q.prepared.clear();
-        for (size_t k = 0; k < q.rows.size(); ++k) {
-          q.processors[k]->prepare(q.adjustments[k]);
-          q.prepared.push_back(RowAdjustments{q.rows[k], &q.adjustments[k]});
-        }
-        return q.prepared;
-      };
-    }
-    return &p.source;
-  }
-
-  // After a step with processors: each processor's accept() of its row's token.
-  void accept_tokens() {
-    StepProcessors& p = step_processors_;
-    const int32_t* tokens = engine_->host().out_tokens;
-    for (size_t k = 0; k < p.rows.size(); ++k)
-      p.processors[k]->accept(tokens[static_cast<size_t>(p.rows[k])]);
-    p.rows.clear();
-    p.processors.clear();
-  }
+  StepProcessors step_processors_{sessions_};  // the logits processors of a step's rows
 
   // The selected rows (indices into the step's selection) whose sessions want
   // logprobs; `sids[s]` is sampling row s's session, at selected row at[s] (s when
@@ -324,7 +272,7 @@ class ExecutorImpl {
     last_decode_sids_ = packed.sids;
     // Processor rows (as logprob rows) never run ahead: a step queued ahead would sample
     // their tokens before the host prepared their adjustments.
-    const AdjustmentSource* adjust = processors_for(packed.sids);
+    const AdjustmentSource* adjust = step_processors_.collect(packed.sids);
     if (options_.overlap_decode && ahead_policy_.should_queue(stable_run_) &&
         options_.cuda_graph_for_decode && logit_rows.empty() && adjust == nullptr &&
         engine_->has_decode_graph(bucket)) {
@@ -348,7 +296,7 @@ class ExecutorImpl {
     }
     if (!s.ok()) return fail_cuda(s);
     count_device_time();
-    if (adjust != nullptr) accept_tokens();
+    if (adjust != nullptr) step_processors_.accept(engine_->host().out_tokens);
     for (int32_t r = 0; r < b; ++r) {
       out.outputs[static_cast<size_t>(r)] =
           output_for(batch.inputs[static_cast<size_t>(r)].sid, r, logit_rows);
@@ -596,7 +544,7 @@ class ExecutorImpl {
     logit_rows.insert(logit_rows.end(), sel.scored.begin(), sel.scored.end());
     std::sort(logit_rows.begin(), logit_rows.end());
     logit_rows.erase(std::unique(logit_rows.begin(), logit_rows.end()), logit_rows.end());
-    const AdjustmentSource* adjust = processors_for(selected_sids, sel.sampling);
+    const AdjustmentSource* adjust = step_processors_.collect(selected_sids, sel.sampling);
     const auto n_sel = static_cast<int32_t>(sel.rows.size());
     Status st;
     if (slice.method == StepMethod::kDecode && options_.cuda_graph_for_decode &&
@@ -609,7 +557,7 @@ class ExecutorImpl {
     }
     if (!st.ok()) return fail_cuda(st);
     count_device_time();
-    if (adjust != nullptr) accept_tokens();
+    if (adjust != nullptr) step_processors_.accept(engine_->host().out_tokens);
     if (targets != nullptr) {
       Status scored =
           score_slice(batch, *targets, sel, logit_rows, *engine_, sessions_, score_scratch_, out);
@@ -624,39 +572,6 @@ class ExecutorImpl {
 };
 
 }  // namespace cuda
-
-bool cuda_device_available() {
-  return cuda::gpu_available();
-}
-
-std::string describe_cuda_device(int device) {
-  int count = 0;
-  if (!cuda::gpu_available() || cudaGetDeviceCount(&count) != cudaSuccess || device < 0 ||
-      device >= count) {
-    return "";
-  }
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";
-  char uuid[9];
-  for (int i = 0; i < 4; ++i) {
-    std::snprintf(uuid + 2 * i, 3, "%02x", static_cast<unsigned char>(p.uuid.bytes[i]));
-  }
-  char text[384];
-  std::snprintf(text, sizeof(text), "%s, %d SMs, %.1f GiB, GPU-%s", p.name, p.multiProcessorCount,
-                static_cast<double>(p.totalGlobalMem) / static_cast<double>(1ull << 30), uuid);
-  return text;
-}
-
-std::vector<std::string> describe_tuned_gemms() {
-  std::vector<cuda::TunedGemm> tuned = cuda::tuned_gemms();
-  // By batch size, so a bucket's shapes read together.
-  std::stable_sort(
-      tuned.begin(), tuned.end(),
-      [](const cuda::TunedGemm& a, const cuda::TunedGemm& b) { return a.key.m < b.key.m; });
-  std::vector<std::string> lines;
-  for (const cuda::TunedGemm& t : tuned) lines.push_back(cuda::describe(t));
-  return lines;
-}
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
