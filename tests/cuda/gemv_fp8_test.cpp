@@ -7,7 +7,9 @@
 // output (the contract: fused equals launch_swiglu then kPlain, bit for bit, which is
 // checked too). Also: the device decode of all 256 codes against the host table, a row's
 // bits do not depend on m, two launches give the same bits, nothing is written past y,
-// capture in a CUDA graph, and bad arguments are refused without a launch.
+// capture in a CUDA graph, and bad arguments are refused without a launch. Without a GPU,
+// GemvFp8EmulationTest runs the kernel's walk (decode, fragments, splits, tails) on the host
+// over the PTX instruction models of mma_emulation.h.
 //
 // Tolerance, per element: |got - want| <= rel * |want| + 1e-6 * |scale[j]| * sum_c
 // |x'[i,c] w[j,c]|. The decoded weights are bf16 values, so the products are exact in f32
@@ -34,6 +36,7 @@
 #include "device_test_util.h"
 #include "gpu_test.h"
 #include "host_product.h"
+#include "mma_emulation.h"
 
 namespace cellm::cuda {
 namespace {
@@ -109,21 +112,14 @@ HostProduct host_scaled_product(const std::vector<float>& x, const std::vector<f
 
 enum class Scale { kPerChannel, kPerTensor };
 
-// One fp8 weight matrix with its scale and bias, and kRows rows of each input, on host and
-// device; the reference products of all kRows rows (a launch of m rows is checked against
-// the first m) for the inputs asked for. For kSwiGLU the input x' is launch_swiglu's
-// output for the gate_up rows.
-struct Fp8Case {
+// One fp8 weight matrix with its scale and bias, and kRows rows of each input, on the host.
+struct Fp8Inputs {
   int64_t k, n;
   std::vector<uint8_t> codes;
-  std::vector<float> w, scale, bias, x, gate_up, act;
-  DeviceArray<uint8_t> dev_w;
-  DeviceArray<float> dev_scale;
-  DeviceArray<Bf16> dev_bias, dev_x, dev_gate_up, dev_act;
-  HostProduct want_plain, want_swiglu;
+  std::vector<float> w, scale, bias, x, gate_up;
 
-  Fp8Case(std::mt19937& rng, int64_t k_, int64_t n_, std::vector<GemvInput> references,
-          Scale scale_kind = Scale::kPerChannel, std::vector<uint8_t> fixed_codes = {})
+  Fp8Inputs(std::mt19937& rng, int64_t k_, int64_t n_, Scale scale_kind = Scale::kPerChannel,
+            std::vector<uint8_t> fixed_codes = {})
       : k(k_),
         n(n_),
         codes(fixed_codes.empty() ? random_codes(rng, n * k) : std::move(fixed_codes)),
@@ -132,24 +128,8 @@ struct Fp8Case {
         bias(random_values<Bf16>(rng, n)),
         x(random_values<Bf16>(rng, kRows * k)),
         // Gates over [-4, 4]: silu's curved part, not just its linear tail.
-        gate_up(random_values<Bf16>(rng, kRows * 2 * k, 4.0f)),
-        dev_w(codes),
-        dev_scale(scale),
-        dev_bias(device_array<Bf16>(bias)),
-        dev_x(device_array<Bf16>(x)),
-        dev_gate_up(device_array<Bf16>(gate_up)),
-        dev_act(static_cast<size_t>(kRows * k)) {
+        gate_up(random_values<Bf16>(rng, kRows * 2 * k, 4.0f)) {
     CELLM_CHECK(static_cast<int64_t>(codes.size()) == n * k);
-    const cudaError_t err =
-        launch_swiglu<Bf16>(dev_gate_up.get(), kRows, k, dev_act.get(), nullptr);
-    CELLM_CHECK_MSG(err == cudaSuccess, cudaGetErrorString(err));
-    act = download_floats(dev_act);
-    for (const GemvInput input : references) {
-      if (input == GemvInput::kPlain) want_plain = host_scaled_product(x, w, scale, kRows, k, n);
-      if (input == GemvInput::kSwiGLU) {
-        want_swiglu = host_scaled_product(act, w, scale, kRows, k, n);
-      }
-    }
   }
 
   // Per channel: magnitudes in [2^-10, 2^-2) (the range of real fp8 checkpoints' scales),
@@ -165,6 +145,38 @@ struct Fp8Case {
   std::string name(int64_t m, GemvInput input, bool with_bias) const {
     return std::string(input_name(input)) + " m=" + std::to_string(m) + " k=" + std::to_string(k) +
            " n=" + std::to_string(n) + (with_bias ? " +bias" : "");
+  }
+};
+
+// Fp8Inputs on the device too, and the reference products of all kRows rows (a launch of
+// m rows is checked against the first m) for the inputs asked for. For kSwiGLU the input x'
+// is launch_swiglu's output for the gate_up rows.
+struct Fp8Case : Fp8Inputs {
+  std::vector<float> act;
+  DeviceArray<uint8_t> dev_w;
+  DeviceArray<float> dev_scale;
+  DeviceArray<Bf16> dev_bias, dev_x, dev_gate_up, dev_act;
+  HostProduct want_plain, want_swiglu;
+
+  Fp8Case(std::mt19937& rng, int64_t k_, int64_t n_, const std::vector<GemvInput>& references,
+          Scale scale_kind = Scale::kPerChannel, std::vector<uint8_t> fixed_codes = {})
+      : Fp8Inputs(rng, k_, n_, scale_kind, std::move(fixed_codes)),
+        dev_w(codes),
+        dev_scale(scale),
+        dev_bias(device_array<Bf16>(bias)),
+        dev_x(device_array<Bf16>(x)),
+        dev_gate_up(device_array<Bf16>(gate_up)),
+        dev_act(static_cast<size_t>(kRows * k)) {
+    const cudaError_t err =
+        launch_swiglu<Bf16>(dev_gate_up.get(), kRows, k, dev_act.get(), nullptr);
+    CELLM_CHECK_MSG(err == cudaSuccess, cudaGetErrorString(err));
+    act = download_floats(dev_act);
+    for (const GemvInput input : references) {
+      if (input == GemvInput::kPlain) want_plain = host_scaled_product(x, w, scale, kRows, k, n);
+      if (input == GemvInput::kSwiGLU) {
+        want_swiglu = host_scaled_product(act, w, scale, kRows, k, n);
+      }
+    }
   }
 
   // y [m, n] (+ kGuard) of launch_gemv_fp8 on this case's input, poisoned before the launch.
@@ -432,6 +444,183 @@ TEST(GemvFp8Test, BadArgumentsAreRefusedWithoutALaunch) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   for (const float v : download_floats(y)) ASSERT_TRUE(std::isnan(v)) << "a refused call wrote y";
+}
+
+// The kernel's walk on the host (no GPU needed): gemv_fp8.cu's index arithmetic transcribed
+// lane by lane over the PTX models of mma_emulation.h (the decode as prmt, shift, mask and
+// the bf16 multiply by 2^120; mma.m16n8k16 with its fragment layout), under every split of
+// k, for both inputs (the kSwiGLU staging with its padded rows), against the CPU twin. It
+// checks the fragments, the tails of k and n and the split's order where no GPU runs; the
+// constants below must follow gemv_fp8.cu.
+namespace emulation {
+
+constexpr int kTileRows = 16, kStepCols = 64, kUnroll = 4, kMaxSplitK = 8;
+constexpr int kStageCols = kMaxSplitK * kUnroll * kStepCols, kStageStride = kStageCols + 8;
+
+uint32_t prmt(uint32_t a, uint32_t selector) {  // prmt.b32 d, a, 0, selector
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nibble = (selector >> (4 * i)) & 0xfu;
+    const uint32_t index = nibble & 7u;
+    uint32_t byte = index < 4 ? (a >> (8 * index)) & 0xffu : 0u;
+    if ((nibble & 8u) != 0) byte = (byte & 0x80u) != 0 ? 0xffu : 0u;
+    d |= byte << (8 * i);
+  }
+  return d;
+}
+
+uint32_t decode(uint32_t w, uint32_t selector) {
+  const uint32_t bits = (prmt(w, selector) << 4) & 0x87f087f0u;
+  const auto scaled = [](uint16_t h) {  // fma.rn.bf16 h * 2^120 + -0: exact
+    return testing::to_bf16(testing::from_bf16(h) * std::ldexp(1.0f, 120) + -0.0f);
+  };
+  return uint32_t{scaled(static_cast<uint16_t>(bits & 0xffffu))} |
+         uint32_t{scaled(static_cast<uint16_t>(bits >> 16))} << 16;
+}
+uint32_t decode_lo(uint32_t w) {
+  return decode(w, 0x9180u);
+}
+uint32_t decode_hi(uint32_t w) {
+  return decode(w, 0xb3a2u);
+}
+
+uint32_t word(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// y [m, n] (f32 outputs, no bias) of the kernel at this split on x' = xs [kRows, k]
+// (bf16-exact floats; staged in shared memory when swiglu, else read from x).
+std::vector<float> run(const Fp8Inputs& c, const std::vector<float>& xs, int m, int split_k,
+                       bool swiglu) {
+  const int k = static_cast<int>(c.k);
+  const int64_t n = c.n;
+  const int per_iter = split_k * kUnroll;
+  const int iterations = (k + per_iter * kStepCols - 1) / (per_iter * kStepCols);
+  std::vector<float> y(static_cast<size_t>(m * n), std::nanf(""));
+  // Staged rows >= m are never written: NaN there reaches y if a lane reads them.
+  std::vector<uint16_t> stage(static_cast<size_t>(kGemvMaxRows * kStageStride), 0x7fc0);
+  for (int64_t tile = 0; tile * kTileRows < n; ++tile) {
+    std::vector<testing::Acc4> partial(static_cast<size_t>(split_k));
+    for (int kw = 0; kw < split_k; ++kw) {
+      testing::Acc4& acc = partial[static_cast<size_t>(kw)];
+      for (auto& a : acc) a = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int it = 0; it < iterations; ++it) {
+        if (swiglu) {  // stage_swiglu of this iteration's columns
+          const int first = it * per_iter * kStepCols;
+          for (int i = 0; i < m; ++i) {
+            for (int col = 0; col < per_iter * kStepCols; ++col) {
+              const bool in = first + col < k;
+              stage[static_cast<size_t>(i * kStageStride + col)] =
+                  in ? testing::to_bf16(xs[static_cast<size_t>(i * k + first + col)]) : 0;
+            }
+          }
+        }
+        for (int u = 0; u < kUnroll; ++u) {
+          const int col = (it * per_iter + u * split_k + kw) * kStepCols;
+          testing::Frag4 a[4];
+          testing::Lanes<uint32_t> b[8];
+          for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane / 4, q = lane % 4;
+            const int64_t row_lo = std::min(tile * kTileRows + g, n - 1);
+            const int64_t row_hi = std::min(tile * kTileRows + g + 8, n - 1);
+            const bool in_k = col + 16 * q < k;
+            uint32_t lo[4] = {}, hi[4] = {}, xw[8] = {};
+            for (int t = 0; t < 4 && in_k; ++t) {
+              lo[t] = word(&c.codes[static_cast<size_t>(row_lo * k + col + 16 * q + 4 * t)]);
+              hi[t] = word(&c.codes[static_cast<size_t>(row_hi * k + col + 16 * q + 4 * t)]);
+            }
+            if (g < m && in_k) {
+              for (int t = 0; t < 8; ++t) {
+                if (swiglu) {
+                  const int s =
+                      g * kStageStride + kw * kStepCols + 16 * q + u * split_k * kStepCols + 2 * t;
+                  xw[t] = uint32_t{stage[static_cast<size_t>(s)]} |
+                          uint32_t{stage[static_cast<size_t>(s + 1)]} << 16;
+                } else {
+                  const size_t e = static_cast<size_t>(g * k + col + 16 * q + 2 * t);
+                  xw[t] = testing::pack(xs[e], xs[e + 1]);
+                }
+              }
+            }
+            for (int t = 0; t < 4; ++t) {
+              a[t][lane] = {decode_lo(lo[t]), decode_lo(hi[t]), decode_hi(lo[t]), decode_hi(hi[t])};
+            }
+            for (int t = 0; t < 8; ++t) b[t][lane] = xw[t];
+          }
+          for (int t = 0; t < 4; ++t) testing::mma(acc, a[t], b[2 * t], b[2 * t + 1]);
+        }
+      }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, q = lane % 4;
+      float sum[4];
+      for (int r = 0; r < 4; ++r) {
+        sum[r] = split_k > 1 ? 0.0f : partial[0][lane][r];
+        for (int j = 0; split_k > 1 && j < split_k; ++j) {
+          sum[r] += partial[static_cast<size_t>(j)][lane][r];
+        }
+      }
+      const auto store = [&](int i, int64_t row, float v) {
+        if (i >= m || row >= n) return;
+        y[static_cast<size_t>(i * n + row)] = std::fma(v, c.scale[static_cast<size_t>(row)], 0.0f);
+      };
+      store(2 * q, tile * kTileRows + g, sum[0]);
+      store(2 * q + 1, tile * kTileRows + g, sum[1]);
+      store(2 * q, tile * kTileRows + g + 8, sum[2]);
+      store(2 * q + 1, tile * kTileRows + g + 8, sum[3]);
+    }
+  }
+  return y;
+}
+
+}  // namespace emulation
+
+TEST(GemvFp8EmulationTest, TheDecodeOfEveryCodeIsExact) {
+  for (uint32_t lo = 0; lo < 256; ++lo) {
+    for (const uint32_t hi : {0x00u, 0x01u, 0x7eu, 0x80u, 0x87u, 0xfeu, lo ^ 0x55u}) {
+      const uint32_t w = lo | hi << 8 | hi << 16 | lo << 24;
+      const uint32_t pair_lo = emulation::decode_lo(w), pair_hi = emulation::decode_hi(w);
+      const auto b = [](uint32_t code) { return e4m3_bf16_bits(static_cast<uint8_t>(code)); };
+      EXPECT_EQ(pair_lo & 0xffffu, b(lo)) << "code " << lo;
+      EXPECT_EQ(pair_lo >> 16, b(hi)) << "code " << hi;
+      EXPECT_EQ(pair_hi & 0xffffu, b(hi)) << "code " << hi;
+      EXPECT_EQ(pair_hi >> 16, b(lo)) << "code " << lo;
+    }
+  }
+}
+
+TEST(GemvFp8EmulationTest, TheKernelsWalkMatchesADoubleReferenceAtEverySplit) {
+  std::mt19937 rng(48);
+  for (const int64_t k : {16, 48, 80, 1008, 2112}) {
+    for (const int64_t n : {1, 19, 37}) {
+      const Fp8Inputs c(rng, k, n);
+      // x' for kSwiGLU: any bf16 rows serve the walk; the host's silu of gate and up.
+      std::vector<float> act(static_cast<size_t>(kRows * k));
+      for (int64_t i = 0; i < kRows; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+          const float g = c.gate_up[static_cast<size_t>(i * 2 * k + j)];
+          const float up = c.gate_up[static_cast<size_t>(i * 2 * k + k + j)];
+          act[static_cast<size_t>(i * k + j)] =
+              testing::round_to<Bf16>(g / (1.0f + std::exp(-g)) * up);
+        }
+      }
+      const HostProduct want_plain = host_scaled_product(c.x, c.w, c.scale, kRows, k, n);
+      const HostProduct want_swiglu = host_scaled_product(act, c.w, c.scale, kRows, k, n);
+      for (int split = 1; split <= emulation::kMaxSplitK; split *= 2) {
+        for (const bool swiglu : {false, true}) {
+          for (const int m : {1, 3, 8}) {
+            const std::vector<float> y = emulation::run(c, swiglu ? act : c.x, m, split, swiglu);
+            testing::expect_product_output(
+                y, swiglu ? want_swiglu : want_plain, {}, m, n, 1e-5,
+                c.name(m, swiglu ? GemvInput::kSwiGLU : GemvInput::kPlain, false) + " split " +
+                    std::to_string(split));
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
