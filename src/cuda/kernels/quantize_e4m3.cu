@@ -1,0 +1,169 @@
+#include "cuda/kernels/quantize_e4m3.h"
+
+#include <cuda_fp8.h>
+
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/launch.cuh"
+
+namespace cellm::cuda {
+namespace {
+
+// bf16 elements per thread access (16 bytes of x, 8 bytes of x8).
+constexpr int kQuantPack = 8;
+constexpr int kQuantThreads = 256;
+
+struct QuantizeParams {
+  const __nv_bfloat16* x;  // [m, k] or [m, 2k]
+  int64_t m, k;
+  uint8_t* x8;   // [m, k]
+  float* scale;  // [m]
+};
+
+// x'[row, c .. c + 8): the input itself or the SwiGLU activation rounded to bf16, as f32.
+template <GemvInput kInput>
+__device__ __forceinline__ void load_input(const QuantizeParams& p, int64_t row, int64_t c,
+                                           float (&v)[kQuantPack]) {
+  if constexpr (kInput == GemvInput::kPlain) {
+    detail::load_floats<kQuantPack>(p.x + row * p.k + c, v);
+  } else {
+    const __nv_bfloat16* gate = p.x + row * 2 * p.k + c;
+    float g[kQuantPack], u[kQuantPack];
+    detail::load_floats<kQuantPack>(gate, g);
+    detail::load_floats<kQuantPack>(gate + p.k, u);
+#pragma unroll
+    for (int e = 0; e < kQuantPack; ++e) {
+      v[e] = __bfloat162float(__float2bfloat16_rn(detail::silu_mul(g[e], u[e])));
+    }
+  }
+}
+
+// One block per row: the row's absolute maximum, then its codes (the input read twice;
+// the second read mostly hits L2).
+template <GemvInput kInput>
+__global__ void quantize_rows_e4m3_kernel(QuantizeParams p, bool early) {
+  detail::wait_and_allow(early);
+  const int64_t row = blockIdx.x;
+  const int64_t packs = p.k / kQuantPack;
+  float amax = 0.0f;
+  for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+    float v[kQuantPack];
+    load_input<kInput>(p, row, q * kQuantPack, v);
+#pragma unroll
+    for (int e = 0; e < kQuantPack; ++e) amax = fmaxf(amax, fabsf(v[e]));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  __shared__ float warp_max[kQuantThreads / 32];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) warp_max[warp] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, warp_max[w]);
+  const float scale = amax == 0.0f ? 1.0f : __fdiv_rn(amax, kE4m3Max);
+  if (threadIdx.x == 0) p.scale[row] = scale;
+  for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+    float v[kQuantPack];
+    load_input<kInput>(p, row, q * kQuantPack, v);
+    uint32_t words[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const float2 pair =
+            make_float2(__fdiv_rn(v[h * 4 + e], scale), __fdiv_rn(v[h * 4 + e + 1], scale));
+        // The low byte holds pair.x.
+        const __nv_fp8x2_storage_t codes =
+            __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+        word |= static_cast<uint32_t>(codes) << (8 * e);
+      }
+      words[h] = word;
+    }
+    *reinterpret_cast<uint2*>(p.x8 + row * p.k + q * kQuantPack) = make_uint2(words[0], words[1]);
+  }
+}
+
+template <typename TOut>
+struct ScaleParams {
+  const float* acc;
+  int64_t ld_acc, m, n;
+  const float* x_scale;
+  const float* w_scale;
+  const __nv_bfloat16* bias;
+  TOut* y;
+};
+
+template <typename TOut>
+__global__ void scale_outer_kernel(ScaleParams<TOut> p, bool early) {
+  detail::wait_and_allow(early);
+  const int64_t total = p.m * p.n;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const int64_t i = e / p.n;
+    const int64_t j = e % p.n;
+    const float s = __fmul_rn(p.x_scale[i], p.w_scale[j]);
+    const float b = p.bias == nullptr ? 0.0f : __bfloat162float(p.bias[j]);
+    const float v = __fmaf_rn(p.acc[i * p.ld_acc + j], s, b);
+    if constexpr (std::is_same_v<TOut, float>) {
+      p.y[e] = v;
+    } else {
+      p.y[e] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+}  // namespace
+
+bool quantize_rows_e4m3_supports(int64_t m, int64_t k, GemvInput input, const void* x,
+                                 const void* x8, const void* scale) {
+  return m >= 0 && m < (int64_t{1} << 31) && k > 0 && k < (int64_t{1} << 30) && k % 16 == 0 &&
+         (input == GemvInput::kPlain || input == GemvInput::kSwiGLU) && x != nullptr &&
+         x8 != nullptr && scale != nullptr && detail::aligned_to(x, 16) &&
+         detail::aligned_to(x8, 16) && detail::aligned_to(scale, 4);
+}
+
+cudaError_t launch_quantize_rows_e4m3(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput input,
+                                      uint8_t* x8, float* scale, cudaStream_t stream) {
+  if (!quantize_rows_e4m3_supports(m, k, input, x, x8, scale)) return cudaErrorInvalidValue;
+  if (m == 0) return cudaSuccess;
+  const QuantizeParams p{x, m, k, x8, scale};
+  const int threads = detail::threads_for_row(k / kQuantPack, kQuantThreads);
+  const dim3 grid(static_cast<unsigned>(m));
+  if (input == GemvInput::kPlain) {
+    return detail::launch_kernel(quantize_rows_e4m3_kernel<GemvInput::kPlain>, grid, threads, 0,
+                                 stream, p, detail::early_triggers());
+  }
+  return detail::launch_kernel(quantize_rows_e4m3_kernel<GemvInput::kSwiGLU>, grid, threads, 0,
+                               stream, p, detail::early_triggers());
+}
+
+template <typename TOut>
+cudaError_t launch_scale_outer_e4m3(const float* acc, int64_t ld_acc, int64_t m, int64_t n,
+                                    const float* x_scale, const float* w_scale,
+                                    const __nv_bfloat16* bias, TOut* y, cudaStream_t stream) {
+  if (m < 0 || n <= 0 || ld_acc < n) return cudaErrorInvalidValue;
+  if (m == 0) return cudaSuccess;
+  if (acc == nullptr || x_scale == nullptr || w_scale == nullptr || y == nullptr ||
+      !detail::aligned_to(acc, 4) || !detail::aligned_to(x_scale, 4) ||
+      !detail::aligned_to(w_scale, 4) || !detail::aligned_to(bias, 2) ||
+      !detail::aligned_to(y, sizeof(TOut))) {
+    return cudaErrorInvalidValue;
+  }
+  const ScaleParams<TOut> p{acc, ld_acc, m, n, x_scale, w_scale, bias, y};
+  constexpr int kThreads = 256;
+  return detail::launch_kernel(scale_outer_kernel<TOut>, detail::blocks_for(m * n, kThreads),
+                               kThreads, 0, stream, p, detail::early_triggers());
+}
+
+template cudaError_t launch_scale_outer_e4m3<float>(const float*, int64_t, int64_t, int64_t,
+                                                    const float*, const float*,
+                                                    const __nv_bfloat16*, float*, cudaStream_t);
+template cudaError_t launch_scale_outer_e4m3<__nv_bfloat16>(const float*, int64_t, int64_t, int64_t,
+                                                            const float*, const float*,
+                                                            const __nv_bfloat16*, __nv_bfloat16*,
+                                                            cudaStream_t);
+
+}  // namespace cellm::cuda
