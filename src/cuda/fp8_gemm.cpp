@@ -184,6 +184,8 @@ struct Fp8Gemm::Plan {
   }
 };
 
+Fp8Gemm::Fp8Gemm(Fp8Scaling scaling) : scaling_(scaling) {}
+
 Result<Fp8Gemm> Fp8Gemm::create(size_t workspace_bytes, Fp8Scaling scaling) {
   if (scaling != Fp8Scaling::kAuto && scaling != Fp8Scaling::kEpilogueKernel) {
     return InvalidArgument("Fp8Gemm::create: unknown scaling");

@@ -124,7 +124,7 @@ class Fp8Gemm {
 
  private:
   struct Plan;
-  explicit Fp8Gemm(Fp8Scaling scaling) : scaling_(scaling) {}
+  explicit Fp8Gemm(Fp8Scaling scaling);
   // The outer-vector plan of `key`, or null when cuBLASLt has no algorithm for it.
   Result<std::unique_ptr<Plan>> outer_vector_plan(const Key& key, const void* x_scale,
                                                   const void* w_scale, const void* bias);

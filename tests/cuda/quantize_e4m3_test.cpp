@@ -261,6 +261,8 @@ TEST(QuantizeE4m3Test, GraphReplayGivesTheSameBits) {
   DeviceArray<float> scale(static_cast<size_t>(m));
   x8.fill_bytes(0);
   scale.fill_bytes(0);
+  // The fills go through the legacy stream, which `stream` does not wait for.
+  CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
   GraphExec graph = capture_graph(stream.get(), [&] {
     EXPECT_EQ(launch_quantize_rows_e4m3(dx.get(), m, k, GemvInput::kPlain, x8.get(), scale.get(),
                                         stream.get()),
