@@ -4,9 +4,10 @@
 // epilogue where cuBLASLt offers it, and the forced kEpilogueKernel fallback), bf16 and f32
 // outputs, with and without bias: m in {9, 16, 64, 128, 256, 1000} on an awkward shape,
 // Llama-3-8B's linear shapes (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down
-// 4096x14336), awkward n (77, 1000, 264). Also: plans are cached per shape, replays of a
-// captured CUDA graph give the eager bits, a first call inside capture is refused, bad
-// arguments are refused before anything is enqueued (the argument checks also run
+// 4096x14336), awkward n (77, 1000, 264, 8), and the product of launch_quantize_rows_e4m3's
+// own output (plain and SwiGLU-fused activations, per-channel weights). Also: plans are cached per
+// shape, replays of a captured CUDA graph give the eager bits, a first call inside capture is
+// refused, bad arguments are refused before anything is enqueued (the argument checks also run
 // without a GPU), nothing is written past y.
 //
 // Tolerance, per element: |got - want| <= rel |want| + 2.5e-4 |x_scale[i] w_scale[j]|
@@ -28,8 +29,10 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cuda/kernels/quantize_e4m3.h"
 #include "device_test_util.h"
 #include "gpu_test.h"
 #include "host_product.h"
@@ -90,15 +93,22 @@ struct Problem {
   DeviceArray<Bf16> dbias;
 
   Problem(std::mt19937& rng, int64_t m_, int64_t n_, int64_t k_)
+      : Problem(m_, n_, k_, random_codes(rng, m_ * k_), random_codes(rng, n_ * k_),
+                random_scales(rng, m_, false), random_scales(rng, n_, true),
+                // Biases of the products' order of magnitude, so a missing one shows in
+                // bf16 too.
+                testing::random_values<Bf16>(rng, n_, 16.0f)) {}
+
+  Problem(int64_t m_, int64_t n_, int64_t k_, std::vector<uint8_t> x8_, std::vector<uint8_t> w8_,
+          std::vector<float> x_scale_, std::vector<float> w_scale_, std::vector<float> bias_)
       : m(m_),
         n(n_),
         k(k_),
-        x8(random_codes(rng, m * k)),
-        w8(random_codes(rng, n * k)),
-        x_scale(random_scales(rng, m, false)),
-        w_scale(random_scales(rng, n, true)),
-        // Biases of the products' order of magnitude, so a missing one shows in bf16 too.
-        bias(testing::random_values<Bf16>(rng, n, 16.0f)),
+        x8(std::move(x8_)),
+        w8(std::move(w8_)),
+        x_scale(std::move(x_scale_)),
+        w_scale(std::move(w_scale_)),
+        bias(std::move(bias_)),
         want(testing::host_product(decode(x8), decode(w8), m, k, n)),
         dx8(x8),
         dw8(w8),
@@ -186,6 +196,36 @@ TEST(Fp8GemmTest, Llama8BShapes) {
     check_problem(Problem(rng, 16, s.n, s.k));
   }
   check_problem(Problem(rng, 256, 4096, 4096));
+}
+
+// The intended pipeline: bf16 activations and weights quantized on the device by
+// launch_quantize_rows_e4m3 (the weights per output channel, the activations per row;
+// the down projection's from a fused SwiGLU), then the product of what it produced.
+TEST(Fp8GemmTest, ProductOfTheQuantizerOutput) {
+  CELLM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  const auto quantize = [&](const std::vector<float>& values, int64_t rows, int64_t k,
+                            GemvInput input, std::vector<uint8_t>& codes,
+                            std::vector<float>& scales) {
+    DeviceArray<Bf16> dv(to_typed<Bf16>(values));
+    DeviceArray<uint8_t> d8(static_cast<size_t>(rows * k));
+    DeviceArray<float> ds(static_cast<size_t>(rows));
+    ASSERT_EQ(launch_quantize_rows_e4m3(dv.get(), rows, k, input, d8.get(), ds.get(), nullptr),
+              cudaSuccess);
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+    codes = d8.download();
+    scales = ds.download();
+  };
+  for (const GemvInput input : {GemvInput::kPlain, GemvInput::kSwiGLU}) {
+    const int64_t m = 100, n = 520, k = 1024;
+    const int64_t in_cols = input == GemvInput::kSwiGLU ? 2 * k : k;
+    std::vector<uint8_t> x8, w8;
+    std::vector<float> xs, ws;
+    quantize(testing::random_values<Bf16>(rng, m * in_cols, 4.0f), m, k, input, x8, xs);
+    quantize(testing::random_values<Bf16>(rng, n * k, 0.05f), n, k, GemvInput::kPlain, w8, ws);
+    check_problem(Problem(m, n, k, std::move(x8), std::move(w8), std::move(xs), std::move(ws),
+                          testing::random_values<Bf16>(rng, n, 1.0f)));
+  }
 }
 
 TEST(Fp8GemmTest, CachedPlansAndGraphReplay) {
