@@ -77,7 +77,7 @@ enum class Fp8Scaling {
 enum class Fp8PlanKind { kOuterVector, kEpilogueKernel };
 
 // The REQUIRES of Fp8Gemm::run, checked without a GPU: Ok, or an InvalidArgument naming
-// the first violation. m >= 0, n > 0, 0 < k, k % 16 == 0, m, n, k < 2^31; when m > 0:
+// the first violation. m >= 0, n > 0, n % 8 == 0, 0 < k, k % 16 == 0, m, n, k < 2^31; when m > 0:
 // x8, x_scale, w8, w_scale, y non-null; x8 and w8 16-byte aligned (FP8 kernels read
 // 16-byte vectors), the scales 4-byte, bias 2-byte, y sizeof(TOut)-aligned; y overlapping
 // none of x8, x_scale, w8, w_scale, bias.
