@@ -1,7 +1,6 @@
 #include "cpu/kernels/attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -156,16 +155,10 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
   // the last rows (in a prompt, the longest) first.
   const int64_t tasks = a.n_rows * a.n_heads;
   const AttendFn attend = pick_attend(a.head_dim);
-  std::atomic<int64_t> claimed{0};
-  pool.parallel_for(pool.num_threads(), [&](int64_t, int64_t) {
-    for (;;) {
-      const int64_t first = claimed.fetch_add(kTasksPerClaim, std::memory_order_relaxed);
-      if (first >= tasks) return;
-      const int64_t last = std::min(tasks, first + kTasksPerClaim);
-      for (int64_t c = first; c < last; ++c) {
-        const int64_t t = tasks - 1 - c;
-        attend(a, t / a.n_heads, t % a.n_heads, scale);
-      }
+  pool.parallel_for_dynamic(tasks, kTasksPerClaim, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t t = tasks - 1 - c;
+      attend(a, t / a.n_heads, t % a.n_heads, scale);
     }
   });
 }
