@@ -16,7 +16,8 @@ constexpr int64_t kScoreBlock = 32;    // scores computed per online-softmax ste
 constexpr int64_t kTasksPerClaim = 4;  // (row, head) tasks a thread claims at once
 
 // out[t] = q · k[t] over hd floats for the four keys k[0..4).
-void dot4(const float* q, const float* const* k, int64_t hd, float* out) {
+[[gnu::always_inline]] inline void dot4(const float* q, const float* const* k, int64_t hd,
+                                        float* out) {
   using simd::kLanes;
   simd::Vf acc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
   int64_t i = 0;

@@ -53,7 +53,7 @@ class ThreadPool {
   template <typename Fn>
   void parallel_for_dynamic(int64_t n, int64_t grain, Fn&& fn) {
     if (n <= 0) return;
-    if (n <= grain || num_threads_ == 1) {
+    if (n <= grain) {
       fn(int64_t{0}, n);
       return;
     }
