@@ -2,12 +2,13 @@
 // 49152, 30 layers) on the CPU, cpu::matmul (W widened, x exact) against
 // quant::bf16_dot_matmul (x rounded to bf16, AVX-512 BF16 dot products).
 //
-//   bf16_matmul_bench [--threads N] [--reps R] [--cpu-time]
+//   bf16_matmul_bench [--threads N] [--reps R] [--cpu-time] [--rows 1,16,128]
 //
 // --cpu-time times by the process's CPU seconds: with --threads 1 on a loaded
 // machine that is the kernel's own time, without the waits for a core.
 //
-// Prints per shape [n, k] and rows m (1, 16, 128): microseconds per call with the
+// Prints per shape [n, k] and rows m (--rows, default 1, 16, 128; a prefill step of
+// 512 rows is the CPU executor's default width): microseconds per call with the
 // weights rotated over 30 copies (a decode step streams every layer's weights once,
 // so they come from DRAM), the GB/s of weight bytes and the GFLOP/s (2*m*n*k).
 // Then one whole decode/prefill step of the model's products (30 layers + the tied
@@ -84,11 +85,21 @@ double best_seconds(int reps, Fn&& fn) {
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 5;
+  std::vector<int64_t> rows = {1, 16, 128};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cpu-time") g_cpu_time = true;
     if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    if (a == "--rows" && i + 1 < argc) {
+      rows.clear();
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        rows.push_back(std::stoll(list.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    }
   }
   const bool dot = cellm::cpu::quant::bf16_dot_supported();
   ThreadPool pool(threads);
@@ -96,15 +107,16 @@ int main(int argc, char** argv) {
   std::vector<std::vector<uint16_t>> weights;
   for (const Shape& s : kShapes) weights.push_back(random_bf16(size_t(s.n * s.k * s.copies), rng));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(128 * 1536);
+  const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
+  std::vector<float> x(static_cast<size_t>(max_rows) * 1536);
   for (auto& e : x) e = u(rng);
-  std::vector<float> y(size_t(128) * 49152);
+  std::vector<float> y(static_cast<size_t>(max_rows) * 49152);
 
   std::printf("threads %d, AVX-512 BF16 %s, %s time\n", threads, dot ? "yes" : "no",
               g_cpu_time ? "CPU" : "wall");
   std::printf("%-8s %6s %6s %4s | %10s %7s %7s | %10s %7s %7s\n", "shape", "n", "k", "m",
               "matmul us", "GB/s", "GFLOP/s", "dot us", "GB/s", "GFLOP/s");
-  for (const int64_t m : {1, 16, 128}) {
+  for (const int64_t m : rows) {
     double step_mm = 0, step_dot = 0;
     for (size_t si = 0; si < std::size(kShapes); ++si) {
       const Shape& s = kShapes[si];

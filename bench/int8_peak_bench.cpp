@@ -11,11 +11,15 @@
 //            then to f32, times the weight scale, fused-add times the activation scale
 //            (quant_matmul_simd.inc's tile32_zmm): the most a kernel that scales every
 //            block pair to f32 can reach.
+//   bf16     24 chains of vdpbf16ps (bf16_dot_matmul's instruction), where the CPU
+//            has AVX-512 BF16; f32fma: 24 chains of f32 FMA (cpu::matmul's exact
+//            path): the ceilings of bf16_matmul_bench's GFLOP/s.
 // Rates are in GOP/s, 2 ops per multiply-add, comparable to quant_matmul_bench's GFLOP/s.
 // Prints a line saying so and exits 0 where the CPU lacks AVX-512 VNNI.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <sstream>
 #include <string>
@@ -76,6 +80,43 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t blocked_loop(int6
   *sink = lanes[0];
   return iters * kBlockedChains * 64;
 }
+
+// The ceilings of the bf16 products (bf16_matmul_bench): 24 independent chains of
+// vdpbf16ps (32 bf16 multiply-adds each: bf16_dot_matmul's instruction) or of f32
+// FMA (16 each: cpu::matmul's exact path). 24 chains: 12 left both loops short of
+// their throughput on a core whose latency exceeds 12 of them.
+constexpr int kWideChains = 24;
+
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) int64_t bf16_loop(int64_t iters,
+                                                                         float* sink) {
+  __m512 acc[kWideChains];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  __m512i u = _mm512_set1_epi32(0x3f803f80);  // bf16 pairs of 1.0
+  for (int64_t it = 0; it < iters; ++it) {
+    asm volatile("" : "+v"(u));
+    __m512bh b;
+    std::memcpy(&b, &u, sizeof(b));
+    for (__m512& a : acc) a = _mm512_dpbf16_ps(a, b, b);
+  }
+  __m512 total = _mm512_setzero_ps();
+  for (const __m512& a : acc) total = _mm512_add_ps(total, a);
+  *sink = _mm512_reduce_add_ps(total);
+  return iters * kWideChains * 32;
+}
+
+__attribute__((target("avx512f"))) int64_t fma_loop(int64_t iters, float* sink) {
+  __m512 acc[kWideChains];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  __m512 u = _mm512_set1_ps(1e-3f);
+  for (int64_t it = 0; it < iters; ++it) {
+    asm volatile("" : "+v"(u));
+    for (__m512& a : acc) a = _mm512_fmadd_ps(u, u, a);
+  }
+  __m512 total = _mm512_setzero_ps();
+  for (const __m512& a : acc) total = _mm512_add_ps(total, a);
+  *sink = _mm512_reduce_add_ps(total);
+  return iters * kWideChains * 16;
+}
 #endif
 
 double thread_cpu_seconds() {
@@ -108,7 +149,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("%-8s %3s %12s %12s\n", "loop", "thr", "wall-GOP/s", "cpu-GOP/s");
-  for (const bool blocked : {false, true}) {
+  const bool bf16 = cellm::cpu::cpu_features().avx512_bf16;
+  for (const int loop : {0, 1, 2, 3}) {
+    if (loop == 2 && !bf16) continue;
+    const bool blocked = loop == 1;
+    const char* name = loop == 0 ? "raw" : loop == 1 ? "blocked" : loop == 2 ? "bf16" : "f32fma";
     for (const int t : threads) {
       // Rounds sized so one takes ~min_ms on an idle core (~100 G multiply-adds/s).
       const auto iters = static_cast<int64_t>(min_ms * 1e-3 * 1e11 / (64.0 * 12));
@@ -121,8 +166,10 @@ int main(int argc, char** argv) {
           const double c0 = thread_cpu_seconds();
           int32_t isink = 0;
           float fsink = 0.0f;
-          macs[static_cast<size_t>(k)] =
-              blocked ? blocked_loop(iters, &fsink) : raw_loop(iters, &isink);
+          macs[static_cast<size_t>(k)] = loop == 0   ? raw_loop(iters, &isink)
+                                         : blocked   ? blocked_loop(iters, &fsink)
+                                         : loop == 2 ? bf16_loop(iters, &fsink)
+                                                     : fma_loop(iters, &fsink);
           cpu[static_cast<size_t>(k)] = thread_cpu_seconds() - c0;
           if (isink == 1 && fsink == 1.0f) std::printf(" ");
         });
@@ -136,8 +183,7 @@ int main(int argc, char** argv) {
         per_cpu +=
             2.0 * static_cast<double>(macs[static_cast<size_t>(k)]) / cpu[static_cast<size_t>(k)];
       }
-      std::printf("%-8s %3d %12.1f %12.1f\n", blocked ? "blocked" : "raw", t,
-                  2.0 * total / wall * 1e-9, per_cpu * 1e-9);
+      std::printf("%-8s %3d %12.1f %12.1f\n", name, t, 2.0 * total / wall * 1e-9, per_cpu * 1e-9);
     }
   }
 #else

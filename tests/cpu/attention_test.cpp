@@ -90,6 +90,8 @@ TEST(AttentionTest, FullHistoryMatchesTheReferenceForEveryRowAndHead) {
 TEST(AttentionTest, GroupedQueryHeadsReadTheirSharedKvHead) {
   expect_matches_reference(mixed_batch(8, 2, 32), 0, 2, 2);
   expect_matches_reference(mixed_batch(6, 1, 17), 0, 1, 3);
+  // Whole vectors without a register-accumulator instantiation (3 x 16 lanes).
+  expect_matches_reference(mixed_batch(3, 1, 48), 0, 2, 8);
 }
 
 TEST(AttentionTest, SlidingWindowAttendsOnlyTheLastWindowPositions) {

@@ -167,6 +167,21 @@ TEST(FastExpTest, IsWithinTwoUlpOfStdExpAcrossTheNormalRange) {
   EXPECT_EQ(fast_exp(-200.0f), 0.0f);
 }
 
+TEST(FastExpTest, ExpArrayMatchesFastExpForEveryElementAndTail) {
+  for (int64_t n : {0, 1, 15, 16, 17, 32, 45}) {
+    std::vector<float> x(static_cast<size_t>(n)), got(x.size());
+    for (int64_t i = 0; i < n; ++i)
+      x[static_cast<size_t>(i)] = -90.0f + 3.7f * static_cast<float>(i);
+    exp_array(x.data(), n, got.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<size_t>(i);
+      ASSERT_EQ(got[u], fast_exp(x[u])) << "n " << n << " i " << i;
+    }
+    exp_array(x.data(), n, x.data());  // in place
+    EXPECT_EQ(x, got) << "n " << n;
+  }
+}
+
 TEST(EmbeddingTest, GatherWidensTheSelectedRowsOfEveryDType) {
   std::mt19937 rng(5);
   for (DType t : kAllDTypes) {

@@ -56,7 +56,7 @@ std::vector<float> run(ThreadPool& pool, const Problem& p, bool simd) {
 
 constexpr int64_t kRows[] = {1, 3, 4, 5, 17, 65};
 constexpr int64_t kCols[] = {1, 31, 32, 33, 576, 1000};
-constexpr int64_t kOuts[] = {1, 5, 64, 67};
+constexpr int64_t kOuts[] = {1, 5, 64, 67, 203};
 
 TEST(Bf16DotMatmulTest, TheAvx512Bf16PathMatchesItsScalarTwin) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";

@@ -28,6 +28,30 @@ TEST(ThreadPoolTest, ParallelForCoversEveryIndexExactlyOnce) {
   }
 }
 
+TEST(ThreadPoolTest, ParallelForDynamicCoversEveryIndexOnceInPiecesOfTheGrain) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 5, 64, 1001}) {
+      for (int64_t grain : {1, 4, 32, 2000}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<bool> bad_piece{false};
+        pool.parallel_for_dynamic(n, grain, [&](int64_t begin, int64_t end) {
+          // Pieces start at multiples of the grain and span it, but for the last.
+          if (begin % grain != 0 || end - begin > grain || (end != n && end - begin != grain)) {
+            bad_piece = true;
+          }
+          for (int64_t i = begin; i < end; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+        });
+        EXPECT_FALSE(bad_piece) << "threads " << threads << " n " << n << " grain " << grain;
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1)
+              << "threads " << threads << " n " << n << " grain " << grain;
+        }
+      }
+    }
+  }
+}
+
 TEST(ThreadPoolTest, ChunksAreContiguousNearEqualAndAtMostOnePerThread) {
   ThreadPool pool(4);
   std::mutex mu;

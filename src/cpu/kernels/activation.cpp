@@ -90,6 +90,20 @@ float fast_exp(float x) {
 #endif
 }
 
+void exp_array(const float* x, int64_t n, float* out) {
+  int64_t i = 0;
+#if defined(CELLM_SIMD_AVX512)
+  for (; i + kLanes <= n; i += kLanes)
+    simd::store(out + i, exp_vec(simd::load<DType::kF32>(x + i)));
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    simd::store_partial(out + i, exp_vec(simd::load_partial<DType::kF32>(x + i, r)), r);
+    return;
+  }
+#endif
+  for (; i < n; ++i) out[i] = exp_scalar(x[i]);
+}
+
 void silu_mul(ThreadPool& pool, const float* gate, const float* up, int64_t n, float* out) {
   CELLM_CHECK(n >= 0);
   if (n == 0) return;

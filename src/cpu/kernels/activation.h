@@ -17,4 +17,8 @@ void silu_mul(ThreadPool& pool, const float* gate, const float* up, int64_t n, f
 // (within 2 ulp of std::exp over the f32 range); exposed for its test.
 float fast_exp(float x);
 
+// out[i] = fast_exp(x[i]) for i in [0, n), a vector at a time (the attention's
+// softmax). out may equal x. REQUIRES: n >= 0.
+void exp_array(const float* x, int64_t n, float* out);
+
 }  // namespace cellm::cpu

@@ -6,13 +6,40 @@
 #include <limits>
 
 #include "cellm/status.h"
+#include "cpu/kernels/activation.h"
 #include "cpu/kernels/simd.h"
 
 namespace cellm::cpu {
 namespace {
 
-constexpr int64_t kScoreBlock = 32;  // scores computed per online-softmax step
+constexpr int64_t kScoreBlock = 32;    // scores computed per online-softmax step
+constexpr int64_t kTasksPerClaim = 4;  // (row, head) tasks a thread claims at once
 
+// out[t] = q · k[t] over hd floats for the four keys k[0..4).
+[[gnu::always_inline]] inline void dot4(const float* q, const float* const* k, int64_t hd,
+                                        float* out) {
+  using simd::kLanes;
+  simd::Vf acc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
+  int64_t i = 0;
+  for (; i + kLanes <= hd; i += kLanes) {
+    const simd::Vf qv = simd::load<DType::kF32>(q + i);
+    for (int t = 0; t < 4; ++t) acc[t] = simd::fma(qv, simd::load<DType::kF32>(k[t] + i), acc[t]);
+  }
+  if (i < hd) {
+    const int r = static_cast<int>(hd - i);
+    const simd::Vf qv = simd::load_partial<DType::kF32>(q + i, r);
+    for (int t = 0; t < 4; ++t) {
+      acc[t] = simd::fma(qv, simd::load_partial<DType::kF32>(k[t] + i, r), acc[t]);
+    }
+  }
+  float sums[4];
+  simd::reduce4(acc[0], acc[1], acc[2], acc[3], sums);
+  for (int t = 0; t < 4; ++t) out[t] = sums[t];
+}
+
+// NV > 0: head_dim is NV vectors, and the output accumulates in registers; NV == 0:
+// any head_dim, accumulated in memory. The same operations either way.
+template <int NV>
 void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   const int64_t kvh = h / group;
@@ -27,35 +54,90 @@ void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
                   "attention: query position beyond its sequence's cell list");
   const int64_t lo = a.window > 0 ? std::max<int64_t>(0, int64_t{pos} - a.window + 1) : 0;
 
-  float acc[kMaxAttentionHeadDim];
-  std::fill(acc, acc + hd, 0.0f);
+  float acc[NV > 0 ? 1 : kMaxAttentionHeadDim];
+  simd::Vf vacc[NV > 0 ? NV : 1];
+  if constexpr (NV > 0) {
+    for (int i = 0; i < NV; ++i) vacc[i] = simd::zero();
+  } else {
+    std::fill(acc, acc + hd, 0.0f);
+  }
   float running_max = -std::numeric_limits<float>::infinity();
   float denom = 0.0f;
   float scores[kScoreBlock];
+  const float* k_head = a.k_cells + kvh * hd;
+  const float* v_head = a.v_cells + kvh * hd;
   for (int64_t b = lo; b <= pos; b += kScoreBlock) {
     const int64_t nb = std::min<int64_t>(kScoreBlock, int64_t{pos} + 1 - b);
+    const int32_t* block_cells = cells.data() + b;
+    for (int64_t j = 0; j < nb; ++j) {
+      CELLM_CHECK_MSG(block_cells[j] >= 0 && block_cells[j] < a.max_cells,
+                      "attention: cell out of range");
+    }
+    // Four keys at a time: q's vectors are loaded once for the four dot products.
+    for (int64_t j = 0; j < nb; j += 4) {
+      const float* kp[4];
+      for (int t = 0; t < 4; ++t) {
+        kp[t] = k_head + block_cells[std::min<int64_t>(j + t, nb - 1)] * kv_stride;
+      }
+      dot4(q, kp, hd, scores + j);
+    }
     float block_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < nb; ++j) {
-      const int32_t cell = cells[static_cast<size_t>(b + j)];
-      CELLM_CHECK_MSG(cell >= 0 && cell < a.max_cells, "attention: cell out of range");
-      scores[j] = simd::dot(q, a.k_cells + cell * kv_stride + kvh * hd, hd) * scale;
+      scores[j] *= scale;
       block_max = std::max(block_max, scores[j]);
     }
     const float new_max = std::max(running_max, block_max);
     const float correction = std::exp(running_max - new_max);  // 0 on the first block
     denom *= correction;
-    bool rescale = correction != 1.0f;
-    for (int64_t j = 0; j < nb; ++j) {
-      const float e = std::exp(scores[j] - new_max);
-      denom += e;
-      const float* v = a.v_cells + cells[static_cast<size_t>(b + j)] * kv_stride + kvh * hd;
-      simd::scale_axpy(acc, rescale ? correction : 1.0f, e, v, hd);
-      rescale = false;
+    for (int64_t j = 0; j < nb; ++j) scores[j] -= new_max;
+    exp_array(scores, nb, scores);
+    if constexpr (NV > 0) {
+      if (correction != 1.0f) {
+        for (int i = 0; i < NV; ++i) vacc[i] = simd::mul(vacc[i], simd::set1(correction));
+      }
+      for (int64_t j = 0; j < nb; ++j) {
+        denom += scores[j];
+        const float* v = v_head + block_cells[j] * kv_stride;
+        const simd::Vf e = simd::set1(scores[j]);
+        for (int i = 0; i < NV; ++i) {
+          vacc[i] = simd::fma(e, simd::load<DType::kF32>(v + i * simd::kLanes), vacc[i]);
+        }
+      }
+    } else {
+      bool rescale = correction != 1.0f;
+      for (int64_t j = 0; j < nb; ++j) {
+        denom += scores[j];
+        simd::scale_axpy(acc, rescale ? correction : 1.0f, scores[j],
+                         v_head + block_cells[j] * kv_stride, hd);
+        rescale = false;
+      }
     }
     running_max = new_max;
   }
   const float inv = 1.0f / denom;
-  for (int64_t i = 0; i < hd; ++i) out[i] = acc[i] * inv;
+  if constexpr (NV > 0) {
+    for (int i = 0; i < NV; ++i) {
+      simd::store(out + i * simd::kLanes, simd::mul(vacc[i], simd::set1(inv)));
+    }
+  } else {
+    for (int64_t i = 0; i < hd; ++i) out[i] = acc[i] * inv;
+  }
+}
+
+using AttendFn = void (*)(const AttentionArgs&, int64_t, int64_t, float);
+
+AttendFn pick_attend(int64_t head_dim) {
+  if (head_dim % simd::kLanes != 0) return &attend_one<0>;
+  switch (head_dim / simd::kLanes) {
+    case 2:
+      return &attend_one<2>;
+    case 4:
+      return &attend_one<4>;
+    case 8:
+      return &attend_one<8>;
+    default:
+      return &attend_one<0>;
+  }
 }
 
 }  // namespace
@@ -69,8 +151,16 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
   if (a.n_rows == 0) return;
   CELLM_CHECK(a.q && a.k_cells && a.v_cells && a.out && a.max_cells > 0);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim)));
-  pool.parallel_for(a.n_rows * a.n_heads, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) attend_one(a, t / a.n_heads, t % a.n_heads, scale);
+  // A row's cost grows with its position, so a static split of a prompt's rows
+  // gives one thread the long ones. Threads claim a few tasks at a time instead,
+  // the last rows (in a prompt, the longest) first.
+  const int64_t tasks = a.n_rows * a.n_heads;
+  const AttendFn attend = pick_attend(a.head_dim);
+  pool.parallel_for_dynamic(tasks, kTasksPerClaim, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t t = tasks - 1 - c;
+      attend(a, t / a.n_heads, t % a.n_heads, scale);
+    }
   });
 }
 

@@ -11,7 +11,8 @@
 //   out[r, h] = softmax_j(q[r, h] · k[j] / sqrt(head_dim)) · v[j]
 // computed with an online (running max) softmax in f32. The row's own K/V must
 // already be written (write_kv) before attention runs.
-// Thread-safety: reentrant; `attention` runs on `pool`, one task per (row, head).
+// Thread-safety: reentrant; `attention` runs on `pool`, its threads claiming
+// (row, head) tasks a few at a time, the last rows (the longest in a prompt) first.
 #pragma once
 
 #include <cstdint>

@@ -18,6 +18,10 @@ constexpr int kNr = 4;               // rows of W per micro tile
 constexpr int64_t kNb = 64;          // rows of W per cache tile
 constexpr int64_t kKc = 512;         // columns (k) per cache tile
 constexpr int64_t kPackMinRows = 5;  // widen W tiles once when m reaches this
+// Above this many x rows a product is compute-bound and its W rows are claimed
+// dynamically, kDynamicGroups groups of kNr (32 W rows) at a time.
+constexpr int64_t kStaticMaxRows = 16;
+constexpr int64_t kDynamicGroups = 8;
 
 // acc[i][j] = dot(x row i, w row j) over kc columns, for MR x NR rows; then
 // y[i, j] = acc + y[i, j] (accumulate) or acc + bias[j]. kStream: W comes from
@@ -183,7 +187,12 @@ void matmul_typed(ThreadPool& pool, const float* x, int64_t m, int64_t k, const 
   // Below ~64k multiply-adds a second thread costs more than it saves.
   if (m * n * k < (int64_t{1} << 16)) {
     band(0, groups);
+  } else if (m > kStaticMaxRows) {
+    // Compute-bound: threads claim kDynamicGroups groups at a time, so one that
+    // loses its core for a while (a busy machine) leaves its share to the other.
+    pool.parallel_for_dynamic(groups, kDynamicGroups, band);
   } else {
+    // Bound by streaming W: one contiguous band per thread.
     pool.parallel_for(groups, band);
   }
 }

@@ -6,9 +6,11 @@
 // left 16; f16: F16C); activations are never rounded, and every product is
 // accumulated in f32 (so results match an f32 reference to ~1e-6 relative).
 //
-// Work is split over n: each thread owns a contiguous band of W's rows, so W is
-// streamed from memory once per call, and every row of x is computed against a
-// W tile while it is in cache.
+// Work is split over n, so W is streamed from memory once per call, and every row
+// of x is computed against a W tile while it is in cache: up to 16 rows of x each
+// thread owns a contiguous band of W's rows; above that (compute-bound) the
+// threads claim 32 W rows at a time, so a thread that loses its core for a while
+// leaves its share to the others.
 //   m <= 4 (decode): W widened in registers as it streams from memory, rows two
 //     tiles ahead prefetched into L2 (memory-bound: ~90% of DRAM read bandwidth);
 //   m >= 5: each W tile [64 rows, 512 columns] is widened once into a per-thread

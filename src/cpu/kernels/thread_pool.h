@@ -46,6 +46,27 @@ class ThreadPool {
         [](void* ctx, int64_t begin, int64_t end) { (*static_cast<F*>(ctx))(begin, end); });
   }
 
+  // Runs fn(begin, end) over [0, n) in pieces of `grain` (the last may be shorter)
+  // that the threads claim in order from a shared counter (dynamic chunking): for
+  // work whose pieces cost unequal time, or whose threads may lose their core for a
+  // while on a busy machine. n <= grain runs fn(0, n) on the caller. REQUIRES: grain > 0.
+  template <typename Fn>
+  void parallel_for_dynamic(int64_t n, int64_t grain, Fn&& fn) {
+    if (n <= 0) return;
+    if (n <= grain) {
+      fn(int64_t{0}, n);
+      return;
+    }
+    std::atomic<int64_t> next{0};
+    parallel_for(num_threads_, [&](int64_t, int64_t) {
+      for (;;) {
+        const int64_t begin = next.fetch_add(grain, std::memory_order_relaxed);
+        if (begin >= n) return;
+        fn(begin, begin + grain < n ? begin + grain : n);
+      }
+    });
+  }
+
   // Chunk t of a static partition of [0, n) into `parts` chunks: [begin, end).
   static std::pair<int64_t, int64_t> chunk(int64_t n, int parts, int t) {
     const int64_t base = n / parts, extra = n % parts;

@@ -18,6 +18,10 @@ namespace cellm::cpu::quant {
 namespace {
 
 constexpr int64_t kNr = 4;  // W rows per tile
+// Above this many x rows a product is compute-bound and its W tiles are claimed
+// dynamically, kDynamicGroups tiles (32 W rows) at a time.
+constexpr int64_t kStaticMaxRows = 16;
+constexpr int64_t kDynamicGroups = 8;
 constexpr int kLanesBf16 = 32;
 
 struct Args {
@@ -118,10 +122,11 @@ void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
   const int64_t k_full = a.k / kLanesBf16 * kLanesBf16;
   for (int64_t c = 0; c < k_full; c += kLanesBf16) step(c, 0, true);
   if (k_full < a.k) step(k_full, static_cast<__mmask32>((1u << (a.k - k_full)) - 1u), false);
+  // One (masked) store per row: a loop of nr scalar stores became a memcpy call.
+  const auto keep = static_cast<__mmask8>((1u << nr) - 1u);
   for (int i = 0; i < MR; ++i) {
-    alignas(16) float sums[4];
-    _mm_store_ps(sums, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-    for (int j = 0; j < nr; ++j) a.y[(i0 + i) * a.n + j0 + j] = sums[j];
+    _mm_mask_storeu_ps(a.y + (i0 + i) * a.n + j0, keep,
+                       reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
   }
 }
 
@@ -207,7 +212,12 @@ void bf16_dot_matmul(ThreadPool& pool, const float* x, int64_t m, int64_t k, con
   const auto band = [&](int64_t g0, int64_t g1) { rows(args, g0 * kNr, std::min(n, g1 * kNr)); };
   if (m * n * k < (int64_t{1} << 16)) {
     band(0, groups);
+  } else if (m > kStaticMaxRows) {
+    // Compute-bound: threads claim kDynamicGroups tiles at a time, so one that
+    // loses its core for a while (a busy machine) leaves its share to the other.
+    pool.parallel_for_dynamic(groups, kDynamicGroups, band);
   } else {
+    // Bound by streaming W: one contiguous band per thread.
     pool.parallel_for(groups, band);
   }
 }

@@ -9,8 +9,10 @@
 // activations for every block type), so quant_matmul sends BF16 weights here
 // where the CPU has AVX-512 BF16; cpu::matmul's exact path stays for callers that
 // need it.
-// Work is split over n as cpu::matmul's: each thread streams its band of W once;
-// a tile of 4 W rows stays in L1 while every row of x passes over it.
+// Work is split over n as cpu::matmul's: up to 16 rows of x (decode, bound by
+// streaming W) each thread streams one band of W once; above that (prefill,
+// compute-bound) the threads claim 32 W rows at a time. A tile of 4 W rows stays
+// in L1 while a block of x rows passes over it.
 // Thread-safety: reentrant; runs on `pool` and returns when y is complete.
 #pragma once
 
