@@ -15,6 +15,9 @@
 // Linear weights are [out_features, in_features], row-major (y = x W^T + b).
 // Each view records its own dtype (BF16, F16 or F32; mixing is allowed). Tensors
 // of the checkpoint outside the table (e.g. rotary inv_freq) are ignored.
+// FP8 checkpoints (config.json's quantization_config, model/fp8_checkpoint.h): linear
+// weights stored as F8_E4M3 bind with their weight_scale widened to one f32 per row
+// (TensorView::scales); input_scale tensors are not read (activations stay float).
 //
 // A GGUF file (llama.cpp's format) loads through the same table: its tensor
 // names (token_embd, blk.N.attn_q, ..., output) map onto the names above, its
@@ -84,6 +87,7 @@ struct ConvertedWeight {
   std::vector<std::byte> bytes;
   DType dtype = DType::kF32;
   std::optional<GgmlType> block_type;
+  std::vector<float> scales;  // dtype kF8E4M3: one per row (TensorView::scales)
 };
 
 // Re-encodes one weight, or returns nullopt to keep it as it is. Errors stop
@@ -138,8 +142,9 @@ class ModelWeights {
  private:
   // Binds the weights of an opened checkpoint to `config`; `source` names the
   // checkpoint (its folder) in errors.
+  // `quantized`: config.json has a quantization_config (F8_E4M3 weights allowed).
   static Result<ModelWeights> from_checkpoint(ModelConfig config, SafetensorsCheckpoint checkpoint,
-                                              const std::string& source);
+                                              const std::string& source, bool quantized);
 
   // Maps the GGUF file at `path` and binds its weights.
   static Result<ModelWeights> load_gguf(const std::filesystem::path& path);

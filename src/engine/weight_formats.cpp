@@ -1,13 +1,20 @@
 #include "engine/weight_formats.h"
 
 #include <cctype>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "cellm/weight_quant.h"
+#include "model/fp8.h"
+#include "model/half.h"
 
 namespace cellm {
 namespace {
@@ -37,7 +44,13 @@ constexpr FormatName kFormats[] = {
     {WeightFormat::kQ5_0, "q5_0", GgmlType::kQ5_0}, {WeightFormat::kQ5_1, "q5_1", GgmlType::kQ5_1},
     {WeightFormat::kQ4_K, "q4_k", GgmlType::kQ4_K}, {WeightFormat::kQ5_K, "q5_k", GgmlType::kQ5_K},
     {WeightFormat::kQ6_K, "q6_k", GgmlType::kQ6_K},
+    // The FP8 formats are not ggml types; apply_weight_format handles them first.
+    {WeightFormat::kFp8, "fp8", GgmlType::kBF16},   {WeightFormat::kFp8Head, "fp8_head", GgmlType::kBF16},
 };
+
+bool is_fp8(WeightFormat format) {
+  return format == WeightFormat::kFp8 || format == WeightFormat::kFp8Head;
+}
 
 const FormatName& entry(WeightFormat format) {
   for (const FormatName& f : kFormats) {
@@ -70,9 +83,148 @@ GgmlType stored_type(const TensorView& t) {
     case DType::kF16:
       return GgmlType::kF16;
     case DType::kF32:
+    case DType::kF8E4M3:  // callers handle FP8 weights before asking
       return GgmlType::kF32;
   }
   return GgmlType::kF32;
+}
+
+// Runs fn(begin, end) over [0, rows) split across the machine's threads.
+template <typename Fn>
+void for_rows(int64_t rows, const Fn& fn) {
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, rows);
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t) {
+    workers.emplace_back([&, t] { fn(rows * t / threads, rows * (t + 1) / threads); });
+  }
+  fn(0, rows / threads);
+  for (std::thread& w : workers) w.join();
+}
+
+// Row r of a float tensor [rows, cols] widened to f32 into `out`.
+void row_as_f32(const TensorView& t, int64_t r, int64_t cols, float* out) {
+  const int64_t base = r * cols;
+  for (int64_t c = 0; c < cols; ++c) {
+    switch (t.dtype) {
+      case DType::kF32:
+        out[c] = static_cast<const float*>(t.data)[base + c];
+        break;
+      case DType::kBF16:
+        out[c] = bf16_to_f32(static_cast<const uint16_t*>(t.data)[base + c]);
+        break;
+      case DType::kF16:
+        out[c] = f16_to_f32(static_cast<const uint16_t*>(t.data)[base + c]);
+        break;
+      case DType::kF8E4M3:
+        out[c] = e4m3_to_f32(static_cast<const uint8_t*>(t.data)[base + c]) * t.scales[r];
+        break;
+    }
+  }
+}
+
+// The float weight `t` [rows, cols] as e4m3 with one scale per row (quantize_row_e4m3).
+// InvalidArgument naming the tensor when it holds a non-finite value.
+Result<ConvertedWeight> encode_fp8(const TensorView& t) {
+  const int64_t cols = t.shape.back();
+  const int64_t rows = t.numel() / cols;
+  ConvertedWeight c;
+  c.dtype = DType::kF8E4M3;
+  c.bytes.resize(static_cast<size_t>(rows * cols));
+  c.scales.resize(static_cast<size_t>(rows));
+  std::atomic<int64_t> bad_row{-1};
+  for_rows(rows, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = begin; r < end; ++r) {
+      row_as_f32(t, r, cols, row.data());
+      if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) {
+        bad_row = r;
+        continue;
+      }
+      c.scales[static_cast<size_t>(r)] = quantize_row_e4m3(
+          row.data(), cols, reinterpret_cast<uint8_t*>(c.bytes.data()) + r * cols);
+    }
+  });
+  if (bad_row >= 0) {
+    return InvalidArgument("--weights fp8: tensor " + t.name + " row " +
+                           std::to_string(bad_row.load()) + " holds a non-finite value");
+  }
+  return c;
+}
+
+// The FP8 weight `t` [rows, cols] dequantized (code value * row scale) to `dtype`
+// (BF16 rounds to nearest even; F32 is exact).
+ConvertedWeight decode_fp8(const TensorView& t, DType dtype) {
+  const int64_t cols = t.shape.back();
+  const int64_t rows = t.numel() / cols;
+  ConvertedWeight c;
+  c.dtype = dtype;
+  c.bytes.resize(static_cast<size_t>(rows * cols) * dtype_size_bytes(dtype));
+  for_rows(rows, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = begin; r < end; ++r) {
+      row_as_f32(t, r, cols, row.data());
+      if (dtype == DType::kF32) {
+        std::memcpy(c.bytes.data() + r * cols * 4, row.data(), static_cast<size_t>(cols) * 4);
+      } else {
+        auto* out = reinterpret_cast<uint16_t*>(c.bytes.data()) + r * cols;
+        for (int64_t i = 0; i < cols; ++i) out[i] = f32_to_bf16(row[static_cast<size_t>(i)]);
+      }
+    }
+  });
+  return c;
+}
+
+// apply_weight_format for --weights fp8 / fp8_head, and for FP8 checkpoints under the
+// float formats (which dequantize them) and the block formats (refused).
+Result<ModelWeights> apply_fp8(const ModelWeights& weights, WeightFormat format,
+                               std::string& summary) {
+  int quantized = 0, kept = 0, dequantized = 0;
+  const WeightConverter convert = [&](const TensorView& t,
+                                      WeightRole role) -> Result<std::optional<ConvertedWeight>> {
+    const bool head = role == WeightRole::kLmHead;
+    if (t.dtype == DType::kF8E4M3 && !t.block_type) {
+      if (is_fp8(format) || format == WeightFormat::kAuto) {
+        ++kept;
+        return std::optional<ConvertedWeight>();
+      }
+      if (format == WeightFormat::kBF16 || format == WeightFormat::kF32) {
+        ++dequantized;
+        return std::optional<ConvertedWeight>(
+            decode_fp8(t, format == WeightFormat::kF32 ? DType::kF32 : DType::kBF16));
+      }
+      return NotSupported("--weights " + std::string(to_string(format)) + ": tensor " + t.name +
+                          " is already FP8; give --weights auto, fp8, bf16 or f32");
+    }
+    if (!is_fp8(format)) return std::optional<ConvertedWeight>();
+    if (role != WeightRole::kLinear && !(head && format == WeightFormat::kFp8Head)) {
+      return std::optional<ConvertedWeight>();
+    }
+    if (t.block_type) {
+      return NotSupported("--weights " + std::string(to_string(format)) + ": tensor " + t.name +
+                          " is already quantized (" + type_name(*t.block_type) +
+                          "); only float weights are quantized on load (give --weights auto)");
+    }
+    CELLM_ASSIGN_OR_RETURN(ConvertedWeight c, encode_fp8(t));
+    ++quantized;
+    return std::optional<ConvertedWeight>(std::move(c));
+  };
+  CELLM_ASSIGN_OR_RETURN(ModelWeights out, weights.converted(convert));
+  summary = std::string(to_string(format)) + ":";
+  if (quantized > 0) summary += " " + std::to_string(quantized) + " weights quantized to fp8 e4m3";
+  if (kept > 0) summary += " " + std::to_string(kept) + " fp8 weights as stored";
+  if (dequantized > 0) {
+    summary += " " + std::to_string(dequantized) + " fp8 weights dequantized to " +
+               to_string(format);
+  }
+  if (format == WeightFormat::kFp8 && quantized > 0) summary += " (lm_head as stored)";
+  return out;
+}
+
+bool has_fp8(const ModelWeights& weights) {
+  for (const TensorView* t : weights.tensors()) {
+    if (t->dtype == DType::kF8E4M3 && !t->block_type) return true;
+  }
+  return false;
 }
 
 bool is_float(GgmlType t) {
@@ -120,12 +272,15 @@ Result<WeightFormat> parse_weight_format(std::string_view name) {
 }
 
 bool cuda_runs_weight_format(WeightFormat format) {
-  return format == WeightFormat::kAuto || format == WeightFormat::kBF16;
+  return format == WeightFormat::kAuto || format == WeightFormat::kBF16 || is_fp8(format);
 }
 
 Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightFormat format,
                                          std::string& summary) {
   summary.clear();
+  if (is_fp8(format) || (format != WeightFormat::kAuto && has_fp8(weights))) {
+    return apply_fp8(weights, format, summary);
+  }
   if (format == WeightFormat::kAuto) return weights;
   const GgmlType want = entry(format).type;
   std::map<std::string, int> counts;  // format name -> weights held in it
@@ -187,10 +342,15 @@ Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightForm
 Result<std::shared_ptr<const ModelWeights>> dequantize_blocks_to_bf16(
     std::shared_ptr<const ModelWeights> weights) {
   bool any = false;
-  for (const TensorView* t : weights->tensors()) any = any || t->block_type.has_value();
+  for (const TensorView* t : weights->tensors()) {
+    any = any || t->block_type.has_value() || t->dtype == DType::kF8E4M3;
+  }
   if (!any) return weights;
   const WeightConverter convert = [](const TensorView& t,
                                      WeightRole) -> Result<std::optional<ConvertedWeight>> {
+    if (!t.block_type && t.dtype == DType::kF8E4M3) {
+      return std::optional<ConvertedWeight>(decode_fp8(t, DType::kBF16));
+    }
     if (!t.block_type) return std::optional<ConvertedWeight>();
     if (!cpu_weight_type_supported(*t.block_type)) {
       return NotSupported("tensor " + t.name + " is in a block format this build cannot read");

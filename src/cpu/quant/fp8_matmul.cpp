@@ -1,0 +1,122 @@
+#include "cpu/quant/fp8_matmul.h"
+
+#include <algorithm>
+#include <bit>
+#include <vector>
+
+#include "cellm/status.h"
+#include "cpu/kernels/matmul.h"
+#include "cpu/quant/bf16_dot_matmul.h"
+#include "model/fp8.h"
+
+namespace cellm::cpu::quant {
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kMaxFusedRows = 4;
+
+// The value of e4m3 `code` without a table, in a form that vectorizes: a normal code's
+// exponent and mantissa bits go to f32's (exponent rebiased by 127 - 7 = 120), a
+// subnormal's value is m * 2^-9; the sign bit moves to bit 31.
+inline float decode(uint32_t code) {
+  const uint32_t magnitude = code & 0x7F;
+  const uint32_t sign = (code & 0x80) << 24;
+  const float normal = std::bit_cast<float>((magnitude << 20) + (120u << 23));
+  const float subnormal = static_cast<float>(magnitude) * 0x1p-9f;
+  const float v = magnitude >= 8 ? normal : subnormal;
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(v) | sign);
+}
+
+float bias_at(TypedPtr bias, int64_t j) {
+  return bias.data != nullptr ? load_as_f32(bias.data, bias.dtype, j) : 0.0f;
+}
+
+// Rows [j0, j1) of y for m <= kMaxFusedRows rows of x, W decoded in registers.
+template <int64_t M>
+void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, float* y,
+                int64_t n, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w.codes + j * k;
+    float acc[M][kLanes] = {};
+    int64_t c = 0;
+    for (; c + kLanes <= k; c += kLanes) {
+      float v[kLanes];
+      for (int64_t l = 0; l < kLanes; ++l) v[l] = decode(row[c + l]);
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t l = 0; l < kLanes; ++l) acc[i][l] += x[i * k + c + l] * v[l];
+      }
+    }
+    for (int64_t i = 0; i < M; ++i) {
+      float sum = 0.0f;
+      for (int64_t l = 0; l < kLanes; ++l) sum += acc[i][l];
+      for (int64_t t = c; t < k; ++t) sum += x[i * k + t] * decode(row[t]);
+      y[i * n + j] = sum * w.scales[j] + bias_at(bias, j);
+    }
+  }
+}
+
+template <int64_t M>
+void fused(ThreadPool& pool, const float* x, const Fp8Weights& w, TypedPtr bias, float* y) {
+  pool.parallel_for(w.rows, [&](int64_t j0, int64_t j1) {
+    fused_rows<M>(x, w.cols, w, bias, y, w.rows, j0, j1);
+  });
+}
+
+}  // namespace
+
+void fp8_matmul(ThreadPool& pool, const float* x, int64_t m, const Fp8Weights& w, TypedPtr bias,
+                float* y, bool bf16_dot) {
+  CELLM_CHECK(m >= 0 && w.rows >= 0 && w.cols >= 0);
+  if (m == 0 || w.rows == 0) return;
+  CELLM_CHECK(w.codes != nullptr && w.scales != nullptr && x != nullptr && y != nullptr);
+  switch (std::min(m, kMaxFusedRows + 1)) {
+    case 1:
+      return fused<1>(pool, x, w, bias, y);
+    case 2:
+      return fused<2>(pool, x, w, bias, y);
+    case 3:
+      return fused<3>(pool, x, w, bias, y);
+    case 4:
+      return fused<4>(pool, x, w, bias, y);
+    default:
+      break;
+  }
+  const int64_t n = w.rows, k = w.cols;
+  // The bf16 bits of every code (exact), then W once into this thread's buffer.
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(256);
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = e4m3_to_bf16(static_cast<uint8_t>(c));
+    return t;
+  }();
+  thread_local std::vector<uint16_t> decoded;
+  if (decoded.size() < static_cast<size_t>(n * k)) decoded.resize(static_cast<size_t>(n * k));
+  uint16_t* wb = decoded.data();
+  pool.parallel_for(n, [&](int64_t j0, int64_t j1) {
+    for (int64_t i = j0 * k; i < j1 * k; ++i) wb[i] = table[w.codes[i]];
+  });
+  if (bf16_dot && bf16_dot_supported()) {
+    bf16_dot_matmul(pool, x, m, k, wb, n, y);
+  } else {
+    matmul(pool, x, m, k, TypedPtr{wb, DType::kBF16}, n, TypedPtr{}, y);
+  }
+  pool.parallel_for(m, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t j = 0; j < n; ++j) y[i * n + j] = y[i * n + j] * w.scales[j] + bias_at(bias, j);
+    }
+  });
+}
+
+void fp8_matmul_scalar(const float* x, int64_t m, const Fp8Weights& w, TypedPtr bias, float* y) {
+  const std::array<float, 256>& table = e4m3_table();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < w.rows; ++j) {
+      float sum = 0.0f;
+      for (int64_t c = 0; c < w.cols; ++c) {
+        sum += x[i * w.cols + c] * table[w.codes[j * w.cols + c]];
+      }
+      y[i * w.rows + j] = sum * w.scales[j] + bias_at(bias, j);
+    }
+  }
+}
+
+}  // namespace cellm::cpu::quant
