@@ -1,8 +1,8 @@
 #include "engine/weight_formats.h"
 
-#include <cctype>
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -38,14 +38,20 @@ struct FormatName {
 };
 
 constexpr FormatName kFormats[] = {
-    {WeightFormat::kAuto, "auto", GgmlType::kBF16}, {WeightFormat::kBF16, "bf16", GgmlType::kBF16},
-    {WeightFormat::kF32, "f32", GgmlType::kF32},    {WeightFormat::kQ8_0, "q8_0", GgmlType::kQ8_0},
-    {WeightFormat::kQ4_0, "q4_0", GgmlType::kQ4_0}, {WeightFormat::kQ4_1, "q4_1", GgmlType::kQ4_1},
-    {WeightFormat::kQ5_0, "q5_0", GgmlType::kQ5_0}, {WeightFormat::kQ5_1, "q5_1", GgmlType::kQ5_1},
-    {WeightFormat::kQ4_K, "q4_k", GgmlType::kQ4_K}, {WeightFormat::kQ5_K, "q5_k", GgmlType::kQ5_K},
+    {WeightFormat::kAuto, "auto", GgmlType::kBF16},
+    {WeightFormat::kBF16, "bf16", GgmlType::kBF16},
+    {WeightFormat::kF32, "f32", GgmlType::kF32},
+    {WeightFormat::kQ8_0, "q8_0", GgmlType::kQ8_0},
+    {WeightFormat::kQ4_0, "q4_0", GgmlType::kQ4_0},
+    {WeightFormat::kQ4_1, "q4_1", GgmlType::kQ4_1},
+    {WeightFormat::kQ5_0, "q5_0", GgmlType::kQ5_0},
+    {WeightFormat::kQ5_1, "q5_1", GgmlType::kQ5_1},
+    {WeightFormat::kQ4_K, "q4_k", GgmlType::kQ4_K},
+    {WeightFormat::kQ5_K, "q5_k", GgmlType::kQ5_K},
     {WeightFormat::kQ6_K, "q6_k", GgmlType::kQ6_K},
     // The FP8 formats are not ggml types; apply_weight_format handles them first.
-    {WeightFormat::kFp8, "fp8", GgmlType::kBF16},   {WeightFormat::kFp8Head, "fp8_head", GgmlType::kBF16},
+    {WeightFormat::kFp8, "fp8", GgmlType::kBF16},
+    {WeightFormat::kFp8Head, "fp8_head", GgmlType::kBF16},
 };
 
 bool is_fp8(WeightFormat format) {
@@ -213,8 +219,8 @@ Result<ModelWeights> apply_fp8(const ModelWeights& weights, WeightFormat format,
   if (quantized > 0) summary += " " + std::to_string(quantized) + " weights quantized to fp8 e4m3";
   if (kept > 0) summary += " " + std::to_string(kept) + " fp8 weights as stored";
   if (dequantized > 0) {
-    summary += " " + std::to_string(dequantized) + " fp8 weights dequantized to " +
-               to_string(format);
+    summary +=
+        " " + std::to_string(dequantized) + " fp8 weights dequantized to " + to_string(format);
   }
   if (format == WeightFormat::kFp8 && quantized > 0) summary += " (lm_head as stored)";
   return out;

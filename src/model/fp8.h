@@ -71,7 +71,7 @@ inline uint8_t f32_to_e4m3(float value) {
   }
   int e2 = 0;
   const float fraction = std::frexp(a, &e2);  // a = fraction * 2^e2, fraction in [0.5, 1)
-  int exponent = e2 - 1 + 7;                   // a = (1 + m / 8) * 2^(exponent - 7)
+  int exponent = e2 - 1 + 7;                  // a = (1 + m / 8) * 2^(exponent - 7)
   // (2 fraction - 1) * 8 is exact; rounding it to an integer rounds the mantissa.
   auto mantissa = static_cast<int>(std::nearbyint((2.0f * fraction - 1.0f) * 8.0f));
   if (mantissa == 8) {

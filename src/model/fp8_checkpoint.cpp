@@ -157,9 +157,9 @@ Result<std::vector<float>> fp8_row_scales(const SafetensorsCheckpoint& checkpoin
   }
   const int64_t n = scale->numel();
   const bool per_tensor = n == 1;
-  const bool per_row = n == rows && !scale->shape.empty() && scale->shape[0] == rows &&
-                       (scale->shape.size() == 1 ||
-                        (scale->shape.size() == 2 && scale->shape[1] == 1));
+  const bool per_row =
+      n == rows && !scale->shape.empty() && scale->shape[0] == rows &&
+      (scale->shape.size() == 1 || (scale->shape.size() == 2 && scale->shape[1] == 1));
   if (!per_tensor && !per_row) {
     return NotSupported(source + ": tensor '" + scale->name + "' has shape " +
                         shape_to_string(scale->shape) + "; expected one scale or one per row (" +

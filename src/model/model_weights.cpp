@@ -449,7 +449,8 @@ WeightRole role_of(const std::string& name) {
 // Bytes a [.., cols] tensor of `numel` elements takes in the converted format, or
 // nullopt when its rows are not whole blocks.
 std::optional<size_t> converted_bytes(const ConvertedWeight& c, int64_t numel, int64_t cols) {
-  if (c.dtype == DType::kF8E4M3 && !c.block_type && static_cast<int64_t>(c.scales.size()) * cols != numel) {
+  if (c.dtype == DType::kF8E4M3 && !c.block_type &&
+      static_cast<int64_t>(c.scales.size()) * cols != numel) {
     return std::nullopt;  // one scale per row
   }
   if (!c.block_type) return static_cast<size_t>(numel) * dtype_size_bytes(c.dtype);

@@ -71,9 +71,9 @@ void check(const Case& c, bool bf16_dot, ThreadPool& pool) {
 TEST(Fp8Matmul, MatchesTheScalarTwinOnEveryElement) {
   ThreadPool pool(2);
   const std::vector<Case> cases = {
-      {1, 7, 16, false},  {1, 33, 64, true},   {2, 5, 17, true},    {3, 64, 100, false},
-      {4, 19, 256, true}, {5, 8, 16, false},   {6, 31, 33, true},   {8, 64, 128, true},
-      {17, 40, 96, false}, {64, 24, 512, true}, {1, 1, 1, false},    {9, 3, 5, true},
+      {1, 7, 16, false},   {1, 33, 64, true},   {2, 5, 17, true},  {3, 64, 100, false},
+      {4, 19, 256, true},  {5, 8, 16, false},   {6, 31, 33, true}, {8, 64, 128, true},
+      {17, 40, 96, false}, {64, 24, 512, true}, {1, 1, 1, false},  {9, 3, 5, true},
   };
   for (const Case& c : cases) {
     check(c, /*bf16_dot=*/false, pool);
@@ -87,7 +87,8 @@ TEST(Fp8Matmul, DecodesEveryCodeExactly) {
   const int64_t n = 256, k = 256;
   std::vector<uint8_t> w(static_cast<size_t>(n * k), 0);
   for (int64_t j = 0; j < n; ++j) {
-    w[static_cast<size_t>(j * k + j)] = e4m3_is_nan(static_cast<uint8_t>(j)) ? 0 : static_cast<uint8_t>(j);
+    w[static_cast<size_t>(j * k + j)] =
+        e4m3_is_nan(static_cast<uint8_t>(j)) ? 0 : static_cast<uint8_t>(j);
   }
   std::vector<float> scales(static_cast<size_t>(n), 1.0f);
   for (int64_t m : {1, 5}) {

@@ -155,7 +155,8 @@ TEST(Fp8Checkpoint, LogitsMatchTheTorchReference) {
   for (int64_t step : {static_cast<int64_t>(ids.size()), int64_t{1}}) {
     const std::vector<float> got = logits_of(w, ids, step);
     double worst = 0.0;
-    for (size_t i = 0; i < want.size(); ++i) worst = std::max<double>(worst, std::fabs(got[i] - want[i]));
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max<double>(worst, std::fabs(got[i] - want[i]));
     std::printf("fp8-tiny, forwards of %ld tokens: max |logit - torch| %.3g (largest logit %.3g)\n",
                 static_cast<long>(step), worst, peak);
     EXPECT_LE(worst, 1e-3 * peak) << "step " << step;
@@ -216,7 +217,8 @@ void write_variant(const testing::TempDir& dir, const json& quantization,
   std::ifstream in(kFp8Tiny / "model.safetensors", std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    header_len |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
   json header = json::parse(bytes.substr(8, header_len));
   if (!rename_from.empty()) {
     header[rename_to] = header[rename_from];
@@ -330,14 +332,15 @@ double fp8_cosine(const fs::path& path, WeightFormat format) {
   if (!ref || !q) return -1.0;
   const int64_t vocab = ref->weights->config().vocab_size();
   std::mt19937 rng(11);
-  std::uniform_int_distribution<Token> id(2, static_cast<Token>(std::min<int64_t>(vocab, 4000) - 1));
+  std::uniform_int_distribution<Token> id(2,
+                                          static_cast<Token>(std::min<int64_t>(vocab, 4000) - 1));
   double worst = 1.0;
   for (size_t len : {5u, 17u, 40u}) {
     std::vector<Token> p(len);
     for (Token& t : p) t = id(rng);
     const std::vector<float> want = logits_of(ref->weights, p, static_cast<int64_t>(len));
-    worst = std::min(worst, min_row_cosine(logits_of(q->weights, p, static_cast<int64_t>(len)),
-                                           want, vocab));
+    worst = std::min(
+        worst, min_row_cosine(logits_of(q->weights, p, static_cast<int64_t>(len)), want, vocab));
     if (len == 5) worst = std::min(worst, min_row_cosine(logits_of(q->weights, p, 1), want, vocab));
   }
   std::printf("%s --weights %s: %s; worst per-row logit cosine %.6f\n", path.c_str(),
@@ -366,12 +369,13 @@ TEST(WeightsFp8, QuantizesLinearLayersOnLoad) {
   std::vector<uint8_t> codes(static_cast<size_t>(cols));
   for (int64_t r = 0; r < src.shape[0]; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      row[static_cast<size_t>(c)] = bf16_to_f32(static_cast<const uint16_t*>(src.data)[r * cols + c]);
+      row[static_cast<size_t>(c)] =
+          bf16_to_f32(static_cast<const uint16_t*>(src.data)[r * cols + c]);
     }
     ASSERT_EQ(quantize_row_e4m3(row.data(), cols, codes.data()), dst.scales[r]) << r;
-    ASSERT_EQ(std::memcmp(codes.data(), static_cast<const uint8_t*>(dst.data) + r * cols,
-                          codes.size()),
-              0)
+    ASSERT_EQ(
+        std::memcmp(codes.data(), static_cast<const uint8_t*>(dst.data) + r * cols, codes.size()),
+        0)
         << "row " << r;
   }
   // Measured 0.99888 (e4m3 keeps 3 mantissa bits: about 2% rms rounding per weight,

@@ -33,8 +33,8 @@ float bias_at(TypedPtr bias, int64_t j) {
 
 // Rows [j0, j1) of y for m <= kMaxFusedRows rows of x, W decoded in registers.
 template <int64_t M>
-void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, float* y,
-                int64_t n, int64_t j0, int64_t j1) {
+void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, float* y, int64_t n,
+                int64_t j0, int64_t j1) {
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* row = w.codes + j * k;
     float acc[M][kLanes] = {};
