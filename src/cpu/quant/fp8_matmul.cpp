@@ -9,6 +9,10 @@
 #include "cpu/quant/bf16_dot_matmul.h"
 #include "model/fp8.h"
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
+#include "cpu/kernels/x86_intrinsics.h"
+#endif
+
 namespace cellm::cpu::quant {
 namespace {
 
@@ -31,6 +35,74 @@ float bias_at(TypedPtr bias, int64_t j) {
   return bias.data != nullptr ? load_as_f32(bias.data, bias.dtype, j) : 0.0f;
 }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
+// 2^-8 times the values of codes held one per 16-bit lane: sign to bit 15, exponent
+// and mantissa bits to f16's (an e4m3 exponent field e is the f16 field e, bias 15
+// instead of 7: hence 2^-8; e4m3 subnormals land on f16 subnormals, which the f16 ->
+// f32 conversion widens exactly).
+inline __m256i to_f16_bits_scaled(__m256i h) {
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8);
+  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F)), 7);
+  return _mm256_or_si256(sign, mag);
+}
+#endif
+
+#if defined(__AVX512F__)
+// Rows [j0, j1) of y for M rows of x: 16 codes per step widened through f16.
+template <int64_t M>
+void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, float* y, int64_t n,
+                int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w.codes + j * k;
+    __m512 acc[M];
+    for (int64_t i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + kLanes <= k; c += kLanes) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+      const __m512 v = _mm512_cvtph_ps(to_f16_bits_scaled(_mm256_cvtepu8_epi16(b)));
+      for (int64_t i = 0; i < M; ++i) {
+        acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + c), v, acc[i]);
+      }
+    }
+    for (int64_t i = 0; i < M; ++i) {
+      float sum = _mm512_reduce_add_ps(acc[i]) * 256.0f;
+      for (int64_t t = c; t < k; ++t) sum += x[i * k + t] * decode(row[t]);
+      y[i * n + j] = sum * w.scales[j] + bias_at(bias, j);
+    }
+  }
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+// Rows [j0, j1) of y for M rows of x: 16 codes per step widened through f16.
+template <int64_t M>
+void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, float* y, int64_t n,
+                int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w.codes + j * k;
+    __m256 acc[M][2];
+    for (int64_t i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + kLanes <= k; c += kLanes) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+      const __m256i h = to_f16_bits_scaled(_mm256_cvtepu8_epi16(b));
+      const __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+      const __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+      for (int64_t i = 0; i < M; ++i) {
+        acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + c), lo, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + c + 8), hi, acc[i][1]);
+      }
+    }
+    for (int64_t i = 0; i < M; ++i) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, _mm256_add_ps(acc[i][0], acc[i][1]));
+      float sum = 0.0f;
+      for (float l : lanes) sum += l;
+      sum *= 256.0f;
+      for (int64_t t = c; t < k; ++t) sum += x[i * k + t] * decode(row[t]);
+      y[i * n + j] = sum * w.scales[j] + bias_at(bias, j);
+    }
+  }
+}
+#else
 // Rows [j0, j1) of y for m <= kMaxFusedRows rows of x, W decoded in registers.
 template <int64_t M>
 void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, float* y, int64_t n,
@@ -54,6 +126,7 @@ void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, f
     }
   }
 }
+#endif
 
 template <int64_t M>
 void fused(ThreadPool& pool, const float* x, const Fp8Weights& w, TypedPtr bias, float* y) {

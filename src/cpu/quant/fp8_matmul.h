@@ -7,8 +7,11 @@
 // Every e4m3 code decodes exactly (to f32 and to bf16), so the only rounding is the
 // f32 sums' (and, with bf16_dot, x's rounding to bf16, as bf16 weights get).
 //   m <= 4 (decode): each thread streams its band of W rows once, 1 byte a weight,
-//     decoding 16 codes at a time in registers (exponent rebias for normals, m *
-//     2^-9 for subnormals: no denormal arithmetic) into 16-lane f32 sums per row of x.
+//     decoding 16 codes at a time in registers into 16-lane f32 sums per row of x:
+//     with AVX-512 or AVX2+F16C the codes' bits become f16 bits (exact, subnormals
+//     included, widened by the f16 -> f32 conversion), else a portable loop (exponent
+//     rebias for normals, m * 2^-9 for subnormals: no denormal arithmetic). The
+//     instruction set is the one this file is compiled for (-march).
 //   m >= 5: W is decoded to bf16 once per call into a buffer of the calling thread
 //     and multiplied by the bf16 kernels (bf16_dot_matmul when asked for and the CPU
 //     has it, else cpu::matmul's exact path), then scaled per column; the decode is
