@@ -95,6 +95,16 @@ struct ConvertedWeight {
 using WeightConverter = std::function<Result<std::optional<ConvertedWeight>>(
     const TensorView& weight, WeightRole role)>;
 
+// FP8 re-encodings for converters (the float8_e4m3fn codec of src/model/fp8.h).
+// `weight` [rows, cols] (F32, F16 or BF16, or F8_E4M3) quantized to e4m3 with one
+// scale per row: scale = the row's largest magnitude / 448, codes rounded to nearest
+// even. InvalidArgument naming the tensor and row when it holds a non-finite value.
+Result<ConvertedWeight> quantize_to_fp8(const TensorView& weight);
+// The F8_E4M3 weight `weight` dequantized (code value * row scale) to `dtype` (F32:
+// exact; BF16: rounded to nearest even). REQUIRES: weight.dtype == kF8E4M3, dtype F32
+// or BF16.
+ConvertedWeight dequantize_fp8(const TensorView& weight, DType dtype);
+
 class ModelWeights {
  public:
   // Reads `dir`/config.json and the safetensors of `dir` (single or sharded) and
