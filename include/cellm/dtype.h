@@ -16,9 +16,13 @@ enum class DType {
   kBF16,  // bfloat16: 1 sign, 8 exponent, 7 mantissa bits
   kF16,   // IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits
   kF32,   // IEEE binary32
+  // float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities,
+  // S.1111.111 is NaN, largest finite 448, subnormals down to 2^-9. Linear weights
+  // only, each row scaled by TensorView::scales (model/fp8.h has the codec).
+  kF8E4M3,
 };
 
-// Bytes per element: 2, 2, 4.
+// Bytes per element: 2, 2, 4, 1.
 constexpr size_t dtype_size_bytes(DType dtype) {
   switch (dtype) {
     case DType::kBF16:
@@ -27,11 +31,13 @@ constexpr size_t dtype_size_bytes(DType dtype) {
       return 2;
     case DType::kF32:
       return 4;
+    case DType::kF8E4M3:
+      return 1;
   }
   return 0;
 }
 
-// The safetensors spelling: "BF16", "F16", "F32".
+// The safetensors spelling: "BF16", "F16", "F32", "F8_E4M3".
 constexpr const char* to_string(DType dtype) {
   switch (dtype) {
     case DType::kBF16:
@@ -40,6 +46,8 @@ constexpr const char* to_string(DType dtype) {
       return "F16";
     case DType::kF32:
       return "F32";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "unknown";
 }
@@ -184,6 +192,10 @@ struct TensorView {
   const void* data = nullptr;
   size_t nbytes = 0;                   // numel() * dtype_size_bytes(dtype), or the blocks' bytes
   std::optional<GgmlType> block_type;  // set: stored in this ggml block format
+  // dtype kF8E4M3 only: shape[0] f32 scales, one per row (output feature): element
+  // [r, c] is decode(byte [r, c]) * scales[r]. A per-tensor scale is stored as the
+  // same value for every row. Owned by the same storage as `data`.
+  const float* scales = nullptr;
 
   int64_t numel() const {
     int64_t n = 1;

@@ -48,7 +48,13 @@ namespace cellm {
 // stored. The embedding, the norms, the biases and the LM head always stay as stored (the
 // head is often tied to the embedding, and it is the weight most sensitive to rounding).
 // Weights a GGUF file already holds in blocks are refused unless the format is theirs (no
-// re-quantizing). The CUDA executor runs kAuto and kBF16 only.
+// re-quantizing). The CUDA executor runs kAuto and kBF16, and the FP8 formats as bf16.
+// kFp8 quantizes float linear weights to float8_e4m3fn with one f32 scale per output row
+// (the row's largest magnitude / 448); kFp8Head ("fp8_head") does the same and quantizes
+// an untied LM head too (a tied head stays the embedding's). A checkpoint already in FP8
+// (quantization_config) keeps its weights under kAuto, kFp8 and kFp8Head; kBF16 / kF32
+// dequantize them. The CPU executor computes with the e4m3 bytes; the CUDA executor
+// dequantizes FP8 weights to bf16 as it loads them.
 enum class WeightFormat {
   kAuto,
   kBF16,
@@ -61,15 +67,18 @@ enum class WeightFormat {
   kQ4_K,
   kQ5_K,
   kQ6_K,
+  kFp8,
+  kFp8Head,
 };
-// "auto", "bf16", "f32", "q8_0", ..., "q6_k".
+// "auto", "bf16", "f32", "q8_0", ..., "q6_k", "fp8", "fp8_head".
 const char* to_string(WeightFormat format);
 // The format spelled `name` (as to_string spells it, any case); InvalidArgument naming the
 // value and listing the formats otherwise.
 Result<WeightFormat> parse_weight_format(std::string_view name);
-// "auto, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k": for help texts.
+// "auto, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, fp8, fp8_head": for help
+// texts.
 std::string weight_format_names();
-// Whether the CUDA executor runs weights loaded as `format` (kAuto and kBF16).
+// Whether the CUDA executor runs weights loaded as `format` (kAuto, kBF16, kFp8, kFp8Head).
 bool cuda_runs_weight_format(WeightFormat format);
 
 // Where the weights come from: a Hugging Face folder, the bundled default model, or random

@@ -15,6 +15,9 @@
 // Linear weights are [out_features, in_features], row-major (y = x W^T + b).
 // Each view records its own dtype (BF16, F16 or F32; mixing is allowed). Tensors
 // of the checkpoint outside the table (e.g. rotary inv_freq) are ignored.
+// FP8 checkpoints (config.json's quantization_config, model/fp8_checkpoint.h): linear
+// weights stored as F8_E4M3 bind with their weight_scale widened to one f32 per row
+// (TensorView::scales); input_scale tensors are not read (activations stay float).
 //
 // A GGUF file (llama.cpp's format) loads through the same table: its tensor
 // names (token_embd, blk.N.attn_q, ..., output) map onto the names above, its
@@ -84,12 +87,23 @@ struct ConvertedWeight {
   std::vector<std::byte> bytes;
   DType dtype = DType::kF32;
   std::optional<GgmlType> block_type;
+  std::vector<float> scales;  // dtype kF8E4M3: one per row (TensorView::scales)
 };
 
 // Re-encodes one weight, or returns nullopt to keep it as it is. Errors stop
 // the conversion and are returned by converted().
 using WeightConverter = std::function<Result<std::optional<ConvertedWeight>>(
     const TensorView& weight, WeightRole role)>;
+
+// FP8 re-encodings for converters (the float8_e4m3fn codec of src/model/fp8.h).
+// `weight` [rows, cols] (F32, F16 or BF16, or F8_E4M3) quantized to e4m3 with one
+// scale per row: scale = the row's largest magnitude / 448, codes rounded to nearest
+// even. InvalidArgument naming the tensor and row when it holds a non-finite value.
+Result<ConvertedWeight> quantize_to_fp8(const TensorView& weight);
+// The F8_E4M3 weight `weight` dequantized (code value * row scale) to `dtype` (F32:
+// exact; BF16: rounded to nearest even). REQUIRES: weight.dtype == kF8E4M3, dtype F32
+// or BF16.
+ConvertedWeight dequantize_fp8(const TensorView& weight, DType dtype);
 
 class ModelWeights {
  public:
@@ -138,8 +152,9 @@ class ModelWeights {
  private:
   // Binds the weights of an opened checkpoint to `config`; `source` names the
   // checkpoint (its folder) in errors.
+  // `quantized`: config.json has a quantization_config (F8_E4M3 weights allowed).
   static Result<ModelWeights> from_checkpoint(ModelConfig config, SafetensorsCheckpoint checkpoint,
-                                              const std::string& source);
+                                              const std::string& source, bool quantized);
 
   // Maps the GGUF file at `path` and binds its weights.
   static Result<ModelWeights> load_gguf(const std::filesystem::path& path);

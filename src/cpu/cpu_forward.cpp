@@ -12,6 +12,7 @@
 #include "cpu/kernels/rope.h"
 #include "cpu/quant/bf16_dot_matmul.h"
 #include "cpu/quant/block_formats.h"
+#include "cpu/quant/fp8_matmul.h"
 #include "cpu/quant/quant_matmul.h"
 #include "model/rope.h"
 
@@ -74,6 +75,9 @@ void CpuForward::linear(const float* x, int64_t m, int64_t k, const TensorView& 
                         TypedPtr bias, float* y) {
   if (w.block_type) {
     quant::quant_matmul(pool_, x, m, quant_weights(w), bias, y);
+  } else if (w.dtype == DType::kF8E4M3) {
+    const quant::Fp8Weights w8{static_cast<const uint8_t*>(w.data), w.scales, n, k};
+    quant::fp8_matmul(pool_, x, m, w8, bias, y, bf16_dot_);
   } else if (bf16_dot_ && w.dtype == DType::kBF16) {
     quant::bf16_dot_matmul(pool_, x, m, k, static_cast<const uint16_t*>(w.data), n, y);
     if (bias.data != nullptr) {
@@ -113,7 +117,8 @@ void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> lo
   }
   rmsnorm(pool_, h_.data(), n_sel, d, typed(weights_->final_norm()),
           static_cast<float>(c.rms_norm_eps()), h_.data());
-  if (weights_->lm_head().block_type || (bf16_dot_ && weights_->lm_head().dtype == DType::kBF16)) {
+  if (weights_->lm_head().block_type || weights_->lm_head().dtype == DType::kF8E4M3 ||
+      (bf16_dot_ && weights_->lm_head().dtype == DType::kBF16)) {
     // h_ holds exactly the selected rows, in order.
     if (n_sel > 0) {
       linear(h_.data(), n_sel, d, weights_->lm_head(), c.vocab_size(), TypedPtr{}, logits.data());

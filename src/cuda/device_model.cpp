@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "cellm/dtype.h"
+#include "model/fp8.h"
 #include "model/half.h"
 
 namespace cellm::cuda {
@@ -26,6 +27,8 @@ float element(const TensorView& t, int64_t i) {
       return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
     case DType::kBF16:
       return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::kF8E4M3:  // the code's value times its row's scale
+      return e4m3_to_f32(static_cast<const uint8_t*>(t.data)[i]) * t.scales[i / t.shape.back()];
   }
   return 0.0f;
 }

@@ -1,5 +1,6 @@
 #include "engine/weight_formats.h"
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <optional>
@@ -31,13 +32,25 @@ struct FormatName {
 };
 
 constexpr FormatName kFormats[] = {
-    {WeightFormat::kAuto, "auto", GgmlType::kBF16}, {WeightFormat::kBF16, "bf16", GgmlType::kBF16},
-    {WeightFormat::kF32, "f32", GgmlType::kF32},    {WeightFormat::kQ8_0, "q8_0", GgmlType::kQ8_0},
-    {WeightFormat::kQ4_0, "q4_0", GgmlType::kQ4_0}, {WeightFormat::kQ4_1, "q4_1", GgmlType::kQ4_1},
-    {WeightFormat::kQ5_0, "q5_0", GgmlType::kQ5_0}, {WeightFormat::kQ5_1, "q5_1", GgmlType::kQ5_1},
-    {WeightFormat::kQ4_K, "q4_k", GgmlType::kQ4_K}, {WeightFormat::kQ5_K, "q5_k", GgmlType::kQ5_K},
+    {WeightFormat::kAuto, "auto", GgmlType::kBF16},
+    {WeightFormat::kBF16, "bf16", GgmlType::kBF16},
+    {WeightFormat::kF32, "f32", GgmlType::kF32},
+    {WeightFormat::kQ8_0, "q8_0", GgmlType::kQ8_0},
+    {WeightFormat::kQ4_0, "q4_0", GgmlType::kQ4_0},
+    {WeightFormat::kQ4_1, "q4_1", GgmlType::kQ4_1},
+    {WeightFormat::kQ5_0, "q5_0", GgmlType::kQ5_0},
+    {WeightFormat::kQ5_1, "q5_1", GgmlType::kQ5_1},
+    {WeightFormat::kQ4_K, "q4_k", GgmlType::kQ4_K},
+    {WeightFormat::kQ5_K, "q5_k", GgmlType::kQ5_K},
     {WeightFormat::kQ6_K, "q6_k", GgmlType::kQ6_K},
+    // The FP8 formats are not ggml types; apply_weight_format handles them first.
+    {WeightFormat::kFp8, "fp8", GgmlType::kBF16},
+    {WeightFormat::kFp8Head, "fp8_head", GgmlType::kBF16},
 };
+
+bool is_fp8(WeightFormat format) {
+  return format == WeightFormat::kFp8 || format == WeightFormat::kFp8Head;
+}
 
 const FormatName& entry(WeightFormat format) {
   for (const FormatName& f : kFormats) {
@@ -70,9 +83,63 @@ GgmlType stored_type(const TensorView& t) {
     case DType::kF16:
       return GgmlType::kF16;
     case DType::kF32:
+    case DType::kF8E4M3:  // callers handle FP8 weights before asking
       return GgmlType::kF32;
   }
   return GgmlType::kF32;
+}
+
+// apply_weight_format for --weights fp8 / fp8_head, and for FP8 checkpoints under the
+// float formats (which dequantize them) and the block formats (refused).
+Result<ModelWeights> apply_fp8(const ModelWeights& weights, WeightFormat format,
+                               std::string& summary) {
+  int quantized = 0, kept = 0, dequantized = 0;
+  const WeightConverter convert = [&](const TensorView& t,
+                                      WeightRole role) -> Result<std::optional<ConvertedWeight>> {
+    const bool head = role == WeightRole::kLmHead;
+    if (t.dtype == DType::kF8E4M3 && !t.block_type) {
+      if (is_fp8(format) || format == WeightFormat::kAuto) {
+        ++kept;
+        return std::optional<ConvertedWeight>();
+      }
+      if (format == WeightFormat::kBF16 || format == WeightFormat::kF32) {
+        ++dequantized;
+        return std::optional<ConvertedWeight>(
+            dequantize_fp8(t, format == WeightFormat::kF32 ? DType::kF32 : DType::kBF16));
+      }
+      return NotSupported("--weights " + std::string(to_string(format)) + ": tensor " + t.name +
+                          " is already FP8; give --weights auto, fp8, bf16 or f32");
+    }
+    if (!is_fp8(format)) return std::optional<ConvertedWeight>();
+    if (role != WeightRole::kLinear && !(head && format == WeightFormat::kFp8Head)) {
+      return std::optional<ConvertedWeight>();
+    }
+    if (t.block_type) {
+      return NotSupported("--weights " + std::string(to_string(format)) + ": tensor " + t.name +
+                          " is already quantized (" + type_name(*t.block_type) +
+                          "); only float weights are quantized on load (give --weights auto)");
+    }
+    CELLM_ASSIGN_OR_RETURN(ConvertedWeight c, quantize_to_fp8(t));
+    ++quantized;
+    return std::optional<ConvertedWeight>(std::move(c));
+  };
+  CELLM_ASSIGN_OR_RETURN(ModelWeights out, weights.converted(convert));
+  summary = std::string(to_string(format)) + ":";
+  if (quantized > 0) summary += " " + std::to_string(quantized) + " weights quantized to fp8 e4m3";
+  if (kept > 0) summary += " " + std::to_string(kept) + " fp8 weights as stored";
+  if (dequantized > 0) {
+    summary +=
+        " " + std::to_string(dequantized) + " fp8 weights dequantized to " + to_string(format);
+  }
+  if (format == WeightFormat::kFp8 && quantized > 0) summary += " (lm_head as stored)";
+  return out;
+}
+
+bool has_fp8(const ModelWeights& weights) {
+  for (const TensorView* t : weights.tensors()) {
+    if (t->dtype == DType::kF8E4M3 && !t->block_type) return true;
+  }
+  return false;
 }
 
 bool is_float(GgmlType t) {
@@ -120,12 +187,15 @@ Result<WeightFormat> parse_weight_format(std::string_view name) {
 }
 
 bool cuda_runs_weight_format(WeightFormat format) {
-  return format == WeightFormat::kAuto || format == WeightFormat::kBF16;
+  return format == WeightFormat::kAuto || format == WeightFormat::kBF16 || is_fp8(format);
 }
 
 Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightFormat format,
                                          std::string& summary) {
   summary.clear();
+  if (is_fp8(format) || (format != WeightFormat::kAuto && has_fp8(weights))) {
+    return apply_fp8(weights, format, summary);
+  }
   if (format == WeightFormat::kAuto) return weights;
   const GgmlType want = entry(format).type;
   std::map<std::string, int> counts;  // format name -> weights held in it
@@ -187,10 +257,15 @@ Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightForm
 Result<std::shared_ptr<const ModelWeights>> dequantize_blocks_to_bf16(
     std::shared_ptr<const ModelWeights> weights) {
   bool any = false;
-  for (const TensorView* t : weights->tensors()) any = any || t->block_type.has_value();
+  for (const TensorView* t : weights->tensors()) {
+    any = any || t->block_type.has_value() || t->dtype == DType::kF8E4M3;
+  }
   if (!any) return weights;
   const WeightConverter convert = [](const TensorView& t,
                                      WeightRole) -> Result<std::optional<ConvertedWeight>> {
+    if (!t.block_type && t.dtype == DType::kF8E4M3) {
+      return std::optional<ConvertedWeight>(dequantize_fp8(t, DType::kBF16));
+    }
     if (!t.block_type) return std::optional<ConvertedWeight>();
     if (!cpu_weight_type_supported(*t.block_type)) {
       return NotSupported("tensor " + t.name + " is in a block format this build cannot read");

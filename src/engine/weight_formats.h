@@ -22,7 +22,8 @@ Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightForm
                                          std::string& summary);
 
 // `weights` with every tensor held in a block format dequantized to bf16 on the host (the
-// CPU layer's dequantizers), or `weights` itself when none is.
+// CPU layer's dequantizers) and every FP8 weight dequantized (code value * row scale,
+// rounded to bf16), or `weights` itself when none is.
 Result<std::shared_ptr<const ModelWeights>> dequantize_blocks_to_bf16(
     std::shared_ptr<const ModelWeights> weights);
 

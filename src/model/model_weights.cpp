@@ -16,6 +16,8 @@
 #include <utility>
 
 #include "cellm/gguf.h"
+#include "model/fp8.h"
+#include "model/fp8_checkpoint.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/half.h"
@@ -129,6 +131,8 @@ void fill_random(void* data, DType dtype, int64_t begin, int64_t end, uint64_t k
       case DType::kF32:
         static_cast<float*>(data)[i] = value;
         break;
+      case DType::kF8E4M3:  // random() refuses it
+        break;
     }
   }
 }
@@ -148,17 +152,40 @@ Result<ModelWeights> ModelWeights::load(const std::filesystem::path& dir) {
     return NotFound(dir.string() + ": the model folder does not exist");
   }
   CELLM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load(dir / "config.json"));
+  CELLM_ASSIGN_OR_RETURN(const QuantizationConfig quantization,
+                         load_quantization_config(dir / "config.json"));
   CELLM_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::open_dir(dir));
-  return from_checkpoint(std::move(config), std::move(checkpoint), dir.string());
+  return from_checkpoint(std::move(config), std::move(checkpoint), dir.string(),
+                         quantization.present);
 }
+
+namespace {
+
+// What the views of a safetensors model point into: the mapped files, and the
+// per-row scales of its F8_E4M3 weights (widened to f32, one per row).
+struct CheckpointStorage {
+  SafetensorsCheckpoint checkpoint;
+  std::vector<std::vector<float>> scales;
+};
+
+// The first NaN code among `t`'s bytes, or -1.
+int64_t first_e4m3_nan(const TensorView& t) {
+  const auto* bytes = static_cast<const uint8_t*>(t.data);
+  for (size_t i = 0; i < t.nbytes; ++i) {
+    if (e4m3_is_nan(bytes[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace
 
 Result<ModelWeights> ModelWeights::from_checkpoint(ModelConfig config,
                                                    SafetensorsCheckpoint checkpoint,
-                                                   const std::string& source) {
-  auto storage = std::make_shared<SafetensorsCheckpoint>(std::move(checkpoint));
+                                                   const std::string& source, bool quantized) {
+  auto storage = std::make_shared<CheckpointStorage>(CheckpointStorage{std::move(checkpoint), {}});
   ModelWeights weights(std::move(config), storage);
   for (const Slot<TensorView>& slot : weight_table(weights.config_, weights.tensors_)) {
-    const TensorView* found = storage->find(slot.name);
+    const TensorView* found = storage->checkpoint.find(slot.name);
     if (found == nullptr) {
       std::string message = source + ": missing tensor '" + slot.name + "' (expected shape " +
                             shape_to_string(slot.shape) + ")";
@@ -170,7 +197,7 @@ Result<ModelWeights> ModelWeights::from_checkpoint(ModelConfig config,
     if (found->shape != slot.shape) {
       // Name the file that holds the tensor (a shard, for sharded checkpoints).
       std::string file = source;
-      for (const SafetensorsFile& f : storage->files()) {
+      for (const SafetensorsFile& f : storage->checkpoint.files()) {
         if (f.find(slot.name) == found) file = f.path().string();
       }
       return InvalidProgram(file + ": tensor '" + slot.name + "' has shape " +
@@ -178,6 +205,24 @@ Result<ModelWeights> ModelWeights::from_checkpoint(ModelConfig config,
                             shape_to_string(slot.shape) + " from " + weights.config_.source());
     }
     *slot.view = *found;
+    if (found->dtype == DType::kF8E4M3) {
+      const bool linear = slot.name.ends_with("_proj.weight") || slot.name == "lm_head.weight";
+      if (!linear) {
+        return NotSupported(source + ": tensor '" + slot.name +
+                            "' is F8_E4M3; only linear weights (projections, lm_head) load as FP8");
+      }
+      if (!quantized) {
+        return InvalidProgram(source + ": tensor '" + slot.name +
+                              "' is F8_E4M3 but config.json has no quantization_config");
+      }
+      if (const int64_t at = first_e4m3_nan(*found); at >= 0) {
+        return InvalidProgram(source + ": F8_E4M3 tensor '" + slot.name + "' holds NaN at " +
+                              std::to_string(at));
+      }
+      CELLM_ASSIGN_OR_RETURN(std::vector<float> scales,
+                             fp8_row_scales(storage->checkpoint, *found, source));
+      slot.view->scales = storage->scales.emplace_back(std::move(scales)).data();
+    }
   }
   if (weights.config_.tie_word_embeddings())
     weights.tensors_.lm_head = weights.tensors_.embed_tokens;
@@ -331,6 +376,7 @@ Result<ModelWeights> ModelWeights::load_gguf(const std::filesystem::path& path) 
 }
 
 ModelWeights ModelWeights::random(const ModelConfig& config, DType dtype, uint64_t seed) {
+  CELLM_CHECK_MSG(dtype != DType::kF8E4M3, "random weights are float, not F8_E4M3");
   ModelWeights weights(config, nullptr);
   std::vector<Slot<TensorView>> table = weight_table(weights.config_, weights.tensors_);
   const size_t element_bytes = dtype_size_bytes(dtype);
@@ -403,6 +449,10 @@ WeightRole role_of(const std::string& name) {
 // Bytes a [.., cols] tensor of `numel` elements takes in the converted format, or
 // nullopt when its rows are not whole blocks.
 std::optional<size_t> converted_bytes(const ConvertedWeight& c, int64_t numel, int64_t cols) {
+  if (c.dtype == DType::kF8E4M3 && !c.block_type &&
+      static_cast<int64_t>(c.scales.size()) * cols != numel) {
+    return std::nullopt;  // one scale per row
+  }
   if (!c.block_type) return static_cast<size_t>(numel) * dtype_size_bytes(c.dtype);
   const std::optional<GgmlTypeInfo> info = ggml_type_info(static_cast<uint32_t>(*c.block_type));
   if (!info || cols <= 0 || cols % info->block_elements != 0) return std::nullopt;
@@ -428,6 +478,7 @@ void release_mapped_pages(const void* data, size_t n) {
 struct ConvertedStorage {
   std::shared_ptr<const void> source;
   std::vector<std::vector<std::byte>> buffers;
+  std::vector<std::vector<float>> scales;  // of the F8_E4M3 weights converted to
 };
 
 }  // namespace
@@ -456,6 +507,9 @@ Result<ModelWeights> ModelWeights::converted(const WeightConverter& convert) con
     view.nbytes = bytes.size();
     view.dtype = c->dtype;
     view.block_type = c->block_type;
+    view.scales = c->dtype == DType::kF8E4M3 && !c->block_type
+                      ? storage->scales.emplace_back(std::move(c->scales)).data()
+                      : nullptr;
   }
   if (out.config_.tie_word_embeddings()) out.tensors_.lm_head = out.tensors_.embed_tokens;
   return out;

@@ -25,8 +25,9 @@ Result<DType> parse_dtype(const std::string& text, const std::string& file,
   if (text == "BF16") return DType::kBF16;
   if (text == "F16") return DType::kF16;
   if (text == "F32") return DType::kF32;
+  if (text == "F8_E4M3") return DType::kF8E4M3;
   return NotSupported(file + ": tensor '" + tensor + "': dtype " + text +
-                      " is not supported (supported: BF16, F16, F32)");
+                      " is not supported (supported: BF16, F16, F32, F8_E4M3)");
 }
 
 Result<int64_t> non_negative_int(const json& v, const std::string& file, const std::string& tensor,

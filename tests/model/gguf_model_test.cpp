@@ -12,6 +12,7 @@
 
 #include "cellm/gguf.h"
 #include "cellm/model_weights.h"
+#include "model/fp8.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/half.h"
@@ -50,6 +51,8 @@ float element(const TensorView& t, int64_t i) {
       return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
     case DType::kBF16:
       return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::kF8E4M3:  // the code times its row scale
+      return e4m3_to_f32(static_cast<const uint8_t*>(t.data)[i]) * t.scales[i / t.shape.back()];
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/fp8.h"
 #include "model/half.h"
 #include "model_test_files.h"
 
@@ -43,6 +44,9 @@ float ElementAsFloat(const TensorView& view, int64_t i) {
       return f16_to_f32(static_cast<const uint16_t*>(view.data)[i]);
     case DType::kF32:
       return static_cast<const float*>(view.data)[i];
+    case DType::kF8E4M3:  // the code times its row scale
+      return e4m3_to_f32(static_cast<const uint8_t*>(view.data)[i]) *
+             view.scales[i / view.shape.back()];
   }
   return 0.0f;
 }

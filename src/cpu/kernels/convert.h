@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "cellm/dtype.h"
+#include "model/fp8.h"
 #include "model/half.h"
 
 namespace cellm::cpu {
@@ -48,6 +49,8 @@ inline float load_as_f32(const void* data, DType t, int64_t i) {
       return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case DType::kBF16:
       return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF8E4M3:  // the code's value, before its row scale
+      return e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);
   }
   return 0.0f;
 }

@@ -215,6 +215,8 @@ void matmul(ThreadPool& pool, const float* x, int64_t m, int64_t k, TypedPtr w, 
     case DType::kBF16:
       matmul_typed<DType::kBF16>(pool, x, m, k, static_cast<const uint16_t*>(w.data), n, bias, y);
       return;
+    case DType::kF8E4M3:
+      CELLM_CHECK_MSG(false, "matmul: F8_E4M3 weights need their row scales (quant::fp8_matmul)");
   }
 }
 

@@ -81,6 +81,8 @@ void dispatch(ThreadPool& pool, float* h, const float* x, int64_t m, int64_t d, 
       return norm_rows<DType::kF16>(pool, h, x, m, d, weight, eps, out);
     case DType::kBF16:
       return norm_rows<DType::kBF16>(pool, h, x, m, d, weight, eps, out);
+    case DType::kF8E4M3:
+      CELLM_CHECK_MSG(false, "rmsnorm: F8_E4M3 norm weights are not supported");
   }
 }
 

@@ -312,6 +312,8 @@ inline void widen(const void* src, DType t, int64_t n, float* dst) {
     case DType::kBF16:
       widen<DType::kBF16>(static_cast<const uint16_t*>(src), n, dst);
       return;
+    case DType::kF8E4M3:  // unscaled code values (convert.h)
+      for (int64_t i = 0; i < n; ++i) dst[i] = load_as_f32(src, t, i);
   }
 }
 
