@@ -233,8 +233,20 @@ Result<Ptr> parse(const nlohmann::json& j, bool& fused) {
     if (!u.valid || u.size_bytes != content.size()) {
       return InvalidProgram("Strip decoder content must be one character, not '" + content + "'");
     }
-    return Ptr(new StripDecoder(u.code_point, j.at("start").get<size_t>(),
-                                j.at("stop").get<size_t>(), fused));
+    // Counts of characters: a negative, fractional or huge number is refused by name
+    // (converting one to size_t is undefined).
+    size_t counts[2] = {0, 0};
+    const char* const keys[2] = {"start", "stop"};
+    for (int i = 0; i < 2; ++i) {
+      const nlohmann::json& v = j.at(keys[i]);
+      if (!v.is_number_unsigned()) {
+        return InvalidProgram(std::string("Strip decoder '") + keys[i] +
+                              "' must be a non-negative integer, not a " + v.type_name() +
+                              (v.is_number() ? " " + v.dump() : std::string()));
+      }
+      counts[i] = v.get<size_t>();
+    }
+    return Ptr(new StripDecoder(u.code_point, counts[0], counts[1], fused));
   }
   if (type == "Metaspace") {
     bool drop_in_first = j.value("add_prefix_space", true);

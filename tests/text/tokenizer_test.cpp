@@ -504,6 +504,20 @@ TEST_F(TokenizerFolderTest, MalformedJsonNamesTheFileAndTheProblem) {
   EXPECT_NE(t.status().message().find("malformed JSON"), std::string::npos);
 }
 
+TEST_F(TokenizerFolderTest, AStripDecoderCountThatIsNotANonNegativeIntegerIsNamed) {
+  for (const json& bad : {json(-1.55615e+308), json(-1), json(2.5), json("3")}) {
+    json j = tiny_tokenizer();
+    j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", bad}};
+    write("tokenizer.json", j.dump());
+    write("tokenizer_config.json", "{}");
+    const Result<Tokenizer> t = Tokenizer::load(dir_.string());
+    ASSERT_FALSE(t.ok()) << bad.dump();
+    EXPECT_NE(t.status().message().find("Strip decoder 'stop' must be a non-negative integer"),
+              std::string::npos)
+        << t.status().message();
+  }
+}
+
 TEST_F(TokenizerFolderTest, AnUnknownModelTypeIsNotSupported) {
   json j = tiny_tokenizer();
   j["model"]["type"] = "WordPiece";
