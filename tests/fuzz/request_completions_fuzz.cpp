@@ -46,7 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const cellm::cli::CompletionRequest& r = std::get<cellm::cli::CompletionRequest>(parsed);
   const cellm::cli::GenerationFields& f = r.fields;
   FUZZ_CHECK(f.n >= 1 && f.n <= limits.max_n, "n within [1, max_n]");
-  FUZZ_CHECK(!f.max_tokens || *f.max_tokens >= 1, "max_tokens positive");
+  // max_tokens 0 is the prompt-scoring form (echo: the prompt's logprobs, nothing generated).
+  FUZZ_CHECK(!f.max_tokens || *f.max_tokens >= 1 || (*f.max_tokens == 0 && r.echo),
+             "max_tokens positive, or 0 with echo");
   FUZZ_CHECK(!f.top_logprobs || (*f.top_logprobs >= 0 && *f.top_logprobs <= 20),
              "logprobs within [0, 20]");
   FUZZ_CHECK(f.stop.size() <= 16, "at most 16 stop strings");
