@@ -4,6 +4,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/cublaslt_attributes.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels/quantize_e4m3.h"
 
@@ -23,18 +24,6 @@ std::string describe(const Fp8Gemm::Key& key) {
   return std::string("fp8 gemm e4m3->") + (key.f32_out ? "f32" : "bf16") +
          " m=" + std::to_string(key.m) + " n=" + std::to_string(key.n) +
          " k=" + std::to_string(key.k) + (key.has_bias ? " +bias" : "");
-}
-
-template <typename V>
-cublasStatus_t set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
-                        const V& value) {
-  return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
-}
-
-template <typename V>
-cublasStatus_t set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
-                        const V& value) {
-  return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
 }
 
 // True when [a, a + a_bytes) and [b, b + b_bytes) share a byte (null never overlaps).

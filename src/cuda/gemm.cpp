@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/cublaslt_attributes.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels/bias.h"
 #include "cuda/kernels/gemv.h"
@@ -81,18 +82,6 @@ std::string describe(int a_type, int out_type, int64_t m, int64_t n, int64_t k, 
 std::string describe(const GemmKey& key) {
   return describe(key.a_type, key.out_type, key.m, key.n, key.k, key.has_bias,
                   key.op == GemmOp::kSwiGLUDown ? "swiglu+down" : "gemm");
-}
-
-template <typename V>
-cublasStatus_t set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
-                        const V& value) {
-  return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
-}
-
-template <typename V>
-cublasStatus_t set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
-                        const V& value) {
-  return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
 }
 
 struct PreferenceDeleter {
