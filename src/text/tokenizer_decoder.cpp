@@ -239,7 +239,9 @@ Result<Ptr> parse(const nlohmann::json& j, bool& fused) {
     const char* const keys[2] = {"start", "stop"};
     for (int i = 0; i < 2; ++i) {
       const nlohmann::json& v = j.at(keys[i]);
-      if (!v.is_number_unsigned()) {
+      // is_number_integer covers both signed and unsigned storage: a built program
+      // (the GGUF tokenizer's) holds 1 as a signed integer.
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
         return InvalidProgram(std::string("Strip decoder '") + keys[i] +
                               "' must be a non-negative integer, not a " + v.type_name() +
                               (v.is_number() ? " " + v.dump() : std::string()));
