@@ -358,6 +358,19 @@ TEST(WeightsFp8, QuantizesLinearLayersOnLoad) {
   EXPECT_NE(l.down_proj.scales, nullptr);
   EXPECT_NE(q->weights->embed_tokens().dtype, DType::kF8E4M3);
   EXPECT_NE(l.input_norm.dtype, DType::kF8E4M3);
+  // A model of 8 layers or more keeps its last layer's projections as stored (their
+  // e4m3 rounding costs the most perplexity); the layer before it is quantized.
+  const int64_t last = q->weights->config().num_layers() - 1;
+  ASSERT_GE(last, 7);
+  const LayerWeights& kept = q->weights->layer(last);
+  for (const TensorView* t : {&kept.q_proj, &kept.k_proj, &kept.v_proj, &kept.o_proj,
+                              &kept.gate_proj, &kept.up_proj, &kept.down_proj}) {
+    EXPECT_EQ(t->dtype, DType::kBF16) << t->name;
+    EXPECT_EQ(t->scales, nullptr) << t->name;
+  }
+  EXPECT_EQ(q->weights->layer(last - 1).down_proj.dtype, DType::kF8E4M3);
+  EXPECT_NE(q->weights_summary.find("the last layer's 7 as stored"), std::string::npos)
+      << q->weights_summary;
   // The codes and scales are quantize_row_e4m3's of the stored rows, exactly.
   const auto ref = load(kjv, WeightFormat::kAuto);
   ASSERT_NE(ref, nullptr);
@@ -399,6 +412,10 @@ TEST(WeightsFp8, RandomTinyFixtures) {
   ASSERT_NE(head, nullptr);
   EXPECT_NE(plain->weights->lm_head().dtype, DType::kF8E4M3);
   EXPECT_EQ(head->weights->lm_head().dtype, DType::kF8E4M3);
+  // Under 8 layers every projection is quantized, the last layer's too.
+  const LayerWeights& last = plain->weights->layer(plain->weights->config().num_layers() - 1);
+  EXPECT_EQ(last.q_proj.dtype, DType::kF8E4M3);
+  EXPECT_EQ(last.down_proj.dtype, DType::kF8E4M3);
   EXPECT_GE(fp8_cosine(mistral, WeightFormat::kFp8Head), 0.6);
 }
 
