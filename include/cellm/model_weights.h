@@ -47,6 +47,7 @@
 #include "cellm/dtype.h"
 #include "cellm/model_config.h"
 #include "cellm/status.h"
+#include "cellm/tensor_parallel.h"
 
 namespace cellm {
 
@@ -117,6 +118,23 @@ class ModelWeights {
   // count; filled in parallel. Linear weights are uniform with variance
   // 1/in_features, the embedding uniform in [-1, 1], norms near 1, biases small.
   static ModelWeights random(const ModelConfig& config, DType dtype, uint64_t seed);
+  // random(config, dtype, seed).shard(plan), element for element, made without the
+  // whole model (an element's value depends only on its place in the whole model):
+  // how a GPU of a tensor-parallel group gets a preset too big for one.
+  static Result<ModelWeights> random_shard(const ModelConfig& config, DType dtype, uint64_t seed,
+                                           const ShardPlan& plan);
+
+  // Rank plan.rank's part of this model for tensor parallelism (cellm/tensor_parallel.h).
+  // Its config() is shard_config(config(), plan); the whole weights (embedding, norms)
+  // and the row slices (q, k, v, gate and up projections, their biases, and the LM
+  // head's rows [vocab_begin, +vocab_size), so lm_head() is [plan.vocab_size, hidden])
+  // are views of this model's storage, read from a mapped file only where used; the
+  // column slices of o_proj and down_proj are copies. InvalidArgument when this model
+  // is a shard already, the plan is not one of plan_shard(config(), ...), or a column
+  // slice of a weight in a block format does not fall on its blocks.
+  Result<ModelWeights> shard(const ShardPlan& plan) const;
+  // The plan this model is a shard of; nullopt for a whole model.
+  const std::optional<ShardPlan>& shard_plan() const { return shard_plan_; }
 
   const ModelConfig& config() const { return config_; }
   const TensorView& embed_tokens() const { return tensors_.embed_tokens; }  // [vocab, hidden]
@@ -159,12 +177,19 @@ class ModelWeights {
   // Maps the GGUF file at `path` and binds its weights.
   static Result<ModelWeights> load_gguf(const std::filesystem::path& path);
 
+  // Random weights of `config` (whole's, or shard_config(whole, *plan)): the values of
+  // the whole model's weights in the regions `plan`'s rank holds.
+  static ModelWeights random_regions(const ModelConfig& whole, const ModelConfig& config,
+                                     DType dtype, uint64_t seed,
+                                     const std::optional<ShardPlan>& plan);
+
   ModelWeights(ModelConfig config, std::shared_ptr<const void> storage)
       : config_(std::move(config)), storage_(std::move(storage)) {}
 
   ModelConfig config_;
   std::shared_ptr<const void> storage_;  // what the views point into
   bool mapped_ = false;                  // every view points into a file mapping
+  std::optional<ShardPlan> shard_plan_;
   Tensors tensors_;
 };
 

@@ -4,15 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <thread>
-#include <type_traits>
 #include <utility>
 
 #include "cellm/gguf.h"
@@ -22,128 +19,12 @@
 #include "model/gguf_model.h"
 #include "model/half.h"
 #include "model/safetensors.h"
+#include "model/weight_table.h"
 
 namespace cellm {
-namespace {
 
-// How random() fills a tensor: uniform in [center - half_range, center + half_range].
-struct RandomInit {
-  float center = 0.0f;
-  float half_range = 0.0f;
-};
-
-// One row of the weight table: a checkpoint name, its expected shape, and the
-// view it binds. View is TensorView (binding) or const TensorView (listing).
-template <typename View>
-struct Slot {
-  std::string name;
-  std::vector<int64_t> shape;
-  View* view;
-  RandomInit init;
-};
-
-RandomInit linear_init(int64_t in_features) {
-  return {0.0f, static_cast<float>(std::sqrt(3.0 / static_cast<double>(in_features)))};
-}
-constexpr RandomInit kNormInit{1.0f, 0.1f};
-constexpr RandomInit kBiasInit{0.0f, 0.02f};
-constexpr RandomInit kEmbeddingInit{0.0f, 1.0f};
-
-// THE weight table: every weight of a model of `config`, in checkpoint order.
-// With a mutable `tensors` it engages the optional slots the config requires.
-template <typename TensorsT>
-auto weight_table(const ModelConfig& config, TensorsT& tensors) {
-  constexpr bool kBinding = !std::is_const_v<TensorsT>;
-  using View = std::conditional_t<kBinding, TensorView, const TensorView>;
-  const int64_t hidden = config.hidden_size();
-  const int64_t q_dim = config.q_dim();
-  const int64_t kv_dim = config.kv_dim();
-  const int64_t ff = config.intermediate_size();
-  const int64_t vocab = config.vocab_size();
-  const int64_t head_dim = config.head_dim();
-
-  std::vector<Slot<View>> table;
-  auto add = [&](std::string name, std::vector<int64_t> shape, View& view, RandomInit init) {
-    table.push_back(Slot<View>{std::move(name), std::move(shape), &view, init});
-  };
-  auto add_optional = [&](std::string name, std::vector<int64_t> shape, auto& optional_view,
-                          RandomInit init) {
-    if constexpr (kBinding) optional_view.emplace();
-    add(std::move(name), std::move(shape), *optional_view, init);
-  };
-
-  if constexpr (kBinding) tensors.layers.resize(static_cast<size_t>(config.num_layers()));
-  add("model.embed_tokens.weight", {vocab, hidden}, tensors.embed_tokens, kEmbeddingInit);
-  for (int64_t i = 0; i < config.num_layers(); ++i) {
-    auto& layer = tensors.layers[static_cast<size_t>(i)];
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    add(p + "input_layernorm.weight", {hidden}, layer.input_norm, kNormInit);
-    add(p + "self_attn.q_proj.weight", {q_dim, hidden}, layer.q_proj, linear_init(hidden));
-    add(p + "self_attn.k_proj.weight", {kv_dim, hidden}, layer.k_proj, linear_init(hidden));
-    add(p + "self_attn.v_proj.weight", {kv_dim, hidden}, layer.v_proj, linear_init(hidden));
-    if (config.qkv_bias()) {
-      add_optional(p + "self_attn.q_proj.bias", {q_dim}, layer.q_bias, kBiasInit);
-      add_optional(p + "self_attn.k_proj.bias", {kv_dim}, layer.k_bias, kBiasInit);
-      add_optional(p + "self_attn.v_proj.bias", {kv_dim}, layer.v_bias, kBiasInit);
-    }
-    add(p + "self_attn.o_proj.weight", {hidden, q_dim}, layer.o_proj, linear_init(q_dim));
-    if (config.o_bias()) {
-      add_optional(p + "self_attn.o_proj.bias", {hidden}, layer.o_bias, kBiasInit);
-    }
-    if (config.qk_norm()) {
-      add_optional(p + "self_attn.q_norm.weight", {head_dim}, layer.q_norm, kNormInit);
-      add_optional(p + "self_attn.k_norm.weight", {head_dim}, layer.k_norm, kNormInit);
-    }
-    add(p + "post_attention_layernorm.weight", {hidden}, layer.post_attention_norm, kNormInit);
-    add(p + "mlp.gate_proj.weight", {ff, hidden}, layer.gate_proj, linear_init(hidden));
-    add(p + "mlp.up_proj.weight", {ff, hidden}, layer.up_proj, linear_init(hidden));
-    add(p + "mlp.down_proj.weight", {hidden, ff}, layer.down_proj, linear_init(ff));
-  }
-  add("model.norm.weight", {hidden}, tensors.final_norm, kNormInit);
-  if (!config.tie_word_embeddings()) {
-    add("lm_head.weight", {vocab, hidden}, tensors.lm_head, linear_init(hidden));
-  }
-  return table;
-}
-
-// A counter-based generator: the value of element i depends only on (key, i).
-inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-void fill_random(void* data, DType dtype, int64_t begin, int64_t end, uint64_t key,
-                 RandomInit init) {
-  const float scale = init.half_range * 0x1p-23f;  // 24 random bits -> [-half_range, half_range)
-  for (int64_t i = begin; i < end; ++i) {
-    const uint64_t bits = splitmix64(key ^ static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull);
-    const float value =
-        init.center + scale * (static_cast<float>(bits >> 40) - static_cast<float>(1 << 23));
-    switch (dtype) {
-      case DType::kBF16:
-        static_cast<uint16_t*>(data)[i] = f32_to_bf16(value);
-        break;
-      case DType::kF16:
-        static_cast<uint16_t*>(data)[i] = f32_to_f16(value);
-        break;
-      case DType::kF32:
-        static_cast<float*>(data)[i] = value;
-        break;
-      case DType::kF8E4M3:  // random() refuses it
-        break;
-    }
-  }
-}
-
-constexpr size_t kSlabAlignment = 64;
-
-size_t align_up(size_t n) {
-  return (n + kSlabAlignment - 1) / kSlabAlignment * kSlabAlignment;
-}
-
-}  // namespace
+using weights_internal::Slot;
+using weights_internal::weight_table;
 
 Result<ModelWeights> ModelWeights::load(const std::filesystem::path& dir) {
   if (is_gguf_path(dir)) return load_gguf(dir);
@@ -375,66 +256,6 @@ Result<ModelWeights> ModelWeights::load_gguf(const std::filesystem::path& path) 
   return weights;
 }
 
-ModelWeights ModelWeights::random(const ModelConfig& config, DType dtype, uint64_t seed) {
-  CELLM_CHECK_MSG(dtype != DType::kF8E4M3, "random weights are float, not F8_E4M3");
-  ModelWeights weights(config, nullptr);
-  std::vector<Slot<TensorView>> table = weight_table(weights.config_, weights.tensors_);
-  const size_t element_bytes = dtype_size_bytes(dtype);
-  size_t slab_bytes = 0;
-  for (const Slot<TensorView>& slot : table) {
-    TensorView& view = *slot.view;
-    view.name = slot.name;
-    view.dtype = dtype;
-    view.shape = slot.shape;
-    view.nbytes = static_cast<size_t>(view.numel()) * element_bytes;
-    slab_bytes += align_up(view.nbytes);
-  }
-  void* slab = std::aligned_alloc(kSlabAlignment, std::max(slab_bytes, kSlabAlignment));
-  CELLM_CHECK_MSG(slab != nullptr,
-                  "allocating " + std::to_string(slab_bytes) + " bytes of random weights failed");
-  weights.storage_ =
-      std::shared_ptr<const void>(slab, [](const void* p) { std::free(const_cast<void*>(p)); });
-  size_t offset = 0;
-  for (const Slot<TensorView>& slot : table) {
-    slot.view->data = static_cast<std::byte*>(slab) + offset;
-    offset += align_up(slot.view->nbytes);
-  }
-
-  // Work items of up to kChunk elements, taken by the workers in any order; each
-  // element's value depends only on (seed, tensor index, element index).
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  struct Chunk {
-    size_t slot;
-    int64_t begin;
-    int64_t end;
-  };
-  std::vector<Chunk> chunks;
-  for (size_t s = 0; s < table.size(); ++s) {
-    const int64_t numel = table[s].view->numel();
-    for (int64_t b = 0; b < numel; b += kChunk)
-      chunks.push_back({s, b, std::min(numel, b + kChunk)});
-  }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t c = next.fetch_add(1); c < chunks.size(); c = next.fetch_add(1)) {
-      const Slot<TensorView>& slot = table[chunks[c].slot];
-      const uint64_t key = splitmix64(seed ^ splitmix64(chunks[c].slot));
-      fill_random(const_cast<void*>(slot.view->data), dtype, chunks[c].begin, chunks[c].end, key,
-                  slot.init);
-    }
-  };
-  const size_t num_threads =
-      std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), chunks.size());
-  std::vector<std::thread> workers;
-  for (size_t t = 1; t < num_threads; ++t) workers.emplace_back(work);
-  work();
-  for (std::thread& w : workers) w.join();
-
-  if (weights.config_.tie_word_embeddings())
-    weights.tensors_.lm_head = weights.tensors_.embed_tokens;
-  return weights;
-}
-
 namespace {
 
 // The role of the table's weight `name`.
@@ -487,6 +308,7 @@ Result<ModelWeights> ModelWeights::converted(const WeightConverter& convert) con
   auto storage = std::make_shared<ConvertedStorage>();
   storage->source = storage_;
   ModelWeights out(config_, storage);
+  out.shard_plan_ = shard_plan_;
   out.tensors_ = tensors_;
   // The listing walk (it engages no optional slot); its views are out's own.
   const Tensors& listed = out.tensors_;
