@@ -39,9 +39,11 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels/quantize_e4m3.h"
 #include "cuda/kernels/swiglu.h"
+#include "graph_timing.h"
 
 namespace {
 
+using cellm::bench::check;
 using cellm::cuda::DeviceBuffer;
 using cellm::cuda::Fp8Gemm;
 using cellm::cuda::Fp8PlanKind;
@@ -49,21 +51,11 @@ using cellm::cuda::Fp8Scaling;
 using cellm::cuda::Gemm;
 using cellm::cuda::GemmPath;
 using cellm::cuda::GemvInput;
-using cellm::cuda::GraphExec;
-using cellm::cuda::Stream;
 using Bf16 = __nv_bfloat16;
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
-}
-void check(const cellm::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s\n", s.to_string().c_str());
-    std::exit(1);
-  }
+// Microseconds per call of enqueue(stream), iters calls in one graph (graph_timing.h).
+double time_per_call(int iters, const std::function<void(cudaStream_t)>& enqueue) {
+  return cellm::bench::time_per_call(iters, [&](int, cudaStream_t s) { enqueue(s); });
 }
 
 DeviceBuffer allocate(int64_t bytes) {
@@ -89,39 +81,6 @@ DeviceBuffer random_bf16(std::mt19937& rng, int64_t elements, float scale) {
     done += n;
   }
   return b;
-}
-
-// Microseconds per call of enqueue(stream), `iters` calls in one graph, best of 5 replays.
-double time_per_call(int iters, const std::function<void(cudaStream_t)>& enqueue) {
-  cellm::Result<Stream> stream = Stream::create();
-  check(stream.status());
-  const cudaStream_t s = stream->get();
-  check(cudaDeviceSynchronize(), "sync");
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  for (int i = 0; i < iters; ++i) enqueue(s);
-  cudaGraph_t graph = nullptr;
-  check(cudaStreamEndCapture(s, &graph), "end capture");
-  cudaGraphExec_t exec_handle = nullptr;
-  check(cudaGraphInstantiate(&exec_handle, graph, 0), "instantiate");
-  cudaGraphDestroy(graph);
-  const GraphExec exec(exec_handle);
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  check(cudaGraphLaunch(exec.get(), s), "warm replay");
-  float best_ms = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    check(cudaEventRecord(start, s), "record");
-    check(cudaGraphLaunch(exec.get(), s), "replay");
-    check(cudaEventRecord(stop, s), "record");
-    check(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    best_ms = std::min(best_ms, ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 1e3 * best_ms / iters;
 }
 
 std::vector<float> download_bf16(const DeviceBuffer& b, int64_t elements) {

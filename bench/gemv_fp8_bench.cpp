@@ -34,23 +34,17 @@
 #include "cuda/device_memory.h"
 #include "cuda/kernels/gemv.h"
 #include "cuda/kernels/gemv_fp8.h"
+#include "graph_timing.h"
 
 namespace {
 
+using cellm::bench::check;
+using cellm::bench::time_per_call;
 using cellm::cuda::DeviceBuffer;
 using cellm::cuda::GemvInput;
-using cellm::cuda::GraphExec;
-using cellm::cuda::Stream;
 using Bf16 = __nv_bfloat16;
 
 constexpr int64_t kRotationBytes = int64_t{512} << 20;
-
-void check(cudaError_t err, const char* what) {
-  CELLM_CHECK_MSG(err == cudaSuccess, std::string(what) + ": " + cudaGetErrorString(err));
-}
-void check(const cellm::Status& s) {
-  CELLM_CHECK_MSG(s.ok(), s.to_string());
-}
 
 DeviceBuffer allocate(int64_t bytes) {
   cellm::Result<DeviceBuffer> b = DeviceBuffer::allocate(static_cast<size_t>(bytes));
@@ -95,40 +89,6 @@ DeviceBuffer random_e4m3(std::mt19937& rng, int64_t elements) {
     c = static_cast<unsigned char>((rng() & 0x80u) | exponent << 3 | (rng() & 7u));
   }
   return repeated(elements, block);
-}
-
-// Microseconds per call of enqueue(i, stream) for i in [0, iters), recorded in one graph;
-// the best of 5 replays after a warm one.
-double time_per_call(int iters, const std::function<void(int, cudaStream_t)>& enqueue) {
-  cellm::Result<Stream> stream = Stream::create();
-  check(stream.status());
-  const cudaStream_t s = stream->get();
-  check(cudaDeviceSynchronize(), "sync");
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  for (int i = 0; i < iters; ++i) enqueue(i, s);
-  cudaGraph_t graph = nullptr;
-  check(cudaStreamEndCapture(s, &graph), "end capture");
-  cudaGraphExec_t exec_handle = nullptr;
-  check(cudaGraphInstantiate(&exec_handle, graph, 0), "instantiate");
-  cudaGraphDestroy(graph);
-  const GraphExec exec(exec_handle);
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  check(cudaGraphLaunch(exec.get(), s), "warm replay");
-  float best_ms = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    check(cudaEventRecord(start, s), "record");
-    check(cudaGraphLaunch(exec.get(), s), "replay");
-    check(cudaEventRecord(stop, s), "record");
-    check(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    best_ms = std::min(best_ms, ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 1e3 * best_ms / iters;
 }
 
 // Copies of one weight matrix [n, k] in e4m3 and decoded to bf16, enough of each to rotate
