@@ -96,11 +96,13 @@ void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> lo
   const auto n = static_cast<int64_t>(slice.tokens.size());
   const int64_t d = c.hidden_size();
   const auto n_sel = static_cast<int64_t>(slice.selected_rows.size());
+  // The LM head's rows: the vocabulary, or a tensor-parallel shard's slice of it.
+  const int64_t vocab_out = weights_->lm_head().shape[0];
   CELLM_CHECK(n > 0 && n <= max_rows_);
   CELLM_CHECK(static_cast<int64_t>(slice.positions.size()) == n);
   CELLM_CHECK(static_cast<int64_t>(slice.cells.size()) == n);
   CELLM_CHECK(static_cast<int64_t>(slice.seq_cells.size()) == n);
-  CELLM_CHECK(static_cast<int64_t>(logits.size()) == n_sel * c.vocab_size());
+  CELLM_CHECK(static_cast<int64_t>(logits.size()) == n_sel * vocab_out);
 
   if (weights_->embed_tokens().block_type) {
     embedding_gather_blocks(weights_->embed_tokens(), slice.tokens, x_.data());
@@ -121,13 +123,13 @@ void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> lo
       (bf16_dot_ && weights_->lm_head().dtype == DType::kBF16)) {
     // h_ holds exactly the selected rows, in order.
     if (n_sel > 0) {
-      linear(h_.data(), n_sel, d, weights_->lm_head(), c.vocab_size(), TypedPtr{}, logits.data());
+      linear(h_.data(), n_sel, d, weights_->lm_head(), vocab_out, TypedPtr{}, logits.data());
     }
     return;
   }
   std::vector<int32_t> rows(static_cast<size_t>(n_sel));
   for (int64_t s = 0; s < n_sel; ++s) rows[static_cast<size_t>(s)] = static_cast<int32_t>(s);
-  cpu::logits(pool_, h_.data(), n_sel, d, rows, typed(weights_->lm_head()), c.vocab_size(),
+  cpu::logits(pool_, h_.data(), n_sel, d, rows, typed(weights_->lm_head()), vocab_out,
               logits.data());
 }
 
@@ -166,6 +168,7 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
   args.out = attn_.data();
   attention(pool_, args);
   linear(attn_.data(), n, c.q_dim(), w.o_proj, d, typed(w.o_bias), o_.data());
+  if (partial_sums_) partial_sums_(o_.data(), n * d);
 
   // MLP block: x += o, h = rmsnorm(x) fused.
   add_rmsnorm(pool_, x_.data(), o_.data(), n, d, typed(w.post_attention_norm), eps, h_.data());
@@ -174,6 +177,7 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
   linear(h_.data(), n, d, w.up_proj, ff, TypedPtr{}, up_.data());
   silu_mul(pool_, gate_.data(), up_.data(), n * ff, gate_.data());
   linear(gate_.data(), n, ff, w.down_proj, d, TypedPtr{}, o_.data());
+  if (partial_sums_) partial_sums_(o_.data(), n * d);
   for (int64_t i = 0; i < n * d; ++i) x_[static_cast<size_t>(i)] += o_[static_cast<size_t>(i)];
 }
 

@@ -22,8 +22,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "cellm/model_weights.h"
@@ -51,9 +53,19 @@ class CpuForward {
   CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool, int64_t max_rows,
              bool bf16_activations = false);
 
-  // Runs the forward and writes logits [selected_rows.size(), vocab] into `logits`.
+  // Runs the forward and writes logits [selected_rows.size(), vocab] into `logits`
+  // (a tensor-parallel shard's: [selected_rows.size(), its lm_head rows]).
   // REQUIRES: slice sizes agree, n <= max_rows, cells < kv.rows(), tokens in vocab.
   void run(const ForwardSlice& slice, KvStore& kv, std::span<float> logits);
+
+  // Makes this the forward of one rank of a tensor-parallel group (its weights a
+  // ModelWeights::shard): each layer's o_proj and down_proj outputs are partial sums,
+  // which `sum` (an all-reduce over the ranks: count values at data become the sum of
+  // every rank's) completes before they join the residual. The host reference of a
+  // tensor-parallel step (tests/cpu/tensor_parallel_forward_test.cpp).
+  void set_partial_sums(std::function<void(float* data, int64_t count)> sum) {
+    partial_sums_ = std::move(sum);
+  }
 
  private:
   void layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore& kv);
@@ -66,6 +78,7 @@ class CpuForward {
   int64_t max_rows_;
   bool bf16_dot_;                // bf16 weights go through quant::bf16_dot_matmul
   std::vector<float> inv_freq_;  // [rotary_dim / 2]
+  std::function<void(float*, int64_t)> partial_sums_;  // set: a tensor-parallel rank
   // Workspace, sized for max_rows once.
   std::vector<float> x_;     // [n, hidden] the residual stream
   std::vector<float> h_;     // [n, hidden] normed input of a sublayer
