@@ -23,7 +23,8 @@ usage: bench/gpu.sh COMMAND [ARGS]
                         on the executor and attention tests
   sanitize              compute-sanitizer memcheck, racecheck and synccheck on every executor
                         test (SANITIZE_TESTS: the test binaries, SANITIZE_FILTER: a gtest
-                        filter for all of them, SANITIZE_TIMEOUT: seconds a run, default 300)
+                        filter for all of them, SANITIZE_TOOLS: some of the three tools,
+                        SANITIZE_TIMEOUT: seconds a run, default 300)
   bench [PRESET [B,...]] [CELLM BENCH FLAGS...]
                         \`cellm bench --executor cuda --step-times --peak-bandwidth \$PEAK_GBS\`
                         with -npp 128 -ntg 128 unless the flags give -npp; no PRESET runs
@@ -135,7 +136,7 @@ cmd_sanitize() {
   local tests=${SANITIZE_TESTS:-"cuda_cuda_executor_test cuda_cuda_runner_test cuda_cuda_prefix_test cuda_cuda_logits_processor_test cuda_overlap_decode_test cuda_cuda_gguf_test"}
   local filter=()
   [ -n "${SANITIZE_FILTER:-}" ] && filter=(--gtest_filter="$SANITIZE_FILTER")
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     for t in $tests; do
       [ -x "$BUILD/tests/cuda/$t" ] || { echo "$tool $t: no such test binary"; rc=1; continue; }
       timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
