@@ -37,7 +37,7 @@ enum class KvDtype {
   kF32,   // where the executor stores f32 (CPU; CUDA in f32 precision)
   kBF16,  // where the executor stores bf16 (CUDA in bf16 precision)
   // e4m3 codes with one f32 scale per (cell, layer, kv head) row of head_dim values
-  // (scale = the row's largest magnitude / 448): the CPU executor.
+  // (the smallest power of two >= the row's largest magnitude / 448): the CPU executor.
   kFp8,
 };
 // "auto", "f32", "bf16" or "fp8".

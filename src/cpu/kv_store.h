@@ -4,7 +4,8 @@
 //   kF32: f32 values.
 //   kFp8: e4m3 codes (model/fp8.h) [rows, n_kv_heads, head_dim] plus one f32 scale per
 //         (cell, kv head) [rows, n_kv_heads]: value = e4m3(code) * scale, scale = the
-//         head row's largest magnitude / 448 (1 for an all-zero row, whose codes are 0).
+//         smallest power of two >= the head row's largest magnitude / 448 (1 for an
+//         all-zero row, whose codes are 0; cpu/kernels/attention.h, kv_scale_e4m3).
 //         A cell is head_dim + 4 bytes per head and layer instead of 4 x head_dim.
 // Storage starts at `initial_rows` and grows geometrically (to max(2 x rows, needed),
 // capped at max_cells), carrying the live rows.

@@ -19,7 +19,16 @@ namespace {
 using testing::all_close;
 using testing::random_floats;
 
-TEST(QuantizeKvHeadE4m3Test, ScaleIsAmaxOver448AndEveryValueRoundsToItsNearestCode) {
+TEST(QuantizeKvHeadE4m3Test, TheScaleIsTheSmallestPowerOfTwoAtLeastAmaxOver448) {
+  EXPECT_EQ(kv_scale_e4m3(448.0f), 1.0f);
+  EXPECT_EQ(kv_scale_e4m3(449.0f), 2.0f);
+  EXPECT_EQ(kv_scale_e4m3(224.0f), 0.5f);
+  EXPECT_EQ(kv_scale_e4m3(225.0f), 1.0f);
+  EXPECT_EQ(kv_scale_e4m3(7.0f), 0x1p-6f);  // 7 / 448 = 2^-6 exactly
+  EXPECT_EQ(kv_scale_e4m3(0.0f), 1.0f);
+}
+
+TEST(QuantizeKvHeadE4m3Test, EveryValueRoundsToItsNearestCodeAndTheLargestLandsHigh) {
   std::mt19937 rng(11);
   for (float range : {1e-4f, 0.5f, 3.0f, 700.0f}) {
     const std::vector<float> x = random_floats(rng, 64, -range, range);
@@ -27,16 +36,17 @@ TEST(QuantizeKvHeadE4m3Test, ScaleIsAmaxOver448AndEveryValueRoundsToItsNearestCo
     const float scale = quantize_kv_head_e4m3(x.data(), 64, codes.data());
     float amax = 0.0f;
     for (float v : x) amax = std::fmax(amax, std::fabs(v));
-    EXPECT_EQ(scale, amax / kE4M3Max);
+    EXPECT_EQ(scale, kv_scale_e4m3(amax));
+    int e = 0;
+    EXPECT_EQ(std::frexp(scale, &e), 0.5f) << "a power of two";
+    EXPECT_GT(amax / scale, 224.0f);
+    EXPECT_LE(amax / scale, kE4M3Max);
     for (size_t i = 0; i < x.size(); ++i) {
       EXPECT_EQ(codes[i], f32_to_e4m3(x[i] / scale)) << i;
       // Round to nearest: within half a step of 3 mantissa bits (2^-4 relative), or half
       // the subnormal step 2^-10 of the scaled value.
       const double err = std::fabs(double{e4m3_to_f32(codes[i])} * scale - x[i]);
       EXPECT_LE(err, std::fmax(0x1p-4 * std::fabs(x[i]), 0x1p-10 * scale) * (1 + 1e-6)) << i;
-      if (std::fabs(x[i]) == amax) {
-        EXPECT_EQ(std::fabs(e4m3_to_f32(codes[i])), kE4M3Max);
-      }
     }
   }
 }

@@ -1,5 +1,6 @@
 // The CPU executor with an e4m3 KV cache (ExecutorLimits::kv_dtype kFp8) on the
-// reference fixtures: greedy decoding stays close to the f32 cache's, a byte budget
+// reference fixtures and the bundled kjv-small: greedy decoding stays close to the f32
+// cache's, a byte budget
 // holds the cells its smaller cells allow, and cells shared by the prefix cache or by a
 // clone give the same tokens as recomputing them; kBF16 is refused by name.
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include "cellm/cpu_executor.h"
 #include "executor_driver.h"
 #include "fixture_model.h"
+#include "kjv_prompts.h"
 #include "prefix_attach_check.h"
 
 namespace cellm {
@@ -49,20 +51,17 @@ std::vector<std::vector<Token>> prompts_of(const Fixture& f) {
 
 class CpuFp8KvTest : public ::testing::TestWithParam<std::string> {};
 
-// Both caches teacher-forced along the f32 cache's greedy path. The fixtures are tiny
-// random models (head_dim 8 to 16, two layers): an e4m3 element keeps 3 mantissa bits
-// (a relative error up to 2^-4), which over so few elements per head moves the logits
-// far more than in a trained model (SmolLM2-135M's perplexity: docs/PERFORMANCE.md).
-// Measured over the 120 steps of each fixture: the f32 cache's top token keeps its
-// logprob within 0.35 to 1.27 at the 99th percentile (1.66 at most, where near-ties of
-// random logits reorder), and the greedy token agrees in 78% to 91% of the steps. The
-// bounds (p99 1.6, max 2.5, agreement 70%) hold those with some room. The kernels'
-// exactness is attention_fp8_test's; this checks the executor wires them end to end.
-TEST_P(CpuFp8KvTest, GreedyDecodingStaysCloseToTheF32Cache) {
-  const Fixture f = testing::load_fixture(GetParam());
-  const std::shared_ptr<const ModelWeights> w = load_weights(f);
-  const std::vector<std::vector<Token>> prompts = prompts_of(f);
-  const size_t steps = f.prompts[0].greedy.size();
+// How far the e4m3 cache's predictions move from the f32 cache's, both teacher-forced
+// along the f32 cache's greedy path: per step, |the logprob of the f32 cache's top token
+// in each| (outside the fp8 cache's top 8: taken at its 8th), and how often the greedy
+// tokens agree.
+struct Closeness {
+  double p99 = 0, max = 0, agreement = 0;
+  size_t steps = 0;
+};
+
+Closeness closeness(const std::shared_ptr<const ModelWeights>& w,
+                    const std::vector<std::vector<Token>>& prompts, size_t steps) {
   const std::vector<SamplingParams> params(prompts.size(), SamplingParams{.num_logprobs = 8});
   auto f32 = make(w, KvDtype::kF32);
   const auto want = testing::drive_outputs(*f32, prompts, 64, steps, params);
@@ -72,32 +71,49 @@ TEST_P(CpuFp8KvTest, GreedyDecodingStaysCloseToTheF32Cache) {
   }
   auto fp8 = make(w, KvDtype::kFp8);
   const auto got = testing::drive_outputs(*fp8, prompts, 64, steps, params, &path);
-  std::vector<double> diffs;  // per step: |logprob of the f32 cache's top token|
+  std::vector<double> diffs;
   int agree = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size());
-    for (size_t s = 0; s < want[i].size(); ++s) {
+    EXPECT_EQ(got[i].size(), want[i].size());
+    for (size_t s = 0; s < std::min(got[i].size(), want[i].size()); ++s) {
       const TokenLogprobs& g = got[i][s].logprobs.at(0);
       const TokenLogprobs& x = want[i][s].logprobs.at(0);
       const Token top = x.top.at(0).first;
       const auto it =
           std::find_if(g.top.begin(), g.top.end(), [&](const auto& e) { return e.first == top; });
-      // Outside the fp8 cache's top 8: at least as far as its 8th.
       const double lp = it != g.top.end() ? it->second : g.top.back().second;
       diffs.push_back(std::fabs(lp - x.top[0].second));
       agree += got[i][s].tokens == want[i][s].tokens ? 1 : 0;
     }
   }
+  Closeness c;
+  if (diffs.empty()) return c;
   std::sort(diffs.begin(), diffs.end());
-  const double p99 = diffs[diffs.size() * 99 / 100];
-  const double agreement = static_cast<double>(agree) / static_cast<double>(diffs.size());
+  c.steps = diffs.size();
+  c.p99 = diffs[diffs.size() * 99 / 100];
+  c.max = diffs.back();
+  c.agreement = static_cast<double>(agree) / static_cast<double>(diffs.size());
   std::printf(
       "fp8 KV vs f32 KV over %zu steps: top-token logprob difference p99 %.4f, max %.4f; "
       "greedy agreement %.3f\n",
-      diffs.size(), p99, diffs.back(), agreement);
-  EXPECT_LE(p99, 1.6);
-  EXPECT_LE(diffs.back(), 2.5);
-  EXPECT_GE(agreement, 0.7);
+      c.steps, c.p99, c.max, c.agreement);
+  return c;
+}
+
+// The fixtures are tiny random models (head_dim 8 to 16, two layers, flat random
+// logits): an e4m3 element keeps 3 mantissa bits (a relative error up to 2^-4), which
+// over so few elements per head moves their near-tied logits far more than a trained
+// model's (kjv-small below; SmolLM2-135M's perplexity in docs/PERFORMANCE.md). Measured
+// over the 120 steps of each: p99 0.31 to 1.29, max 0.54 to 2.10, agreement 72% to 91%.
+// The bounds hold those with some room; this runs every architecture's path (biases,
+// Qwen3's q/k norms, sliding windows) through the e4m3 cache end to end.
+TEST_P(CpuFp8KvTest, GreedyDecodingStaysNearTheF32CacheOnEveryArchitecture) {
+  const Fixture f = testing::load_fixture(GetParam());
+  const Closeness c = closeness(load_weights(f), prompts_of(f), f.prompts[0].greedy.size());
+  ASSERT_GT(c.steps, 0u);
+  EXPECT_LE(c.p99, 2.0);
+  EXPECT_LE(c.max, 3.0);
+  EXPECT_GE(c.agreement, 0.6);
 }
 
 TEST_P(CpuFp8KvTest, AClonesSharedCellsDecodeLikeRecomputingThem) {
@@ -145,6 +161,18 @@ TEST_P(CpuFp8KvTest, AnAttachedPrefixPredictsLikeAFreshPrefill) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CpuFp8KvTest, ::testing::ValuesIn(testing::fixture_names()),
                          testing::fixture_test_name);
+
+// kjv-small (trained; 8 layers, head_dim 64): 6 windows of its reference text, 32
+// decoded tokens each. Measured: the f32 cache's top token keeps its logprob within
+// 0.065 at the 99th percentile (0.14 at most), and 190 of the 192 greedy tokens agree
+// (the two others at near-ties). The bounds give about twice that room.
+TEST(CpuFp8KvKjvTest, GreedyDecodingStaysCloseToTheF32CacheOnATrainedModel) {
+  const Closeness c = closeness(testing::load_kjv_small(), testing::kjv_prompts(6, 48, 30), 32);
+  ASSERT_EQ(c.steps, 6u * 32u);
+  EXPECT_LE(c.p99, 0.15);
+  EXPECT_LE(c.max, 0.3);
+  EXPECT_GE(c.agreement, 0.95);
+}
 
 TEST(CpuFp8KvCreateTest, AByteBudgetHoldsTheCellsOfTheSmallerCell) {
   const std::shared_ptr<const ModelWeights> w = load_weights(testing::load_fixture("mistral-tiny"));
