@@ -1,6 +1,7 @@
 // CpuExecutor: runs a loaded model on the CPU behind the executor seam. One
 // forward covers a packed, mixed batch (any sessions, any positions); K/V live
-// off-graph in the cell layout (per layer [max_cells, n_kv_heads, head_dim] f32),
+// off-graph in the cell layout (per layer [max_cells, n_kv_heads, head_dim] f32, or
+// with kv_dtype kFp8 e4m3 codes plus one f32 scale per (cell, kv head)),
 // each query attends only its own sequence's cells (narrowed by the layer's
 // sliding window), and logits are computed only for the rows that produce output.
 // Weights stay in their stored 16-bit form; every product accumulates in f32.
@@ -45,7 +46,8 @@ struct CpuExecutorOptions {
 class CpuExecutor final : public Executor {
  public:
   // Validates, in order (InvalidArgument; messages start with "CpuExecutor: "
-  // and name the numbers): a model is given; max_sessions and the per-session
+  // and name the numbers): a model is given; kv_dtype is one it stores (auto, f32,
+  // fp8; bf16 is NotSupported naming --kv-dtype); max_sessions and the per-session
   // cap (max_session_tokens, or the model's context when 0) are positive and
   // their product fits int32; the cap <= the model's context
   // (max_position_embeddings); step_width and initial_cells are positive;
@@ -82,9 +84,12 @@ class CpuExecutor final : public Executor {
   // Every field resolved: max_cells never 0, max_session_tokens the per-session
   // cap (never 0). Immutable after create(): any thread may read it.
   const ExecutorLimits& limits() const { return limits_; }
-  // One cell's K and V over every layer (f32): what kv_memory_bytes is divided by.
+  // One cell's K and V over every layer at the limits' kv_dtype (f32: 8 x kv_dim bytes a
+  // layer; fp8: 2 x (kv_dim + 4 x n_kv_heads)): what kv_memory_bytes is divided by.
   // Immutable after create(): any thread may call it.
   int64_t kv_bytes_per_cell() const;
+  // The same for `config` at `dtype` (kAuto and kF32: f32) before an executor exists.
+  static int64_t cell_bytes(const ModelConfig& config, KvDtype dtype);
   // initial_cells clamped to max_cells.
   const CpuExecutorOptions& options() const { return options_; }
   const ModelConfig& config() const { return weights_->config(); }

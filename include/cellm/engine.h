@@ -104,6 +104,10 @@ enum class ExecutorKind {
 // "auto", "cpu" or "cuda".
 const char* to_string(ExecutorKind kind);
 
+// The KV dtype spelled `name` (to_string(KvDtype): auto, f32, bf16, fp8); an
+// InvalidArgument naming --kv-dtype and the accepted values otherwise.
+Result<KvDtype> parse_kv_dtype(std::string_view name);
+
 // Loading progress: bytes of weights touched so far and in all. Empty: a one-line bar on
 // stderr when stderr is a terminal, nothing otherwise.
 using LoadProgress = std::function<void(size_t done_bytes, size_t total_bytes)>;

@@ -31,6 +31,30 @@
 
 namespace cellm {
 
+// How an executor's KV pool stores K and V (`--kv-dtype`).
+enum class KvDtype {
+  kAuto,  // the executor's own: f32 on the CPU, the precision's (bf16 / f32) on CUDA
+  kF32,   // where the executor stores f32 (CPU; CUDA in f32 precision)
+  kBF16,  // where the executor stores bf16 (CUDA in bf16 precision)
+  // e4m3 codes with one f32 scale per (cell, layer, kv head) row of head_dim values
+  // (the smallest power of two >= the row's largest magnitude / 448): the CPU executor.
+  kFp8,
+};
+// "auto", "f32", "bf16" or "fp8".
+constexpr const char* to_string(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      return "f32";
+    case KvDtype::kBF16:
+      return "bf16";
+    case KvDtype::kFp8:
+      return "fp8";
+    case KvDtype::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 // The session geometry every executor is created with (its create() takes it beside
 // its own options).
 //
@@ -66,12 +90,15 @@ struct ExecutorLimits {
   bool prefix_cache = false;
   // The fixed-slot rule above; off = the pool is shared by need.
   bool capacity_rule = true;
-  // CPU: a byte budget for the KV pool (K and V of every layer, f32); 0 = unset.
+  // CPU: a byte budget for the KV pool (K and V of every layer, at kv_dtype); 0 = unset.
   int64_t kv_memory_bytes = 0;
   // CUDA: the share of device memory, free once the weights, the step buffers and
   // the cell table are counted, that the KV pool takes, in (0, 1]; the rest (at
   // least 1 GiB) stays free for cuBLASLt and the decode graphs. 0 = unset.
   double kv_memory_fraction = 0;
+  // How the pool stores K and V. A dtype the executor does not store is refused by its
+  // create() (NotSupported naming --kv-dtype); its bytes per cell size a pool by memory.
+  KvDtype kv_dtype = KvDtype::kAuto;
 };
 
 // What the KV pool can still give, for admission and preemption policies.

@@ -20,6 +20,15 @@ std::string prefixed(const std::string& message) {
   return "CpuExecutor: " + message;
 }
 
+cpu::KvStorage kv_storage(const ExecutorLimits& l) {
+  return l.kv_dtype == KvDtype::kFp8 ? cpu::KvStorage::kFp8 : cpu::KvStorage::kF32;
+}
+
+// One cell's K and V over every layer as `l` stores them.
+int64_t store_cell_bytes(const ModelConfig& c, const ExecutorLimits& l) {
+  return cpu::KvStore::cell_bytes(c.num_layers(), c.kv_dim(), kv_storage(l), c.head_dim());
+}
+
 std::string number(double x) {
   char text[32];
   std::snprintf(text, sizeof(text), "%g", x);
@@ -39,6 +48,10 @@ int64_t memory_cells_cap(const ExecutorLimits& l, int64_t per_session) {
 Result<ExecutorLimits> resolve(const ModelWeights* weights, ExecutorLimits l,
                                const CpuExecutorOptions& o) {
   if (weights == nullptr) return InvalidArgument(prefixed("no model was given"));
+  if (l.kv_dtype == KvDtype::kBF16) {
+    return NotSupported(
+        prefixed("--kv-dtype bf16: the CPU executor stores K/V as f32 (auto, f32) or e4m3 (fp8)"));
+  }
   const ModelConfig& c = weights->config();
   const int64_t context = c.max_position_embeddings();
   const bool cap_given = l.max_session_tokens != 0;
@@ -70,7 +83,7 @@ Result<ExecutorLimits> resolve(const ModelWeights* weights, ExecutorLimits l,
   int64_t cells = l.max_cells;
   std::string source;  // how a pool sized by memory got its cells, for messages
   if (cells == 0 && l.kv_memory_bytes > 0) {
-    const int64_t per_cell = cpu::KvStore::cell_bytes(c.num_layers(), c.kv_dim());
+    const int64_t per_cell = store_cell_bytes(c, l);
     cells = std::min(l.kv_memory_bytes / per_cell, memory_cells_cap(l, per_session));
     source = " (kv_memory_bytes " + std::to_string(l.kv_memory_bytes) + " at " +
              std::to_string(per_cell) + " bytes a cell)";
@@ -136,7 +149,7 @@ CpuExecutor::CpuExecutor(std::shared_ptr<const ModelWeights> weights, const Exec
   const ModelConfig& c = weights_->config();
   threads_ = std::make_unique<cpu::ThreadPool>(options_.num_threads);
   kv_ = std::make_unique<cpu::KvStore>(c.num_layers(), c.kv_dim(), limits_.max_cells,
-                                       options_.initial_cells);
+                                       options_.initial_cells, kv_storage(limits_), c.head_dim());
   forward_ = std::make_unique<cpu::CpuForward>(weights_, *threads_, limits_.step_width,
                                                options_.bf16_activations);
 }
@@ -303,6 +316,12 @@ KvMetrics CpuExecutor::kv_metrics() const {
 
 int64_t CpuExecutor::kv_bytes_per_cell() const {
   return kv_->bytes_per_cell();
+}
+
+int64_t CpuExecutor::cell_bytes(const ModelConfig& config, KvDtype dtype) {
+  ExecutorLimits l;
+  l.kv_dtype = dtype;
+  return store_cell_bytes(config, l);
 }
 
 KvBudget CpuExecutor::kv_budget() const {

@@ -151,7 +151,13 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
   }
   rope(pool_, q_.data(), c.num_heads(), k_.data(), c.num_kv_heads(), n, hd, slice.positions,
        inv_freq_);
-  write_kv(k_.data(), v_.data(), n, c.kv_dim(), slice.cells, kv.k(l), kv.v(l), kv.rows());
+  const bool fp8_kv = kv.storage() == KvStorage::kFp8;
+  if (fp8_kv) {
+    write_kv_e4m3(k_.data(), v_.data(), n, c.num_kv_heads(), hd, slice.cells, kv.k_codes(l),
+                  kv.k_scales(l), kv.v_codes(l), kv.v_scales(l), kv.rows());
+  } else {
+    write_kv(k_.data(), v_.data(), n, c.kv_dim(), slice.cells, kv.k(l), kv.v(l), kv.rows());
+  }
 
   AttentionArgs args;
   args.q = q_.data();
@@ -159,8 +165,15 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
   args.n_heads = c.num_heads();
   args.n_kv_heads = c.num_kv_heads();
   args.head_dim = hd;
-  args.k_cells = kv.k(l);
-  args.v_cells = kv.v(l);
+  if (fp8_kv) {
+    args.k_codes = kv.k_codes(l);
+    args.v_codes = kv.v_codes(l);
+    args.k_scales = kv.k_scales(l);
+    args.v_scales = kv.v_scales(l);
+  } else {
+    args.k_cells = kv.k(l);
+    args.v_cells = kv.v(l);
+  }
   args.max_cells = kv.rows();
   args.q_pos = slice.positions;
   args.cells_of_row = slice.seq_cells;

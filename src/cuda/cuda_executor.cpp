@@ -576,6 +576,18 @@ class ExecutorImpl {
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
     const CudaExecutorOptions& options) {
+  // K/V are stored in the precision's type; an e4m3 pool has no device kernels yet.
+  const KvDtype stored = options.precision == CudaPrecision::kF32 ? KvDtype::kF32 : KvDtype::kBF16;
+  if (limits.kv_dtype == KvDtype::kFp8) {
+    return NotSupported(cuda::prefixed(
+        "--kv-dtype fp8 is not supported by the CUDA executor yet (it stores K/V as " +
+        std::string(to_string(stored)) + "); the CPU executor runs it (--executor cpu)"));
+  }
+  if (limits.kv_dtype != KvDtype::kAuto && limits.kv_dtype != stored) {
+    return NotSupported(cuda::prefixed(std::string("--kv-dtype ") + to_string(limits.kv_dtype) +
+                                       ": the CUDA executor in this precision stores K/V as " +
+                                       to_string(stored)));
+  }
   CELLM_ASSIGN_OR_RETURN(ExecutorLimits l, cuda::validate_limits(weights.get(), limits, options));
   // The device kernels read bf16/f16/f32 elements only; a block-format (GGUF
   // quantized) tensor is refused by name rather than read as elements.

@@ -107,6 +107,14 @@ const char* to_string(ExecutorKind kind) {
   return "auto";
 }
 
+Result<KvDtype> parse_kv_dtype(std::string_view name) {
+  for (const KvDtype d : {KvDtype::kAuto, KvDtype::kF32, KvDtype::kBF16, KvDtype::kFp8}) {
+    if (name == to_string(d)) return d;
+  }
+  return InvalidArgument("--kv-dtype must be auto, f32, bf16 or fp8, got '" + std::string(name) +
+                         "'");
+}
+
 int64_t default_cpu_kv_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_bytes = sysconf(_SC_PAGE_SIZE);

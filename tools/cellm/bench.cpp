@@ -62,6 +62,7 @@ const std::vector<FlagSpec> kFlags = [] {
       {
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
           weights_flag(),
+          kv_dtype_flag(),
           bf16_activations_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"no-pdl", "",
@@ -240,6 +241,41 @@ double weight_bytes_per_step(const ModelWeights& w) {
   return bytes;
 }
 
+// The weights' element types by bytes, largest first: "F8_E4M3 0.11 GB, BF16 0.16 GB"
+// (block formats by their GGUF names).
+std::string describe_weight_dtypes(const ModelWeights& w) {
+  std::vector<std::pair<std::string, double>> types;  // name, bytes
+  for (const TensorView* t : w.tensors()) {
+    std::string name = to_string(t->dtype);
+    if (t->block_type) {
+      const std::optional<GgmlTypeInfo> info =
+          ggml_type_info(static_cast<uint32_t>(*t->block_type));
+      name = info ? info->name : "block";
+    }
+    auto it =
+        std::find_if(types.begin(), types.end(), [&](const auto& e) { return e.first == name; });
+    if (it == types.end()) it = types.insert(types.end(), {name, 0.0});
+    it->second += static_cast<double>(t->nbytes);
+  }
+  std::sort(types.begin(), types.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string text;
+  for (const auto& [name, bytes] : types) {
+    char part[64];
+    std::snprintf(part, sizeof(part), "%s%s %.2f GB", text.empty() ? "" : ", ", name.c_str(),
+                  bytes / 1e9);
+    text += part;
+  }
+  return text;
+}
+
+// The KV dtype the executor stores: --kv-dtype, or for auto the executor's own.
+std::string kv_dtype_text(ExecutorKind kind, KvDtype dtype, const CudaExecutorOptions& cuda) {
+  if (dtype != KvDtype::kAuto) return to_string(dtype);
+  if (kind == ExecutorKind::kCuda) return cuda.precision == CudaPrecision::kF32 ? "f32" : "bf16";
+  return "f32";
+}
+
 Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const EngineOptions& options,
                       int64_t pp, int64_t tg, int64_t b, uint64_t seed,
                       const SamplingParams& sampling, std::optional<double> peak_gbs,
@@ -295,7 +331,8 @@ Result<Row> bench_one(const std::shared_ptr<const LoadedModel>& model, const Eng
   row.steps = engine.step_time_report();
   if (peak_gbs) {
     // The floor of the TG phase: TG steps, each reading the weights once and
-    // every session's KV (mean context ~ PP + TG/2).
+    // every session's KV (mean context ~ PP + TG/2) at the bytes a cell holds in the
+    // pool's KV dtype (fp8: the codes and the scales).
     const KvMetrics kv = runner.kv_metrics();
     const double kv_bytes = static_cast<double>(b) * (static_cast<double>(pp) + tg / 2.0) *
                             static_cast<double>(kv.bytes_per_cell);
@@ -477,6 +514,8 @@ int run_bench(int argc, const char* const* argv) {
   if (!kind.ok()) return fail(cmd, kind.status());
   Result<WeightFormat> weights = parse_weights_flag(*args, *kind);
   if (!weights.ok()) return fail(cmd, weights.status());
+  Result<KvDtype> kv_dtype = parse_kv_dtype_flag(*args);
+  if (!kv_dtype.ok()) return fail(cmd, kv_dtype.status());
   std::unique_ptr<PowerProbe> power;
   if (args->has("clocks")) {
     if (*requests > 0) {
@@ -508,6 +547,7 @@ int run_bench(int argc, const char* const* argv) {
   const BenchConstraint* constraint = constraint_or->has_value() ? &**constraint_or : nullptr;
 
   options.limits.step_width = static_cast<int32_t>(*step_width);
+  options.limits.kv_dtype = *kv_dtype;
   options.cpu.num_threads = static_cast<int32_t>(*threads);
   options.cpu.bf16_activations = args->has("bf16-activations");
   if (Status s = read_cuda_flags(*args, options.cuda); !s.ok()) return fail(cmd, s);
@@ -518,12 +558,14 @@ int run_bench(int argc, const char* const* argv) {
     const ModelConfig& c = model->weights->config();
     std::printf(
         "model %s: %lld layers, d %lld, %lld/%lld heads, ff %lld, vocab %lld, %.2f GB "
-        "of weights; executor %s%s%s, step width %d; sampling %s\n\n",
+        "of weights (%s), KV %s; executor %s%s%s, step width %d; sampling %s\n\n",
         model->name.c_str(), static_cast<long long>(c.num_layers()),
         static_cast<long long>(c.hidden_size()), static_cast<long long>(c.num_heads()),
         static_cast<long long>(c.num_kv_heads()), static_cast<long long>(c.intermediate_size()),
         static_cast<long long>(c.vocab_size()),
-        static_cast<double>(model->weights->total_bytes()) / 1e9, to_string(*kind),
+        static_cast<double>(model->weights->total_bytes()) / 1e9,
+        describe_weight_dtypes(*model->weights).c_str(),
+        kv_dtype_text(*kind, options.limits.kv_dtype, options.cuda).c_str(), to_string(*kind),
         device.empty() ? "" : " on ", device.c_str(), options.limits.step_width,
         describe_sampling(*sampling).c_str());
     if (constraint != nullptr) {

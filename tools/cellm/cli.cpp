@@ -77,6 +77,19 @@ Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor
   return format;
 }
 
+FlagSpec kv_dtype_flag() {
+  return {"kv-dtype", "TYPE",
+          "how the KV cache stores K and V: auto (the executor's own: f32 on the CPU, the "
+          "precision's on CUDA), f32, bf16 (CUDA), or fp8 (e4m3 with a scale per cell, layer "
+          "and KV head: about 0.27 of f32's bytes at head_dim 64; CPU executor only for now)"};
+}
+
+Result<KvDtype> parse_kv_dtype_flag(const Args& args) {
+  const std::optional<std::string> text = args.get("kv-dtype");
+  if (!text) return KvDtype::kAuto;
+  return parse_kv_dtype(*text);
+}
+
 FlagSpec bf16_activations_flag() {
   return {"bf16-activations", "",
           "CPU executor: round activations to bf16 for the products with bf16 weights (AVX-512 "

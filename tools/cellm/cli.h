@@ -32,6 +32,11 @@ Result<ExecutorKind> parse_executor_flag(const Args& args);
 // anything loads. Without --executor, such a format sets `executor` to the CPU one.
 FlagSpec weights_flag();
 Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor);
+// --kv-dtype TYPE (KvDtype, executor.h; ExecutorLimits::kv_dtype): kAuto when absent;
+// InvalidArgument naming the flag and the accepted values otherwise. Whether the executor
+// stores that type is its create()'s to say (NotSupported naming the flag).
+FlagSpec kv_dtype_flag();
+Result<KvDtype> parse_kv_dtype_flag(const Args& args);
 // --bf16-activations: the CPU executor's bf16 products round the activations to bf16
 // (CpuExecutorOptions::bf16_activations): faster where the CPU has AVX-512 BF16, not exact.
 FlagSpec bf16_activations_flag();

@@ -39,6 +39,7 @@ const std::vector<FlagSpec> kFlags = {
     {"threads", "N", "CPU threads; 0 = all (default 0)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     weights_flag(),
+    kv_dtype_flag(),
     bf16_activations_flag(),
 };
 
@@ -90,6 +91,9 @@ int run_perplexity(int argc, const char* const* argv) {
   Result<WeightFormat> weights = parse_weights_flag(args, options.executor);
   if (!weights.ok()) return fail(cmd, weights.status());
   options.model.weights = *weights;
+  Result<KvDtype> kv_dtype = parse_kv_dtype_flag(args);
+  if (!kv_dtype.ok()) return fail(cmd, kv_dtype.status());
+  options.limits.kv_dtype = *kv_dtype;
   Result<std::shared_ptr<const LoadedModel>> model_or =
       load_model(options.model, /*with_tokenizer=*/true);
   if (!model_or.ok()) return fail(cmd, model_or.status());

@@ -37,9 +37,17 @@ constexpr int64_t kTasksPerClaim = 4;  // (row, head) tasks a thread claims at o
   for (int t = 0; t < 4; ++t) out[t] = sums[t];
 }
 
+// e4m3 K/V (AttentionArgs::k_codes): dst[i] = e4m3(codes[i]) for i < hd, exactly; the
+// row's scale is applied to the score (K) or to the softmax weight (V) instead.
+[[gnu::always_inline]] inline void decode_e4m3(const uint8_t* codes, int64_t hd, float* dst) {
+  const float* table = e4m3_table().data();
+  for (int64_t i = 0; i < hd; ++i) dst[i] = table[codes[i]];
+}
+
 // NV > 0: head_dim is NV vectors, and the output accumulates in registers; NV == 0:
-// any head_dim, accumulated in memory. The same operations either way.
-template <int NV>
+// any head_dim, accumulated in memory. The same operations either way. kFp8: K/V are
+// e4m3 codes with a scale per (cell, kv head), decoded to f32 one key at a time.
+template <int NV, bool kFp8>
 void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   const int64_t kvh = h / group;
@@ -64,8 +72,13 @@ void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
   float running_max = -std::numeric_limits<float>::infinity();
   float denom = 0.0f;
   float scores[kScoreBlock];
-  const float* k_head = a.k_cells + kvh * hd;
-  const float* v_head = a.v_cells + kvh * hd;
+  // kFp8: four decoded keys, then one decoded value row.
+  alignas(64) float kbuf[kFp8 ? 4 : 1][kFp8 ? kMaxAttentionHeadDim : 1];
+  alignas(64) float vbuf[kFp8 ? kMaxAttentionHeadDim : 1];
+  const float* k_head = kFp8 ? nullptr : a.k_cells + kvh * hd;
+  const float* v_head = kFp8 ? nullptr : a.v_cells + kvh * hd;
+  const uint8_t* k8_head = kFp8 ? a.k_codes + kvh * hd : nullptr;
+  const uint8_t* v8_head = kFp8 ? a.v_codes + kvh * hd : nullptr;
   for (int64_t b = lo; b <= pos; b += kScoreBlock) {
     const int64_t nb = std::min<int64_t>(kScoreBlock, int64_t{pos} + 1 - b);
     const int32_t* block_cells = cells.data() + b;
@@ -77,9 +90,20 @@ void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
     for (int64_t j = 0; j < nb; j += 4) {
       const float* kp[4];
       for (int t = 0; t < 4; ++t) {
-        kp[t] = k_head + block_cells[std::min<int64_t>(j + t, nb - 1)] * kv_stride;
+        const int64_t cell = block_cells[std::min<int64_t>(j + t, nb - 1)];
+        if constexpr (kFp8) {
+          decode_e4m3(k8_head + cell * kv_stride, hd, kbuf[t]);
+          kp[t] = kbuf[t];
+        } else {
+          kp[t] = k_head + cell * kv_stride;
+        }
       }
       dot4(q, kp, hd, scores + j);
+      if constexpr (kFp8) {
+        for (int64_t t = j; t < std::min<int64_t>(j + 4, nb); ++t) {
+          scores[t] *= a.k_scales[int64_t{block_cells[t]} * a.n_kv_heads + kvh];
+        }
+      }
     }
     float block_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < nb; ++j) {
@@ -91,14 +115,27 @@ void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
     denom *= correction;
     for (int64_t j = 0; j < nb; ++j) scores[j] -= new_max;
     exp_array(scores, nb, scores);
+    // Value row j and its softmax weight (the scale folded in for e4m3).
+    auto value_row = [&](int64_t j, float& weight) -> const float* {
+      if constexpr (kFp8) {
+        const int64_t cell = block_cells[j];
+        decode_e4m3(v8_head + cell * kv_stride, hd, vbuf);
+        weight = scores[j] * a.v_scales[cell * a.n_kv_heads + kvh];
+        return vbuf;
+      } else {
+        weight = scores[j];
+        return v_head + block_cells[j] * kv_stride;
+      }
+    };
     if constexpr (NV > 0) {
       if (correction != 1.0f) {
         for (int i = 0; i < NV; ++i) vacc[i] = simd::mul(vacc[i], simd::set1(correction));
       }
       for (int64_t j = 0; j < nb; ++j) {
         denom += scores[j];
-        const float* v = v_head + block_cells[j] * kv_stride;
-        const simd::Vf e = simd::set1(scores[j]);
+        float weight;
+        const float* v = value_row(j, weight);
+        const simd::Vf e = simd::set1(weight);
         for (int i = 0; i < NV; ++i) {
           vacc[i] = simd::fma(e, simd::load<DType::kF32>(v + i * simd::kLanes), vacc[i]);
         }
@@ -107,8 +144,9 @@ void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
       bool rescale = correction != 1.0f;
       for (int64_t j = 0; j < nb; ++j) {
         denom += scores[j];
-        simd::scale_axpy(acc, rescale ? correction : 1.0f, scores[j],
-                         v_head + block_cells[j] * kv_stride, hd);
+        float weight;
+        const float* v = value_row(j, weight);
+        simd::scale_axpy(acc, rescale ? correction : 1.0f, weight, v, hd);
         rescale = false;
       }
     }
@@ -126,17 +164,18 @@ void attend_one(const AttentionArgs& a, int64_t r, int64_t h, float scale) {
 
 using AttendFn = void (*)(const AttentionArgs&, int64_t, int64_t, float);
 
+template <bool kFp8>
 AttendFn pick_attend(int64_t head_dim) {
-  if (head_dim % simd::kLanes != 0) return &attend_one<0>;
+  if (head_dim % simd::kLanes != 0) return &attend_one<0, kFp8>;
   switch (head_dim / simd::kLanes) {
     case 2:
-      return &attend_one<2>;
+      return &attend_one<2, kFp8>;
     case 4:
-      return &attend_one<4>;
+      return &attend_one<4, kFp8>;
     case 8:
-      return &attend_one<8>;
+      return &attend_one<8, kFp8>;
     default:
-      return &attend_one<0>;
+      return &attend_one<0, kFp8>;
   }
 }
 
@@ -149,13 +188,15 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
   CELLM_CHECK(static_cast<int64_t>(a.q_pos.size()) == a.n_rows &&
               static_cast<int64_t>(a.cells_of_row.size()) == a.n_rows);
   if (a.n_rows == 0) return;
-  CELLM_CHECK(a.q && a.k_cells && a.v_cells && a.out && a.max_cells > 0);
+  const bool fp8 = a.k_codes != nullptr;
+  CELLM_CHECK(a.q && a.out && a.max_cells > 0);
+  CELLM_CHECK(fp8 ? (a.v_codes && a.k_scales && a.v_scales) : (a.k_cells && a.v_cells));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.head_dim)));
   // A row's cost grows with its position, so a static split of a prompt's rows
   // gives one thread the long ones. Threads claim a few tasks at a time instead,
   // the last rows (in a prompt, the longest) first.
   const int64_t tasks = a.n_rows * a.n_heads;
-  const AttendFn attend = pick_attend(a.head_dim);
+  const AttendFn attend = fp8 ? pick_attend<true>(a.head_dim) : pick_attend<false>(a.head_dim);
   pool.parallel_for_dynamic(tasks, kTasksPerClaim, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       const int64_t t = tasks - 1 - c;
@@ -175,6 +216,25 @@ void write_kv(const float* k, const float* v, int64_t n_rows, int64_t row_elems,
     CELLM_CHECK_MSG(cell >= 0 && cell < max_cells, "write_kv: cell out of range");
     std::memcpy(k_cells + cell * row_elems, k + r * row_elems, row_bytes);
     std::memcpy(v_cells + cell * row_elems, v + r * row_elems, row_bytes);
+  }
+}
+
+void write_kv_e4m3(const float* k, const float* v, int64_t n_rows, int64_t n_kv_heads,
+                   int64_t head_dim, std::span<const int32_t> cell_of_row, uint8_t* k_codes,
+                   float* k_scales, uint8_t* v_codes, float* v_scales, int64_t max_cells) {
+  // REQUIRES: one cell per row, each within the pool.
+  CELLM_CHECK(n_rows >= 0 && n_kv_heads > 0 && head_dim > 0 &&
+              static_cast<int64_t>(cell_of_row.size()) == n_rows);
+  const int64_t row_elems = n_kv_heads * head_dim;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t cell = cell_of_row[static_cast<size_t>(r)];
+    CELLM_CHECK_MSG(cell >= 0 && cell < max_cells, "write_kv_e4m3: cell out of range");
+    for (int64_t g = 0; g < n_kv_heads; ++g) {
+      const int64_t src = r * row_elems + g * head_dim;
+      const int64_t dst = cell * row_elems + g * head_dim;
+      k_scales[cell * n_kv_heads + g] = quantize_kv_head_e4m3(k + src, head_dim, k_codes + dst);
+      v_scales[cell * n_kv_heads + g] = quantize_kv_head_e4m3(v + src, head_dim, v_codes + dst);
+    }
   }
 }
 

@@ -85,6 +85,7 @@ const std::vector<FlagSpec> kFlags = {
     {"port", "N", "TCP port; 0 picks a free one (default 8080)"},
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     weights_flag(),
+    kv_dtype_flag(),
     bf16_activations_flag(),
     {"max-sessions", "N", "generations running at once; n choices count n (default 16)"},
     {"max-session-tokens", "N",
@@ -151,6 +152,7 @@ std::string path_label(const std::string& path) {
 struct Flags {
   std::string model_dir;
   WeightFormat weights = WeightFormat::kAuto;
+  KvDtype kv_dtype = KvDtype::kAuto;
   std::string host = "127.0.0.1";
   int port = 8080;
   ExecutorKind executor = ExecutorKind::kCpu;
@@ -190,6 +192,7 @@ Result<Flags> read_flags(const Args& args) {
   }
   CELLM_ASSIGN_OR_RETURN(f.executor, parse_executor_flag(args));
   CELLM_ASSIGN_OR_RETURN(f.weights, parse_weights_flag(args, f.executor));
+  CELLM_ASSIGN_OR_RETURN(f.kv_dtype, parse_kv_dtype_flag(args));
   f.host = args.get("host").value_or("127.0.0.1");
   f.port = static_cast<int>(port);
   f.max_sessions = static_cast<int32_t>(max_sessions);
@@ -365,9 +368,8 @@ Status size_cpu_kv_pool(const Flags& flags, const ModelConfig& config, ExecutorL
     limits.kv_memory_bytes = limit / 4;
     return Status::Ok();
   }
-  // One cell's K and V over every layer, as the CPU executor stores them (floats).
-  const int64_t cell_bytes = 2 * int64_t{config.num_layers()} * int64_t{config.kv_dim()} *
-                             static_cast<int64_t>(sizeof(float));
+  // One cell's K and V over every layer, as the CPU executor stores them at --kv-dtype.
+  const int64_t cell_bytes = CpuExecutor::cell_bytes(config, flags.kv_dtype);
   const int64_t free_bytes = std::max<int64_t>(0, limit - memory.resident_bytes);
   const std::string room = "this host has " + memory.describe_limit() + " and the process holds " +
                            bytes_text(memory.resident_bytes) + " already (the model)";
@@ -435,6 +437,7 @@ int run_serve(int argc, const char* const* argv) {
 
   ExecutorLimits& limits = options.limits;
   limits.capacity_rule = false;  // one pool shared by need
+  limits.kv_dtype = flags.kv_dtype;
   limits.prefix_cache = flags.prefix_cache;
   limits.max_sessions = flags.max_sessions;
   limits.max_session_tokens = flags.max_session_tokens.value_or(0);  // 0: the model's context
