@@ -12,12 +12,14 @@
 //     included, widened by the f16 -> f32 conversion), else a portable loop (exponent
 //     rebias for normals, m * 2^-9 for subnormals: no denormal arithmetic). The
 //     instruction set is the one this file is compiled for (-march).
-//   m >= 2: W is decoded to bf16 once per call into a buffer of the calling thread
-//     and multiplied by the bf16 kernels (bf16_dot_matmul when asked for and the CPU
-//     has it, else cpu::matmul's exact path), then scaled per column; the decode is
-//     O(n k) against the product's O(m n k).
+//   m >= 2: each thread streams its band of W once in cache tiles (64 rows by 512
+//     columns): a tile's codes are decoded once into f32 (exact; 128 KiB, held in L2)
+//     and every row of x meets it there in 4 x 4 register tiles (the f32 FMAs of
+//     cpu::matmul's bf16 path); the row scale multiplies each output once, after the
+//     last column block. With bf16_dot (and AVX-512 BF16): blocks of 256 W rows are
+//     decoded to bf16 and multiplied by bf16_dot_matmul (x rounded to bf16).
 // fp8_matmul_scalar is the twin: table decode, f32 sums in order.
-// Thread-safety: reentrant except that calls from one thread share its decode buffer
+// Thread-safety: reentrant except that calls from one thread share its decode buffers
 // (not reentrant from inside a pool task); runs on `pool`.
 #pragma once
 
