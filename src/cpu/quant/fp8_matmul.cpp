@@ -287,7 +287,7 @@ void fused(ThreadPool& pool, const float* x, const Fp8Weights& w, TypedPtr bias,
 // accumulate in y, scaled by the row scale (and the bias added) once at the end.
 constexpr int kMr = 4;                  // rows of x per register tile
 constexpr int kNr = 4;                  // rows of W per register tile
-constexpr int64_t kNb = 16;             // rows of W per cache tile
+constexpr int64_t kNb = 64;             // rows of W per cache tile
 constexpr int64_t kKc = 512;            // columns per cache tile
 constexpr int64_t kStaticMaxRows = 16;  // above: compute-bound, W rows claimed dynamically
 constexpr int64_t kDynamicGroups = 8;   // register tiles of W rows per claim
