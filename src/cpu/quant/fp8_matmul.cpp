@@ -280,7 +280,7 @@ void fused(ThreadPool& pool, const float* x, const Fp8Weights& w, TypedPtr bias,
   });
 }
 
-// The blocked product for m >= 2 (x exact). Each thread takes a band of W rows and
+// The blocked product for m > kFusedMaxRows (x exact). Each thread takes a band of W rows and
 // walks it in cache tiles of kNb rows by kKc columns: a tile's codes are read once
 // from memory and decoded once into an f32 tile (128 KiB, in L2), which every row
 // of x then meets in 4 x 4 register tiles; the f32 sums of the column blocks
