@@ -1,7 +1,8 @@
 // fp8_matmul (e4m3 weights with per-row scales) against its scalar twin, every
-// element: the fused decode path (m = 1) and the decode-to-bf16 path (m >= 2), with
-// and without bias, k with and without a 16-lane tail, every code (subnormals and
-// ±448 included), with x exact and with x rounded to bf16 (bf16_dot).
+// element: the fused decode path (m = 1) and the blocked path (m >= 2: 64-row by
+// 512-column tiles decoded once, 4 x 4 register tiles), with and without bias, k with
+// and without a 16-lane tail, every code (subnormals and ±448 included), with x exact
+// and with x rounded to bf16 (bf16_dot, blocks of 256 W rows).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,9 +72,25 @@ void check(const Case& c, bool bf16_dot, ThreadPool& pool) {
 TEST(Fp8Matmul, MatchesTheScalarTwinOnEveryElement) {
   ThreadPool pool(2);
   const std::vector<Case> cases = {
-      {1, 7, 16, false},   {1, 33, 64, true},   {2, 5, 17, true},  {3, 64, 100, false},
-      {4, 19, 256, true},  {5, 8, 16, false},   {6, 31, 33, true}, {8, 64, 128, true},
-      {17, 40, 96, false}, {64, 24, 512, true}, {1, 1, 1, false},  {9, 3, 5, true},
+      {1, 7, 16, false},
+      {1, 33, 64, true},
+      {2, 5, 17, true},
+      {3, 64, 100, false},
+      {4, 19, 256, true},
+      {5, 8, 16, false},
+      {6, 31, 33, true},
+      {8, 64, 128, true},
+      {17, 40, 96, false},
+      {64, 24, 512, true},
+      {1, 1, 1, false},
+      {9, 3, 5, true},
+      // Several cache tiles each way (rows past 64 and 256, columns past 512 and
+      // 1,024 with a partial block), at the decode and prefill row counts.
+      {1, 300, 1100, true},
+      {2, 300, 1100, false},
+      {4, 130, 600, true},
+      {16, 70, 1030, false},
+      {128, 260, 700, true},
   };
   for (const Case& c : cases) {
     check(c, /*bf16_dot=*/false, pool);
