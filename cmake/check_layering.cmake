@@ -29,7 +29,7 @@ set(ALLOWED_serve core text grammar engine serve)
 # Every public header of include/cellm, by layer. A new header must be added here.
 set(PUBLIC_core decode_first_scheduler.h executor.h logits_processor.h metrics.h runner.h sampler.h
                 scheduler.h status.h types.h)
-set(PUBLIC_model dtype.h gguf.h model_config.h model_weights.h)
+set(PUBLIC_model dtype.h gguf.h model_config.h model_weights.h tensor_parallel.h)
 set(PUBLIC_text chat_template.h tokenizer.h)
 set(PUBLIC_grammar grammar.h)
 set(PUBLIC_cpu cpu_executor.h weight_quant.h)
