@@ -13,7 +13,8 @@ cosine of the logits against the bf16 model's when
     CUDA executor's FP8 products quantize activations so),
   * both,
 and splits the loss by part (attention or MLP projections) and, with --per-layer, by
-layer. Also prints each layer's update over the residual stream (rms ratio): a
+layer. --encoding compares other weight encodings (e4m3 per 32-weight block, int8 per
+row). Also prints each layer's update over the residual stream (rms ratio): a
 residual-dominated model keeps the e4m3 rounding of an update from moving the
 logits' direction.
 
@@ -36,6 +37,21 @@ def quantize_rows(w):
     amax = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
     scale = amax / 448.0
     return (w / scale).to(torch.float8_e4m3fn).to(torch.float32) * scale
+
+
+def quantize_blocks32(w):
+    """e4m3 with one scale per 32 consecutive weights of a row (for comparison)."""
+    return quantize_rows(w.reshape(-1, 32)).reshape(w.shape)
+
+
+def quantize_int8_rows(w):
+    """int8 with one scale per row (amax / 127), rounded to nearest (for comparison)."""
+    scale = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127.0
+    return (w / scale).round().clamp(-127, 127) * scale
+
+
+ENCODINGS = {"e4m3-row": quantize_rows, "e4m3-block32": quantize_blocks32,
+             "int8-row": quantize_int8_rows}
 
 
 def make_model(args):
@@ -125,8 +141,8 @@ def cosines(model, ref, ps):
     return c.min().item(), c.mean().item()
 
 
-def measure(model, ps, pick, weights, acts):
-    """Cosines with the picked projections' weights and/or inputs quantized."""
+def measure(model, ps, pick, weights, acts, encode=quantize_rows):
+    """Cosines with the picked projections' weights (by `encode`) and/or inputs quantized."""
     ref = [logits(model, ids) for ids in ps]
     saved, hooks = [], []
     for layer, name, m in linears(model):
@@ -134,7 +150,7 @@ def measure(model, ps, pick, weights, acts):
             continue
         if weights:
             saved.append((m, m.weight.data))
-            m.weight.data = quantize_rows(m.weight.data)
+            m.weight.data = encode(m.weight.data)
         if acts:
             hooks.append(m.register_forward_pre_hook(lambda _m, x: (quantize_rows(x[0]),)))
     try:
@@ -171,6 +187,8 @@ def main():
     ap.add_argument("--embed-std", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=44)
     ap.add_argument("--per-layer", action="store_true", help="each layer's weights alone")
+    ap.add_argument("--encoding", choices=sorted(ENCODINGS), default="e4m3-row",
+                    help="the weights' encoding (activations are always e4m3 per token)")
     ap.add_argument("--text", action="store_true",
                     help="with --model: the test's KJV prompts through the folder's tokenizer "
                     "(else random ids)")
@@ -190,14 +208,16 @@ def main():
     for what, pick in [("every projection", every),
                        ("attention only", lambda layer, n: n in PROJ[:4]),
                        ("MLP only", lambda layer, n: n in PROJ[4:])]:
-        for label, w, a in [("weights", True, False), ("activations", False, True),
-                            ("weights + activations", True, True)]:
-            lo, mean = measure(model, ps, pick, w, a)
-            print(f"  {what}, e4m3 {label}: per-row logit cosine min {lo:.6f} mean {mean:.6f}")
+        enc = args.encoding
+        for label, w, a in [(f"{enc} weights", True, False), ("e4m3 activations", False, True),
+                            (f"{enc} weights + e4m3 activations", True, True)]:
+            lo, mean = measure(model, ps, pick, w, a, ENCODINGS[args.encoding])
+            print(f"  {what}, {label}: per-row logit cosine min {lo:.6f} mean {mean:.6f}")
     if args.per_layer:
         for i in range(model.config.num_hidden_layers):
-            lo, mean = measure(model, ps, lambda layer, n, i=i: layer == i, True, False)
-            print(f"  layer {i} alone, e4m3 weights: min {lo:.6f} mean {mean:.6f}")
+            lo, mean = measure(model, ps, lambda layer, n, i=i: layer == i, True, False,
+                               ENCODINGS[args.encoding])
+            print(f"  layer {i} alone, {args.encoding} weights: min {lo:.6f} mean {mean:.6f}")
 
 
 if __name__ == "__main__":
