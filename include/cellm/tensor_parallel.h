@@ -46,7 +46,8 @@ Result<ShardPlan> plan_shard(const ModelConfig& config, int rank, int world);
 
 // The config a rank computes with: its heads, kv heads and SwiGLU width; the
 // hidden size and the full vocabulary (the embedding is whole) otherwise; untied
-// (its LM head is a slice) and with o_proj's bias on rank 0 only.
+// (its LM head is a slice) and with o_proj's bias on rank 0 only. InvalidArgument when
+// `plan` is not plan_shard(config, plan.rank, plan.world), or plan_shard's error.
 Result<ModelConfig> shard_config(const ModelConfig& config, const ShardPlan& plan);
 
 }  // namespace cellm

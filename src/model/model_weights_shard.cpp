@@ -186,11 +186,6 @@ ModelWeights ModelWeights::random(const ModelConfig& config, DType dtype, uint64
 
 Result<ModelWeights> ModelWeights::random_shard(const ModelConfig& config, DType dtype,
                                                 uint64_t seed, const ShardPlan& plan) {
-  CELLM_ASSIGN_OR_RETURN(const ShardPlan expected, plan_shard(config, plan.rank, plan.world));
-  if (!(expected == plan)) {
-    return InvalidArgument("tensor parallel: the plan of rank " + std::to_string(plan.rank) +
-                           " is not this model's");
-  }
   CELLM_ASSIGN_OR_RETURN(const ModelConfig shard, shard_config(config, plan));
   return random_regions(config, shard, dtype, seed, plan);
 }
@@ -280,11 +275,6 @@ ModelWeights ModelWeights::random_regions(const ModelConfig& whole, const ModelC
 Result<ModelWeights> ModelWeights::shard(const ShardPlan& plan) const {
   if (shard_plan_) {
     return InvalidArgument(config_.source() + ": a tensor-parallel shard cannot be split again");
-  }
-  CELLM_ASSIGN_OR_RETURN(const ShardPlan expected, plan_shard(config_, plan.rank, plan.world));
-  if (!(expected == plan)) {
-    return InvalidArgument("tensor parallel: the plan of rank " + std::to_string(plan.rank) +
-                           " is not this model's");
   }
   CELLM_ASSIGN_OR_RETURN(ModelConfig config, shard_config(config_, plan));
   auto storage = std::make_shared<ShardStorage>();

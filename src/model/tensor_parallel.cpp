@@ -86,6 +86,11 @@ Result<ShardPlan> plan_shard(const ModelConfig& config, int rank, int world) {
 }
 
 Result<ModelConfig> shard_config(const ModelConfig& config, const ShardPlan& plan) {
+  CELLM_ASSIGN_OR_RETURN(const ShardPlan expected, plan_shard(config, plan.rank, plan.world));
+  if (!(expected == plan)) {
+    return InvalidArgument("tensor parallel: the plan of rank " + std::to_string(plan.rank) +
+                           " is not this model's");
+  }
   ModelSpec spec = config.spec();
   spec.num_attention_heads = plan.num_heads;
   spec.num_key_value_heads = plan.num_kv_heads;
