@@ -3,12 +3,15 @@
 // K/V (every output element against the f64 reference over the dequantized K/V).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <span>
 #include <vector>
 
 #include "cpu/kernels/attention.h"
+#include "cpu/kernels/e4m3.h"
 #include "cpu/kernels/reference.h"
 #include "kernel_test_util.h"
 #include "model/fp8.h"
@@ -56,6 +59,29 @@ TEST(QuantizeKvHeadE4m3Test, AnAllZeroRowGetsScaleOneAndZeroCodes) {
   std::vector<uint8_t> codes(16, 0xAA);
   EXPECT_EQ(quantize_kv_head_e4m3(x.data(), 16, codes.data()), 1.0f);
   for (uint8_t c : codes) EXPECT_EQ(c, 0);
+}
+
+TEST(DecodeE4m3Test, EveryCodeDecodesToItsTableValueAtEveryOffsetAndLength) {
+  // All 256 codes, shifted through every offset so each lands in every vector lane and in
+  // the scalar tail, at lengths that are and are not multiples of 16.
+  std::vector<uint8_t> codes(256 + 32);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 37 + 11);
+  const std::array<float, 256>& table = e4m3_table();
+  for (int64_t offset = 0; offset < 17; ++offset) {
+    for (const int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{64}, int64_t{257}}) {
+      std::vector<float> out(static_cast<size_t>(n), -1.0f);
+      decode_e4m3(codes.data() + offset, n, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = table[codes[static_cast<size_t>(offset + i)]];
+        const float got = out[static_cast<size_t>(i)];
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << "code " << int{codes[static_cast<size_t>(offset + i)]};
+        } else {
+          EXPECT_EQ(got, want) << "code " << int{codes[static_cast<size_t>(offset + i)]};
+        }
+      }
+    }
+  }
 }
 
 TEST(WriteKvE4m3Test, EachHeadRowLandsInItsCellAsItsScalarDefinitionAndNothingElseChanges) {

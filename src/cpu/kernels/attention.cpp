@@ -7,6 +7,7 @@
 
 #include "cellm/status.h"
 #include "cpu/kernels/activation.h"
+#include "cpu/kernels/e4m3.h"
 #include "cpu/kernels/simd.h"
 
 namespace cellm::cpu {
@@ -37,12 +38,8 @@ constexpr int64_t kTasksPerClaim = 4;  // (row, head) tasks a thread claims at o
   for (int t = 0; t < 4; ++t) out[t] = sums[t];
 }
 
-// e4m3 K/V (AttentionArgs::k_codes): dst[i] = e4m3(codes[i]) for i < hd, exactly; the
-// row's scale is applied to the score (K) or to the softmax weight (V) instead.
-[[gnu::always_inline]] inline void decode_e4m3(const uint8_t* codes, int64_t hd, float* dst) {
-  const float* table = e4m3_table().data();
-  for (int64_t i = 0; i < hd; ++i) dst[i] = table[codes[i]];
-}
+// e4m3 K/V (AttentionArgs::k_codes) are decoded exactly (decode_e4m3, e4m3.h); the row's
+// scale is applied to the score (K) or to the softmax weight (V) instead.
 
 // NV > 0: head_dim is NV vectors, and the output accumulates in registers; NV == 0:
 // any head_dim, accumulated in memory. The same operations either way. kFp8: K/V are

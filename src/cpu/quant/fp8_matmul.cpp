@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cellm/status.h"
+#include "cpu/kernels/e4m3.h"
 #include "cpu/kernels/simd.h"
 #include "cpu/quant/bf16_dot_matmul.h"
 #include "model/fp8.h"
@@ -34,25 +35,7 @@ float bias_at(TypedPtr bias, int64_t j) {
   return bias.data != nullptr ? load_as_f32(bias.data, bias.dtype, j) : 0.0f;
 }
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
-// 2^-8 times the values of codes held one per 16-bit lane: sign to bit 15, exponent
-// and mantissa bits to f16's (an e4m3 exponent field e is the f16 field e, bias 15
-// instead of 7: hence 2^-8; e4m3 subnormals land on f16 subnormals, which the f16 ->
-// f32 conversion widens exactly).
-inline __m256i to_f16_bits_scaled(__m256i h) {
-  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8);
-  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F)), 7);
-  return _mm256_or_si256(sign, mag);
-}
-#endif
-
 #if defined(__AVX512F__)
-// 2^-8 times the values of the 16 codes at p, as f32.
-inline __m512 load16(const uint8_t* p) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm512_cvtph_ps(to_f16_bits_scaled(_mm256_cvtepu8_epi16(b)));
-}
-
 #if defined(__AVX512VBMI__)
 // The bf16 bytes of the 128 e4m3 magnitudes as byte-permute tables: low bytes of
 // magnitudes 0-63 and 64-127, then high bytes likewise (every e4m3 value is a bf16);
@@ -116,7 +99,7 @@ struct Decoder {
 // Without VBMI: the values of the 64 codes at p as four vectors of 16 f32 through f16.
 struct Decoder {
   void operator()(const uint8_t* p, __m512 out[4]) const {
-    for (int q = 0; q < 4; ++q) out[q] = _mm512_mul_ps(load16(p + 16 * q), _mm512_set1_ps(256.0f));
+    for (int q = 0; q < 4; ++q) out[q] = _mm512_mul_ps(load_e4m3x16_scaled(p + 16 * q), _mm512_set1_ps(256.0f));
   }
 };
 #endif
@@ -145,7 +128,7 @@ void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, f
       }
     }
     for (; c + kLanes <= k; c += kLanes) {
-      const __m512 v = _mm512_mul_ps(load16(row + c), _mm512_set1_ps(256.0f));
+      const __m512 v = _mm512_mul_ps(load_e4m3x16_scaled(row + c), _mm512_set1_ps(256.0f));
       for (int64_t i = 0; i < M; ++i) {
         acc[i][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + c), v, acc[i][0]);
       }
@@ -170,7 +153,7 @@ void decode_f32(const uint8_t* codes, int64_t count, float* out) {
     for (int q = 0; q < 4; ++q) _mm512_storeu_ps(out + i + q * kLanes, v[q]);
   }
   for (; i + kLanes <= count; i += kLanes) {
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(load16(codes + i), _mm512_set1_ps(256.0f)));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(load_e4m3x16_scaled(codes + i), _mm512_set1_ps(256.0f)));
   }
   for (; i < count; ++i) out[i] = decode(codes[i]);
 }
@@ -179,7 +162,7 @@ void decode_f32(const uint8_t* codes, int64_t count, float* out) {
 void decode_bf16(const uint8_t* codes, int64_t count, uint16_t* out, const uint16_t* table) {
   int64_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
-    const __m512 v = _mm512_mul_ps(load16(codes + i), _mm512_set1_ps(256.0f));
+    const __m512 v = _mm512_mul_ps(load_e4m3x16_scaled(codes + i), _mm512_set1_ps(256.0f));
     // Every value is a bf16: the f32's upper halves are its bits.
     const __m256i bf = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bf);
@@ -198,7 +181,7 @@ void fused_rows(const float* x, int64_t k, const Fp8Weights& w, TypedPtr bias, f
     int64_t c = 0;
     for (; c + kLanes <= k; c += kLanes) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
-      const __m256i h = to_f16_bits_scaled(_mm256_cvtepu8_epi16(b));
+      const __m256i h = e4m3_to_f16_bits_scaled(_mm256_cvtepu8_epi16(b));
       const __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
       const __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
       for (int64_t i = 0; i < M; ++i) {
@@ -223,7 +206,7 @@ void decode_f32(const uint8_t* codes, int64_t count, float* out) {
   int64_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-    const __m256i h = to_f16_bits_scaled(_mm256_cvtepu8_epi16(b));
+    const __m256i h = e4m3_to_f16_bits_scaled(_mm256_cvtepu8_epi16(b));
     const __m256 k256 = _mm256_set1_ps(256.0f);
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), k256));
     _mm256_storeu_ps(out + i + 8,
