@@ -48,13 +48,13 @@ namespace cellm {
 // stored. The embedding, the norms, the biases and the LM head always stay as stored (the
 // head is often tied to the embedding, and it is the weight most sensitive to rounding).
 // Weights a GGUF file already holds in blocks are refused unless the format is theirs (no
-// re-quantizing). The CUDA executor runs kAuto and kBF16, and the FP8 formats as bf16.
+// re-quantizing). The CUDA executor runs kAuto, kBF16 and the FP8 formats.
 // kFp8 quantizes float linear weights to float8_e4m3fn with one f32 scale per output row
 // (the row's largest magnitude / 448); kFp8Head ("fp8_head") does the same and quantizes
 // an untied LM head too (a tied head stays the embedding's). A checkpoint already in FP8
 // (quantization_config) keeps its weights under kAuto, kFp8 and kFp8Head; kBF16 / kF32
-// dequantize them. The CPU executor computes with the e4m3 bytes; the CUDA executor
-// dequantizes FP8 weights to bf16 as it loads them.
+// dequantize them. Both executors compute with the e4m3 bytes (the CUDA executor in
+// bf16; in f32 it dequantizes them exactly as it uploads them).
 enum class WeightFormat {
   kAuto,
   kBF16,

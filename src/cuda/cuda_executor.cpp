@@ -616,11 +616,10 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
                              "CudaExecutor: reading free device memory");
   const bool by_memory = l.max_cells == 0;
   if (by_memory) {
-    CELLM_RETURN_IF_ERROR(
-        cuda::size_pool_by_memory(weights->config(), limits, l, dims, o, free_bytes));
+    CELLM_RETURN_IF_ERROR(cuda::size_pool_by_memory(*weights, limits, l, dims, o, free_bytes));
   }
   const cuda::ForwardEngine::DeviceBytes bytes =
-      cuda::ForwardEngine::device_bytes(weights->config(), dims, o.precision);
+      cuda::ForwardEngine::device_bytes(*weights, dims, o.precision);
   const size_t need = bytes.total();
   if (need > free_bytes) {
     return OutOfResources(cuda::prefixed(

@@ -26,6 +26,9 @@ Status CudaForward<T>::init(const ModelWeights& weights) {
   CELLM_ASSIGN_OR_RETURN(
       gemm_, Gemm::create(size_t{32} << 20,
                           options_.tune_gemm ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
+  if (model_->has_fp8()) {
+    CELLM_ASSIGN_OR_RETURN(fp8_gemm_, Fp8Gemm::create());
+  }
   CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
   CELLM_ASSIGN_OR_RETURN(side_, Stream::create());
   CELLM_ASSIGN_OR_RETURN(fork_, Event::create());
@@ -197,13 +200,16 @@ std::span<const float> CudaForward<T>::host_logits(size_t k) const {
 
 template <typename T>
 Result<int64_t> CudaForward<T>::warm_products() {
-  cudaStream_t s = stream_.get();
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size(), ff = c.intermediate_size(), q_dim = c.q_dim();
   const int64_t qkv_dim = q_dim + 2 * c.kv_dim();
   // Every layer's weights have the alignment of the first's (DeviceModel pads each
-  // piece), so its calls have the same keys.
-  const DeviceLayer<T>& w = model_->layers().front();
+  // piece), so its calls have the same keys; the last layer is warmed too where it holds
+  // its weights otherwise (FP8 models keep the last layer as stored).
+  std::vector<const DeviceLayer<T>*> kinds = {&model_->layers().front()};
+  if (static_cast<bool>(model_->layers().back().qkv8) != static_cast<bool>(kinds[0]->qkv8)) {
+    kinds.push_back(&model_->layers().back());
+  }
   T* h = buf<T>(buf_.h);
   T* gate_up = buf<T>(buf_.gate_up);
   T* delta = buf<T>(buf_.delta);
@@ -214,18 +220,20 @@ Result<int64_t> CudaForward<T>::warm_products() {
     return Status::Ok();
   };
   // The calls of enqueue_forward, at every width.
-  for (int64_t m = 1; m <= dims_.max_rows; ++m) {
-    CELLM_RETURN_IF_ERROR(
-        count(gemm_->warm<T, T>(h, m, d, w.qkv, qkv_dim, w.qkv_bias, buf<T>(buf_.qkv), s)));
-    CELLM_RETURN_IF_ERROR(
-        count(gemm_->warm<T, T>(buf<T>(buf_.attn), m, q_dim, w.o_proj, d, w.o_bias, delta, s)));
-    CELLM_RETURN_IF_ERROR(
-        count(gemm_->warm<T, T>(h, m, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
-    CELLM_RETURN_IF_ERROR(count(
-        gemm_->warm_swiglu_down<T>(gate_up, m, ff, w.down_proj, d, buf<T>(buf_.act), delta, s)));
+  for (int32_t m = 1; m <= dims_.max_rows; ++m) {
+    for (const DeviceLayer<T>* w : kinds) {
+      CELLM_RETURN_IF_ERROR(
+          count(warm_linear<T>(h, m, d, w->qkv, w->qkv8, qkv_dim, w->qkv_bias, buf<T>(buf_.qkv))));
+      CELLM_RETURN_IF_ERROR(count(
+          warm_linear<T>(buf<T>(buf_.attn), m, q_dim, w->o_proj, w->o_proj8, d, w->o_bias, delta)));
+      CELLM_RETURN_IF_ERROR(
+          count(warm_linear<T>(h, m, d, w->gate_up, w->gate_up8, 2 * ff, nullptr, gate_up)));
+      CELLM_RETURN_IF_ERROR(count(warm_swiglu_down(gate_up, m, *w, buf<T>(buf_.act), delta)));
+    }
     for (T* head_in : {h, buf<T>(buf_.sel_norm)}) {
-      CELLM_RETURN_IF_ERROR(count(gemm_->warm<T, float>(
-          head_in, m, d, model_->lm_head(), c.vocab_size(), nullptr, buf<float>(buf_.logits), s)));
+      CELLM_RETURN_IF_ERROR(
+          count(warm_linear<float>(head_in, m, d, model_->lm_head(), model_->lm_head8(),
+                                   c.vocab_size(), nullptr, buf<float>(buf_.logits))));
     }
   }
   CELLM_RETURN_IF_ERROR(sync());
@@ -365,7 +373,7 @@ namespace {
 template <typename T>
 Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const ForwardDims& dims,
                                             const CudaExecutorOptions& options) {
-  auto engine = std::make_unique<CudaForward<T>>(weights.config(), dims, options);
+  auto engine = std::make_unique<CudaForward<T>>(weights, dims, options);
   CELLM_RETURN_IF_ERROR(engine->init(weights));
   return std::unique_ptr<ForwardEngine>(std::move(engine));
 }
@@ -382,10 +390,11 @@ Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create(const ModelWeights&
 namespace {
 
 template <typename T>
-ForwardEngine::DeviceBytes device_bytes_of(const ModelConfig& config, const ForwardDims& dims) {
+ForwardEngine::DeviceBytes device_bytes_of(const ModelWeights& weights, const ForwardDims& dims) {
+  const ModelConfig& config = weights.config();
   ForwardEngine::DeviceBytes b;
-  b.weights = DeviceModel<T>::slab_bytes(config);
-  b.buffers = BufferLayout::of<T>(config, dims).bytes;
+  b.weights = DeviceModel<T>::slab_bytes(weights);
+  b.buffers = BufferLayout::of<T>(config, dims, DeviceModel<T>::keeps_fp8(weights)).bytes;
   b.table = table_bytes(dims);
   ForwardDims one = dims;
   one.max_cells = 1;
@@ -396,11 +405,11 @@ ForwardEngine::DeviceBytes device_bytes_of(const ModelConfig& config, const Forw
 
 }  // namespace
 
-ForwardEngine::DeviceBytes ForwardEngine::device_bytes(const ModelConfig& config,
+ForwardEngine::DeviceBytes ForwardEngine::device_bytes(const ModelWeights& weights,
                                                        const ForwardDims& dims,
                                                        CudaPrecision precision) {
-  if (precision == CudaPrecision::kF32) return device_bytes_of<float>(config, dims);
-  return device_bytes_of<__nv_bfloat16>(config, dims);
+  if (precision == CudaPrecision::kF32) return device_bytes_of<float>(weights, dims);
+  return device_bytes_of<__nv_bfloat16>(weights, dims);
 }
 
 }  // namespace cellm::cuda

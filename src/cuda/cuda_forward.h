@@ -86,7 +86,7 @@ class ForwardEngine {
     size_t kv = 0;           // the KV pool: max_cells cells
     size_t total() const { return weights + buffers + table + kv; }
   };
-  static DeviceBytes device_bytes(const ModelConfig& config, const ForwardDims& dims,
+  static DeviceBytes device_bytes(const ModelWeights& weights, const ForwardDims& dims,
                                   CudaPrecision precision);
 
   virtual StepHost& host() = 0;

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -30,8 +31,10 @@
 #include "cuda/cuda_forward.h"
 #include "cuda/device_memory.h"
 #include "cuda/device_model.h"
+#include "cuda/fp8_gemm.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels/attention.h"
+#include "cuda/kernels/gemv.h"
 #include "cuda/kernels/sampling.h"
 #include "cuda/logit_adjuster.h"
 
@@ -63,9 +66,12 @@ struct MetaLayout {
 struct BufferLayout {
   size_t residual, h, qkv, attn, delta, gate_up, act, sel, sel_norm, logits, out_tokens;
   size_t attn_ws, attn_ws_bytes, sample_ws;
+  // With FP8 weights: a product's input rows quantized to e4m3 ([rows, widest k] bytes)
+  // and their scales ([rows] f32), for Fp8Gemm; 0 bytes without.
+  size_t x8, x8_scale;
   size_t bytes;
   template <typename T>
-  static BufferLayout of(const ModelConfig& c, const ForwardDims& dims) {
+  static BufferLayout of(const ModelConfig& c, const ForwardDims& dims, bool fp8) {
     BufferLayout b{};
     const auto rows = static_cast<size_t>(dims.max_rows);
     const auto d = static_cast<size_t>(c.hidden_size());
@@ -92,6 +98,9 @@ struct BufferLayout {
                                                 c.head_dim(), dims.max_session_tokens);
     b.attn_ws = carve(b.attn_ws_bytes);
     b.sample_ws = carve(sample_workspace_bytes(dims.max_rows, c.vocab_size()));
+    const size_t widest_k = std::max({d, ff, static_cast<size_t>(c.q_dim())});
+    b.x8 = carve(fp8 ? rows * widest_k : 0);
+    b.x8_scale = carve(fp8 ? rows * sizeof(float) : 0);
     b.bytes = at;
     return b;
   }
@@ -111,14 +120,14 @@ inline size_t table_bytes(const ForwardDims& dims) {
 template <typename T>
 class CudaForward final : public ForwardEngine {
  public:
-  CudaForward(const ModelConfig& config, const ForwardDims& dims,
+  CudaForward(const ModelWeights& weights, const ForwardDims& dims,
               const CudaExecutorOptions& options)
-      : config_(config),
+      : config_(weights.config()),
         dims_(dims),
         options_(options),
         meta_(static_cast<size_t>(dims.max_rows)),
-        buf_(BufferLayout::of<T>(config, dims)),
-        adjuster_(config.vocab_size()) {}
+        buf_(BufferLayout::of<T>(weights.config(), dims, DeviceModel<T>::keeps_fp8(weights))),
+        adjuster_(weights.config().vocab_size()) {}
 
   Status init(const ModelWeights& weights);
 
@@ -253,6 +262,25 @@ class CudaForward final : public ForwardEngine {
   // Joins the prefetch branch back into the captured stream (a capture must end joined).
   Status join_prefetch();
 
+  // y = x · wᵀ (+ bias), m rows, k in, n out, on the stream, for a product whose weight is
+  // `w` (T) or `w8` (e4m3, DeviceModel): the e4m3 weight through launch_gemv_fp8 up to
+  // kGemvMaxRows rows, else the rows quantized to e4m3 (buf_.x8, buf_.x8_scale) and
+  // Fp8Gemm; the T weight through gemm_. `input` kSwiGLU (e4m3 weights only): x is
+  // [m, 2k], gate | up, and the product's input is silu(gate) * up.
+  template <typename TOut>
+  Status linear(const T* x, int32_t m, int64_t k, GemvInput input, const T* w, const DeviceFp8& w8,
+                int64_t n, const T* bias, TOut* y);
+  // The down projection of layer `w` over gate_up [m, 2 ff]: with a T weight
+  // gemm_->run_swiglu_down (which writes the activation into `act`), with an e4m3 one
+  // linear(kSwiGLU).
+  Status swiglu_down(const T* gate_up, int32_t m, const DeviceLayer<T>& w, T* act, T* y);
+  // The warm-ups of the two (Gemm::warm): builds what a later run inside a capture needs,
+  // true when it ran the product to do so.
+  template <typename TOut>
+  Result<bool> warm_linear(const T* x, int32_t m, int64_t k, const T* w, const DeviceFp8& w8,
+                           int64_t n, const T* bias, TOut* y);
+  Result<bool> warm_swiglu_down(const T* gate_up, int32_t m, const DeviceLayer<T>& w, T* act, T* y);
+
   // Whether the step's selection (host().selected, [0, n_sel)) is every row in order.
   bool selects_every_row(int32_t n, int32_t n_sel) const {
     if (n_sel != n) return false;
@@ -274,7 +302,8 @@ class CudaForward final : public ForwardEngine {
   MetaLayout meta_;
   BufferLayout buf_;
   std::unique_ptr<DeviceModel<T>> model_;
-  std::optional<Gemm> gemm_;  // set by init()
+  std::optional<Gemm> gemm_;         // set by init()
+  std::optional<Fp8Gemm> fp8_gemm_;  // set by init() when the model holds e4m3 weights
   Stream stream_;
   Stream side_;               // the L2 prefetch branch of a graph being captured
   Event fork_, join_;         // its fork and join

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_forward_impl.h"
 #include "cuda/kernels/embedding.h"
+#include "cuda/kernels/gemv_fp8.h"
 #include "cuda/kernels/l2_prefetch.h"
+#include "cuda/kernels/quantize_e4m3.h"
 #include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/rope_kv_write.h"
 
@@ -107,7 +110,8 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
         launch_add_rmsnorm<T>(residual, l == 0 ? nullptr : delta, w.input_norm, n, d, eps, h, s,
                               l == 0 ? ResidualWriter::kPreviousKernel : settled),
         "input rmsnorm");
-    CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.qkv, qkv_dim, w.qkv_bias, qkv, s)));
+    CELLM_RETURN_IF_ERROR(
+        linear<T>(h, n, d, GemvInput::kPlain, w.qkv, w.qkv8, qkv_dim, w.qkv_bias, qkv));
     if (prefetching_) CELLM_RETURN_IF_ERROR(prefetch_gate_up(w));
     if (w.q_norm != nullptr) {
       CELLM_CUDA_RETURN_IF_ERROR(
@@ -165,12 +169,14 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
       rows.row_runs = range.runs;
       CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
     }
-    CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(attn, n, q_dim, w.o_proj, d, w.o_bias, delta, s)));
+    CELLM_RETURN_IF_ERROR(
+        linear<T>(attn, n, q_dim, GemvInput::kPlain, w.o_proj, w.o_proj8, d, w.o_bias, delta));
     CELLM_CUDA_RETURN_IF_ERROR(
         launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s, settled),
         "post rmsnorm");
-    CELLM_RETURN_IF_ERROR((gemm_->run<T, T>(h, n, d, w.gate_up, 2 * ff, nullptr, gate_up, s)));
-    CELLM_RETURN_IF_ERROR(gemm_->run_swiglu_down<T>(gate_up, n, ff, w.down_proj, d, act, delta, s));
+    CELLM_RETURN_IF_ERROR(
+        linear<T>(h, n, d, GemvInput::kPlain, w.gate_up, w.gate_up8, 2 * ff, nullptr, gate_up));
+    CELLM_RETURN_IF_ERROR(swiglu_down(gate_up, n, w, act, delta));
   }
   if (n_sel == 0) return Status::Ok();
   // residual += the last MLP output, then the final norm into h. When the step selects
@@ -191,21 +197,83 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
         launch_add_rmsnorm<T>(sel, nullptr, model_->final_norm(), n_sel, d, eps, head_in, s),
         "final rmsnorm");
   }
-  CELLM_RETURN_IF_ERROR((gemm_->run<T, float>(head_in, n_sel, d, model_->lm_head(), c.vocab_size(),
-                                              nullptr, buf<float>(buf_.logits), s)));
+  CELLM_RETURN_IF_ERROR(linear<float>(head_in, n_sel, d, GemvInput::kPlain, model_->lm_head(),
+                                      model_->lm_head8(), c.vocab_size(), nullptr,
+                                      buf<float>(buf_.logits)));
   return Status::Ok();
+}
+
+template <typename T>
+template <typename TOut>
+Status CudaForward<T>::linear(const T* x, int32_t m, int64_t k, GemvInput input, const T* w,
+                              const DeviceFp8& w8, int64_t n, const T* bias, TOut* y) {
+  cudaStream_t s = stream_.get();
+  if (!w8) {
+    CELLM_CHECK_MSG(input == GemvInput::kPlain, "a T weight's product takes plain rows");
+    return gemm_->run<T, TOut>(x, m, k, w, n, bias, y, s);
+  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (gemv_fp8_supports(m, k, x, w8.codes)) {
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_gemv_fp8<TOut>(x, m, k, input, w8.codes, w8.scales, n, bias, y, s),
+          "the FP8 GEMV");
+      return Status::Ok();
+    }
+    auto* x8 = buf<uint8_t>(buf_.x8);
+    auto* x_scale = buf<float>(buf_.x8_scale);
+    CELLM_CUDA_RETURN_IF_ERROR(launch_quantize_rows_e4m3(x, m, k, input, x8, x_scale, s),
+                               "quantizing a product's rows to e4m3");
+    return fp8_gemm_->run<TOut>(x8, x_scale, m, k, w8.codes, w8.scales, n, bias, y, s);
+  } else {
+    return Internal("an e4m3 weight in an f32 model (DeviceModel<float> dequantizes them)");
+  }
+}
+
+template <typename T>
+Status CudaForward<T>::swiglu_down(const T* gate_up, int32_t m, const DeviceLayer<T>& w, T* act,
+                                   T* y) {
+  const int64_t ff = config_.intermediate_size(), d = config_.hidden_size();
+  if (!w.down_proj8) {
+    return gemm_->run_swiglu_down<T>(gate_up, m, ff, w.down_proj, d, act, y, stream_.get());
+  }
+  return linear<T>(gate_up, m, ff, GemvInput::kSwiGLU, nullptr, w.down_proj8, d, nullptr, y);
+}
+
+template <typename T>
+template <typename TOut>
+Result<bool> CudaForward<T>::warm_linear(const T* x, int32_t m, int64_t k, const T* w,
+                                         const DeviceFp8& w8, int64_t n, const T* bias, TOut* y) {
+  if (!w8) return gemm_->warm<T, TOut>(x, m, k, w, n, bias, y, stream_.get());
+  if (gemv_fp8_supports(m, k, x, w8.codes)) return false;  // the GEMV needs no plan
+  CELLM_RETURN_IF_ERROR(linear<TOut>(x, m, k, GemvInput::kPlain, w, w8, n, bias, y));
+  return true;
+}
+
+template <typename T>
+Result<bool> CudaForward<T>::warm_swiglu_down(const T* gate_up, int32_t m, const DeviceLayer<T>& w,
+                                              T* act, T* y) {
+  const int64_t ff = config_.intermediate_size(), d = config_.hidden_size();
+  if (!w.down_proj8) {
+    return gemm_->warm_swiglu_down<T>(gate_up, m, ff, w.down_proj, d, act, y, stream_.get());
+  }
+  if (gemv_fp8_supports(m, ff, gate_up, w.down_proj8.codes)) return false;
+  CELLM_RETURN_IF_ERROR(swiglu_down(gate_up, m, w, act, y));
+  return true;
 }
 
 template <typename T>
 Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>& w) {
   cudaStream_t s = stream_.get();
-  const size_t row_bytes = static_cast<size_t>(config_.hidden_size()) * sizeof(T);
+  // The rows are the e4m3 codes where the layer holds them, else T elements.
+  const void* rows = w.gate_up8 ? static_cast<const void*>(w.gate_up8.codes) : w.gate_up;
+  const size_t row_bytes =
+      static_cast<size_t>(config_.hidden_size()) * (w.gate_up8 ? 1 : sizeof(T));
   if (row_bytes % 16 != 0) return Status::Ok();
   const size_t lead = std::max<size_t>(16, row_bytes / 16 / 16 * 16);
   CELLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_.get(), s), "forking the L2 prefetch");
   CELLM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_.get(), fork_.get()),
                              "forking the L2 prefetch");
-  CELLM_CUDA_RETURN_IF_ERROR(launch_l2_prefetch_rows(w.gate_up, 2 * config_.intermediate_size(),
+  CELLM_CUDA_RETURN_IF_ERROR(launch_l2_prefetch_rows(rows, 2 * config_.intermediate_size(),
                                                      row_bytes, lead, kPrefetchBlocks, side_.get()),
                              "the L2 prefetch");
   forked_ = true;
@@ -223,18 +291,27 @@ Status CudaForward<T>::join_prefetch() {
 }
 
 // The members defined here, in both element types.
-#define CELLM_FORWARD_MEMBERS(T)                                                          \
-  template Status CudaForward<T>::enqueue_step(int32_t, int32_t, int32_t, int,            \
-                                               std::span<const AttentionRowRange>, bool); \
-  template Status CudaForward<T>::enqueue_sampling(int32_t, int);                         \
-  template Status CudaForward<T>::enqueue_adjusted_sampling(                              \
-      int32_t, int, std::span<const int32_t>, const AdjustmentSource&);                   \
-  template Status CudaForward<T>::enqueue_forward(int32_t, int32_t, int32_t,              \
-                                                  std::span<const AttentionRowRange>);    \
-  template Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>&);                \
-  template Status CudaForward<T>::join_prefetch();
+#define CELLM_FORWARD_MEMBERS(T)                                                                   \
+  template Status CudaForward<T>::enqueue_step(int32_t, int32_t, int32_t, int,                     \
+                                               std::span<const AttentionRowRange>, bool);          \
+  template Status CudaForward<T>::enqueue_sampling(int32_t, int);                                  \
+  template Status CudaForward<T>::enqueue_adjusted_sampling(                                       \
+      int32_t, int, std::span<const int32_t>, const AdjustmentSource&);                            \
+  template Status CudaForward<T>::enqueue_forward(int32_t, int32_t, int32_t,                       \
+                                                  std::span<const AttentionRowRange>);             \
+  template Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>&);                         \
+  template Status CudaForward<T>::join_prefetch();                                                 \
+  template Status CudaForward<T>::swiglu_down(const T*, int32_t, const DeviceLayer<T>&, T*, T*);   \
+  template Result<bool> CudaForward<T>::warm_swiglu_down(const T*, int32_t, const DeviceLayer<T>&, \
+                                                         T*, T*);                                  \
+  template Result<bool> CudaForward<T>::warm_linear<float>(                                        \
+      const T*, int32_t, int64_t, const T*, const DeviceFp8&, int64_t, const T*, float*);
 CELLM_FORWARD_MEMBERS(float)
 CELLM_FORWARD_MEMBERS(__nv_bfloat16)
 #undef CELLM_FORWARD_MEMBERS
+// The products into T rows (into f32 in the f32 forward: instantiated above).
+template Result<bool> CudaForward<__nv_bfloat16>::warm_linear<__nv_bfloat16>(
+    const __nv_bfloat16*, int32_t, int64_t, const __nv_bfloat16*, const DeviceFp8&, int64_t,
+    const __nv_bfloat16*, __nv_bfloat16*);
 
 }  // namespace cellm::cuda

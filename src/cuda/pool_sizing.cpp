@@ -85,9 +85,9 @@ Result<ExecutorLimits> validate_limits(const ModelWeights* w, ExecutorLimits l,
   return l;
 }
 
-Status size_pool_by_memory(const ModelConfig& c, const ExecutorLimits& given, ExecutorLimits& l,
+Status size_pool_by_memory(const ModelWeights& w, const ExecutorLimits& given, ExecutorLimits& l,
                            ForwardDims& dims, const CudaExecutorOptions& o, size_t free_bytes) {
-  const ForwardEngine::DeviceBytes fixed = ForwardEngine::device_bytes(c, dims, o.precision);
+  const ForwardEngine::DeviceBytes fixed = ForwardEngine::device_bytes(w, dims, o.precision);
   const size_t other = fixed.weights + fixed.buffers + fixed.table;
   const double f = l.kv_memory_fraction;
   const std::string what = "kv_memory_fraction " + number(f) + " of " + mib(free_bytes) +

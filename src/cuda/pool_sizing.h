@@ -35,7 +35,7 @@ Result<ExecutorLimits> validate_limits(const ModelWeights* w, ExecutorLimits l,
 // dims.max_session_tokens, l.max_cells and l.max_session_tokens. OutOfResources
 // naming the sizes when the pool would hold fewer than max(2, step_width) cells or
 // not the explicit cap.
-Status size_pool_by_memory(const ModelConfig& c, const ExecutorLimits& given, ExecutorLimits& l,
+Status size_pool_by_memory(const ModelWeights& w, const ExecutorLimits& given, ExecutorLimits& l,
                            ForwardDims& dims, const CudaExecutorOptions& o, size_t free_bytes);
 
 }  // namespace cellm::cuda

@@ -34,8 +34,10 @@ Result<std::unique_ptr<Executor>> make_executor(ExecutorKind kind,
     if (fill_memory && limits.kv_memory_fraction == 0) {
       limits.kv_memory_fraction = kDefaultKvMemoryFraction;
     }
-    // The device kernels read elements: a GGUF's block-format tensors go up as bf16.
-    CELLM_ASSIGN_OR_RETURN(weights, dequantize_blocks_to_bf16(std::move(weights)));
+    // The device kernels read elements: a GGUF's block-format tensors go up as bf16. FP8
+    // weights go up as they are: the bf16 forward's FP8 products read the codes, the f32
+    // forward dequantizes them exactly as it uploads them (cuda/device_model.h).
+    CELLM_ASSIGN_OR_RETURN(weights, dequantize_blocks_to_bf16(std::move(weights), true));
     CELLM_ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> e,
                            CudaExecutor::create(std::move(weights), limits, options.cuda));
     limits = e->limits();

@@ -273,15 +273,16 @@ Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightForm
 }
 
 Result<std::shared_ptr<const ModelWeights>> dequantize_blocks_to_bf16(
-    std::shared_ptr<const ModelWeights> weights) {
+    std::shared_ptr<const ModelWeights> weights, bool keep_fp8) {
   bool any = false;
   for (const TensorView* t : weights->tensors()) {
-    any = any || t->block_type.has_value() || t->dtype == DType::kF8E4M3;
+    any = any || t->block_type.has_value() || (t->dtype == DType::kF8E4M3 && !keep_fp8);
   }
   if (!any) return weights;
-  const WeightConverter convert = [](const TensorView& t,
-                                     WeightRole) -> Result<std::optional<ConvertedWeight>> {
+  const WeightConverter convert = [keep_fp8](const TensorView& t,
+                                             WeightRole) -> Result<std::optional<ConvertedWeight>> {
     if (!t.block_type && t.dtype == DType::kF8E4M3) {
+      if (keep_fp8) return std::optional<ConvertedWeight>();
       return std::optional<ConvertedWeight>(dequantize_fp8(t, DType::kBF16));
     }
     if (!t.block_type) return std::optional<ConvertedWeight>();

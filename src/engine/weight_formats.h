@@ -22,9 +22,10 @@ Result<ModelWeights> apply_weight_format(const ModelWeights& weights, WeightForm
                                          std::string& summary);
 
 // `weights` with every tensor held in a block format dequantized to bf16 on the host (the
-// CPU layer's dequantizers) and every FP8 weight dequantized (code value * row scale,
-// rounded to bf16), or `weights` itself when none is.
+// CPU layer's dequantizers) and, unless `keep_fp8`, every FP8 weight dequantized (code
+// value * row scale, rounded to bf16), or `weights` itself when none is. The CUDA
+// executor keeps FP8 weights (cuda/device_model.h says how it holds them).
 Result<std::shared_ptr<const ModelWeights>> dequantize_blocks_to_bf16(
-    std::shared_ptr<const ModelWeights> weights);
+    std::shared_ptr<const ModelWeights> weights, bool keep_fp8 = false);
 
 }  // namespace cellm

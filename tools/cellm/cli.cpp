@@ -58,8 +58,8 @@ FlagSpec weights_flag() {
           "how the linear layers' weights are held: " + weight_format_names() +
               "; the q formats quantize as they load, for the CPU executor; fp8 (fp8_head: the "
               "LM head too) quantizes to e4m3 with a scale per row (in models of 8 layers or "
-              "more the last layer stays as stored), run by the CPU executor and dequantized "
-              "to bf16 for CUDA (default auto: as stored)"};
+              "more the last layer stays as stored), run in e4m3 by both executors (default "
+              "auto: as stored)"};
 }
 
 Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor) {

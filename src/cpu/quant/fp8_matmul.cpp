@@ -99,7 +99,8 @@ struct Decoder {
 // Without VBMI: the values of the 64 codes at p as four vectors of 16 f32 through f16.
 struct Decoder {
   void operator()(const uint8_t* p, __m512 out[4]) const {
-    for (int q = 0; q < 4; ++q) out[q] = _mm512_mul_ps(load_e4m3x16_scaled(p + 16 * q), _mm512_set1_ps(256.0f));
+    for (int q = 0; q < 4; ++q)
+      out[q] = _mm512_mul_ps(load_e4m3x16_scaled(p + 16 * q), _mm512_set1_ps(256.0f));
   }
 };
 #endif
@@ -153,7 +154,8 @@ void decode_f32(const uint8_t* codes, int64_t count, float* out) {
     for (int q = 0; q < 4; ++q) _mm512_storeu_ps(out + i + q * kLanes, v[q]);
   }
   for (; i + kLanes <= count; i += kLanes) {
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(load_e4m3x16_scaled(codes + i), _mm512_set1_ps(256.0f)));
+    _mm512_storeu_ps(out + i,
+                     _mm512_mul_ps(load_e4m3x16_scaled(codes + i), _mm512_set1_ps(256.0f)));
   }
   for (; i < count; ++i) out[i] = decode(codes[i]);
 }
