@@ -18,6 +18,7 @@
 #include "cuda/cuda_forward.h"
 #include "cuda/gemm_tuning.h"
 #include "cuda/kernels/embedding.h"
+#include "cuda/kernels/kv_e4m3.h"
 #include "cuda/launch_control.h"
 #include "cuda/pool_sizing.h"
 #include "cuda/score_rows.h"
@@ -576,14 +577,17 @@ class ExecutorImpl {
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     std::shared_ptr<const ModelWeights> weights, const ExecutorLimits& limits,
     const CudaExecutorOptions& options) {
-  // K/V are stored in the precision's type; an e4m3 pool has no device kernels yet.
+  // K/V are stored in the precision's type, or as e4m3 codes with per-head scales (fp8).
   const KvDtype stored = options.precision == CudaPrecision::kF32 ? KvDtype::kF32 : KvDtype::kBF16;
-  if (limits.kv_dtype == KvDtype::kFp8) {
+  const bool kv_e4m3 = limits.kv_dtype == KvDtype::kFp8;
+  if (kv_e4m3 && (weights->config().head_dim() > cuda::kMaxKvE4m3HeadDim ||
+                  weights->config().head_dim() % 2 != 0)) {
     return NotSupported(cuda::prefixed(
-        "--kv-dtype fp8 is not supported by the CUDA executor yet (it stores K/V as " +
-        std::string(to_string(stored)) + "); the CPU executor runs it (--executor cpu)"));
+        "--kv-dtype fp8 needs an even head_dim of at most " +
+        std::to_string(cuda::kMaxKvE4m3HeadDim) + ", the model's is " +
+        std::to_string(weights->config().head_dim())));
   }
-  if (limits.kv_dtype != KvDtype::kAuto && limits.kv_dtype != stored) {
+  if (limits.kv_dtype != KvDtype::kAuto && !kv_e4m3 && limits.kv_dtype != stored) {
     return NotSupported(cuda::prefixed(std::string("--kv-dtype ") + to_string(limits.kv_dtype) +
                                        ": the CUDA executor in this precision stores K/V as " +
                                        to_string(stored)));
@@ -611,6 +615,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
   dims.max_cells = l.max_cells;  // 0 while the pool is sized by memory
   dims.max_seqs = l.max_sessions;
   dims.max_session_tokens = l.max_session_tokens;
+  dims.kv_e4m3 = kv_e4m3;
   size_t free_bytes = 0, total_bytes = 0;
   CELLM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
                              "CudaExecutor: reading free device memory");

@@ -396,9 +396,7 @@ ForwardEngine::DeviceBytes device_bytes_of(const ModelWeights& weights, const Fo
   b.weights = DeviceModel<T>::slab_bytes(weights);
   b.buffers = BufferLayout::of<T>(config, dims, DeviceModel<T>::keeps_fp8(weights)).bytes;
   b.table = table_bytes(dims);
-  ForwardDims one = dims;
-  one.max_cells = 1;
-  b.kv_per_cell = kv_pool_bytes<T>(config, one);
+  b.kv_per_cell = static_cast<size_t>(kv_bytes_per_cell<T>(config, dims.kv_e4m3));
   b.kv = kv_pool_bytes<T>(config, dims);
   return b;
 }

@@ -45,6 +45,9 @@ struct ForwardDims {
   int32_t max_cells = 0;           // KV pool rows; the last is the scratch cell
   int32_t max_seqs = 0;            // cell-table rows for live sequences; one more is scratch
   int32_t max_session_tokens = 0;  // cell-table row width
+  // K/V held as e4m3 codes with one f32 scale per (cell, layer, kv head) (--kv-dtype fp8,
+  // kernels/kv_e4m3.h) instead of the compute type.
+  bool kv_e4m3 = false;
 };
 
 // The pinned host side of a step. Arrays hold max_rows entries.

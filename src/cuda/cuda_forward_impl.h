@@ -106,10 +106,28 @@ struct BufferLayout {
   }
 };
 
+// Bytes of one layer's K (or V) in the pool: [max_cells, kv_dim] of T, or with e4m3 K/V
+// the codes [max_cells, kv_dim] then the scales [max_cells, n_kv_heads] f32, each
+// 256-byte aligned.
+template <typename T>
+size_t kv_part_bytes(const ModelConfig& c, const ForwardDims& dims) {
+  const auto cells = static_cast<size_t>(dims.max_cells);
+  if (!dims.kv_e4m3) return cells * static_cast<size_t>(c.kv_dim()) * sizeof(T);
+  return align_up(cells * static_cast<size_t>(c.kv_dim())) +
+         align_up(cells * static_cast<size_t>(c.num_kv_heads()) * sizeof(float));
+}
+
+// One cell's K and V over every layer, without the pool's alignment padding.
+template <typename T>
+int64_t kv_bytes_per_cell(const ModelConfig& c, bool e4m3) {
+  const int64_t per_head_row =
+      e4m3 ? c.head_dim() + int64_t{sizeof(float)} : c.head_dim() * int64_t{sizeof(T)};
+  return 2 * c.num_layers() * c.num_kv_heads() * per_head_row;
+}
+
 template <typename T>
 size_t kv_pool_bytes(const ModelConfig& c, const ForwardDims& dims) {
-  return 2 * static_cast<size_t>(c.num_layers()) * static_cast<size_t>(dims.max_cells) *
-         static_cast<size_t>(c.kv_dim()) * sizeof(T);
+  return 2 * static_cast<size_t>(c.num_layers()) * kv_part_bytes<T>(c, dims);
 }
 
 inline size_t table_bytes(const ForwardDims& dims) {
@@ -155,7 +173,7 @@ class CudaForward final : public ForwardEngine {
   double last_device_ms() const override { return last_device_ms_; }
 
   int64_t kv_bytes_per_cell() const override {
-    return 2 * config_.num_layers() * config_.kv_dim() * static_cast<int64_t>(sizeof(T));
+    return cuda::kv_bytes_per_cell<T>(config_, dims_.kv_e4m3);
   }
   int64_t kv_allocated_bytes() const override { return static_cast<int64_t>(kv_.bytes()); }
   int64_t graph_captures() const override { return static_cast<int64_t>(graphs_.size()); }
@@ -178,13 +196,18 @@ class CudaForward final : public ForwardEngine {
   U* meta(size_t offset) const {
     return reinterpret_cast<U*>(meta_dev_.as<unsigned char>() + offset);
   }
-  T* k_pool(int64_t l) const {
-    return kv_.as<T>() + static_cast<size_t>(2 * l) * static_cast<size_t>(dims_.max_cells) *
-                             static_cast<size_t>(config_.kv_dim());
+  // Layer l's K (part 2l) and V (part 2l + 1) in the pool (kv_part_bytes).
+  unsigned char* kv_part(int64_t part) const {
+    return kv_.as<unsigned char>() + static_cast<size_t>(part) * kv_part_bytes<T>(config_, dims_);
   }
-  T* v_pool(int64_t l) const {
-    return kv_.as<T>() + static_cast<size_t>(2 * l + 1) * static_cast<size_t>(dims_.max_cells) *
-                             static_cast<size_t>(config_.kv_dim());
+  T* k_pool(int64_t l) const { return reinterpret_cast<T*>(kv_part(2 * l)); }
+  T* v_pool(int64_t l) const { return reinterpret_cast<T*>(kv_part(2 * l + 1)); }
+  // With e4m3 K/V: a part's codes, then its scales.
+  uint8_t* kv_codes(int64_t part) const { return kv_part(part); }
+  float* kv_scales(int64_t part) const {
+    return reinterpret_cast<float*>(
+        kv_part(part) +
+        align_up(static_cast<size_t>(dims_.max_cells) * static_cast<size_t>(config_.kv_dim())));
   }
 
   // Checks the logit rows against the selection and grows the pinned logits
@@ -261,6 +284,11 @@ class CudaForward final : public ForwardEngine {
 
   // Joins the prefetch branch back into the captured stream (a capture must end joined).
   Status join_prefetch();
+
+  // Layer l's RoPE, K/V write and attention over an e4m3 pool (ForwardDims::kv_e4m3):
+  // launch_rope_kv_write_e4m3 (the table stored on layer 0), then
+  // launch_attention_decode_e4m3 over every row, reading q from the fused qkv rows.
+  Status enqueue_e4m3_attention(int64_t l, int32_t n, T* qkv, T* attn);
 
   // y = x · wᵀ (+ bias), m rows, k in, n out, on the stream, for a product whose weight is
   // `w` (T) or `w8` (e4m3, DeviceModel): the e4m3 weight through launch_gemv_fp8 up to

@@ -12,6 +12,7 @@
 #include "cuda/cuda_forward_impl.h"
 #include "cuda/kernels/embedding.h"
 #include "cuda/kernels/gemv_fp8.h"
+#include "cuda/kernels/kv_e4m3.h"
 #include "cuda/kernels/l2_prefetch.h"
 #include "cuda/kernels/quantize_e4m3.h"
 #include "cuda/kernels/rmsnorm.h"
@@ -121,6 +122,9 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
           launch_head_rmsnorm<T>(qkv, n, qkv_dim, q_dim, c.num_kv_heads(), hd, w.k_norm, eps, s),
           "k norm");
     }
+    if (dims_.kv_e4m3) {
+      CELLM_RETURN_IF_ERROR(enqueue_e4m3_attention(l, n, qkv, attn));
+    } else {
     RopeKvWriteParams<T> rk;
     rk.qkv = qkv;
     rk.n_rows = n;
@@ -169,6 +173,7 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
       rows.row_runs = range.runs;
       CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
     }
+    }
     CELLM_RETURN_IF_ERROR(
         linear<T>(attn, n, q_dim, GemvInput::kPlain, w.o_proj, w.o_proj8, d, w.o_bias, delta));
     CELLM_CUDA_RETURN_IF_ERROR(
@@ -200,6 +205,53 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
   CELLM_RETURN_IF_ERROR(linear<float>(head_in, n_sel, d, GemvInput::kPlain, model_->lm_head(),
                                       model_->lm_head8(), c.vocab_size(), nullptr,
                                       buf<float>(buf_.logits)));
+  return Status::Ok();
+}
+
+template <typename T>
+Status CudaForward<T>::enqueue_e4m3_attention(int64_t l, int32_t n, T* qkv, T* attn) {
+  cudaStream_t s = stream_.get();
+  const ModelConfig& c = config_;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  RopeKvWriteE4m3Params<T> rk;
+  rk.qkv = qkv;
+  rk.n_rows = n;
+  rk.row_stride = q_dim + 2 * kv_dim;
+  rk.q_offset = 0;
+  rk.n_heads = c.num_heads();
+  rk.k_offset = q_dim;
+  rk.v_offset = q_dim + kv_dim;
+  rk.n_kv_heads = c.num_kv_heads();
+  rk.head_dim = c.head_dim();
+  rk.positions = meta<int32_t>(meta_.positions);
+  rk.inv_freq = inv_freq_.as<float>();
+  rk.cells = meta<int32_t>(meta_.cells);
+  rk.k_codes = kv_codes(2 * l);
+  rk.v_codes = kv_codes(2 * l + 1);
+  rk.k_scales = kv_scales(2 * l);
+  rk.v_scales = kv_scales(2 * l + 1);
+  rk.table = l == 0 ? table_.as<int32_t>() : nullptr;  // one table store per step
+  rk.table_stride = dims_.max_session_tokens;
+  rk.row_seq = meta<int32_t>(meta_.row_seq);
+  CELLM_CUDA_RETURN_IF_ERROR(launch_rope_kv_write_e4m3<T>(rk, s), "rope and the e4m3 K/V write");
+  AttentionE4m3Params<T> ap;
+  ap.q = qkv;
+  ap.q_row_stride = rk.row_stride;
+  ap.out = attn;
+  ap.n_rows = n;
+  ap.n_heads = c.num_heads();
+  ap.n_kv_heads = c.num_kv_heads();
+  ap.head_dim = c.head_dim();
+  ap.k_codes = rk.k_codes;
+  ap.v_codes = rk.v_codes;
+  ap.k_scales = rk.k_scales;
+  ap.v_scales = rk.v_scales;
+  ap.table = table_.as<int32_t>();
+  ap.table_stride = dims_.max_session_tokens;
+  ap.row_seq = rk.row_seq;
+  ap.positions = rk.positions;
+  ap.window = static_cast<int32_t>(c.window(l));
+  CELLM_CUDA_RETURN_IF_ERROR(launch_attention_decode_e4m3<T>(ap, s), "attention over e4m3 K/V");
   return Status::Ok();
 }
 

@@ -1,13 +1,22 @@
-// The CUDA executor's --kv-dtype refusals. They come before any device is touched, so
-// this test runs (and must pass) with or without a GPU: fp8 has no device kernels yet and
-// is NotSupported naming --kv-dtype fp8 and the CPU executor; a dtype other than the one
-// the precision stores (bf16 in bf16, f32 in f32) is NotSupported naming it.
+// The CUDA executor's --kv-dtype: a dtype other than the one the precision stores (bf16
+// in bf16, f32 in f32) is NotSupported naming it, before any device is touched (so that
+// test runs, and must pass, with or without a GPU); fp8 holds each cell's K and V as e4m3
+// codes with one f32 scale per (layer, kv head) (kernels/kv_e4m3.h) in both precisions:
+//  - a cell's bytes: 2 x layers x kv heads x (head_dim + 4);
+//  - on the bundled trained model (kjv-small), greedy decoding teacher-forced on the CPU
+//    executor's continuation with the same fp8 KV cache (which quantizes K/V the same way):
+//    decode graphs and eager steps give the same tokens, and the tokens equal the CPU's
+//    wherever its top-2 margin is clear.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "cellm/cpu_executor.h"
 #include "cellm/cuda_executor.h"
+#include "executor_driver.h"
 #include "fixture_model.h"
+#include "gpu_test.h"
+#include "kjv_prompts.h"
 
 namespace cellm {
 namespace {
@@ -28,17 +37,6 @@ Status create_status(KvDtype dtype, CudaPrecision precision) {
   return CudaExecutor::create(mistral_tiny(), l, o).status();
 }
 
-TEST(CudaKvDtypeTest, Fp8IsNotSupportedNamingTheFlagAndTheCpuExecutor) {
-  for (const CudaPrecision p : {CudaPrecision::kBF16, CudaPrecision::kF32}) {
-    const Status s = create_status(KvDtype::kFp8, p);
-    EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s.to_string();
-    EXPECT_NE(s.message().find("--kv-dtype fp8 is not supported by the CUDA executor"),
-              std::string::npos)
-        << s.message();
-    EXPECT_NE(s.message().find("--executor cpu"), std::string::npos) << s.message();
-  }
-}
-
 TEST(CudaKvDtypeTest, ADtypeThePrecisionDoesNotStoreIsNotSupported) {
   Status s = create_status(KvDtype::kF32, CudaPrecision::kBF16);
   EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s.to_string();
@@ -49,6 +47,82 @@ TEST(CudaKvDtypeTest, ADtypeThePrecisionDoesNotStoreIsNotSupported) {
   s = create_status(KvDtype::kBF16, CudaPrecision::kF32);
   EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s.to_string();
   EXPECT_NE(s.message().find("stores K/V as f32"), std::string::npos) << s.message();
+}
+
+std::unique_ptr<CudaExecutor> make_cuda(std::shared_ptr<const ModelWeights> w, KvDtype kv,
+                                        CudaPrecision precision, bool graphs) {
+  ExecutorLimits l;
+  l.max_sessions = 8;
+  l.max_session_tokens = 160;
+  l.step_width = 32;
+  l.kv_dtype = kv;
+  CudaExecutorOptions o;
+  o.precision = precision;
+  o.cuda_graph_for_decode = graphs;
+  Result<std::unique_ptr<CudaExecutor>> e = CudaExecutor::create(std::move(w), l, o);
+  CELLM_CHECK_MSG(e.ok(), e.status().to_string());
+  return std::move(*e);
+}
+
+TEST(CudaKvDtypeTest, Fp8CellsHoldCodesAndAScalePerHead) {
+  CELLM_SKIP_WITHOUT_GPU();
+  const auto w = testing::load_kjv_small();
+  const ModelConfig& c = w->config();
+  for (const CudaPrecision p : {CudaPrecision::kBF16, CudaPrecision::kF32}) {
+    auto e = make_cuda(w, KvDtype::kFp8, p, true);
+    EXPECT_EQ(e->kv_sizing().bytes_per_cell,
+              2 * c.num_layers() * c.num_kv_heads() * (c.head_dim() + 4));
+    EXPECT_EQ(e->kv_metrics().bytes_per_cell, e->kv_sizing().bytes_per_cell);
+  }
+}
+
+TEST(CudaKvDtypeTest, Fp8FollowsTheCpuExecutorsFp8CacheWhereItsMarginIsClear) {
+  CELLM_SKIP_WITHOUT_GPU();
+  constexpr float kClearMargin = 0.5f;  // top-1 minus top-2 logprob, nats
+  constexpr size_t kSteps = 48;
+  const auto w = testing::load_kjv_small();
+  // Prompts long enough that prefill chunks of 16 rows read earlier chunks' cells.
+  const std::vector<std::vector<Token>> prompts = testing::kjv_prompts(6, 60, 31);
+  ExecutorLimits cl;
+  cl.max_sessions = 8;
+  cl.max_session_tokens = 160;
+  cl.step_width = 32;
+  cl.kv_dtype = KvDtype::kFp8;
+  std::unique_ptr<CpuExecutor> cpu = std::move(CpuExecutor::create(w, cl, {}).value());
+  std::vector<SamplingParams> params(prompts.size());
+  for (SamplingParams& p : params) p.num_logprobs = 2;
+  const auto reference = testing::drive_outputs(*cpu, prompts, 16, kSteps, params);
+  std::vector<std::vector<Token>> forced(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (const Output& o : reference[i]) forced[i].push_back(o.tokens.at(0));
+  }
+  for (const CudaPrecision p : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
+    const std::string name = p == CudaPrecision::kF32 ? "f32" : "bf16";
+    std::vector<std::vector<Token>> by_mode[2];
+    for (const bool graphs : {false, true}) {
+      auto e = make_cuda(w, KvDtype::kFp8, p, graphs);
+      by_mode[graphs ? 1 : 0] = testing::drive(*e, prompts, 16, kSteps, &forced);
+      EXPECT_EQ(e->kv_metrics().cells_in_use, 0) << name;
+      if (graphs) {
+        EXPECT_GT(e->method_calls().decode_graph_replays, 0) << name;
+      }
+    }
+    EXPECT_EQ(by_mode[0], by_mode[1]) << name << ": graphs and eager decode differ";
+    int checked = 0, agreed = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      for (size_t s = 0; s < kSteps; ++s) {
+        const auto& top = reference[i][s].logprobs.at(0).top;
+        ASSERT_EQ(top.size(), 2u);
+        if (top[0].second - top[1].second < kClearMargin) continue;
+        ++checked;
+        agreed += by_mode[1][i][s] == forced[i][s] ? 1 : 0;
+        EXPECT_EQ(by_mode[1][i][s], forced[i][s]) << name << " prompt " << i << " step " << s;
+      }
+    }
+    std::printf("%s, fp8 KV: %d of %d clear steps agree with the CPU executor\n", name.c_str(),
+                agreed, checked);
+    EXPECT_GT(checked, static_cast<int>(prompts.size() * kSteps / 2)) << name;
+  }
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // The e4m3 KV cache's device kernels (src/cuda/kernels/kv_e4m3.h) against their CPU
 // twins, every element. The rope + e4m3 K/V write: qkv ends bit for bit as the bf16/f32
 // fused kernel (launch_rope_kv_write, itself tested against rope then kv_write) leaves it,
-// and every code and scale equals cpu::quantize_kv_head_e4m3 of the rotated k / the v head
-// row; cells no row writes keep their poison. The decode attention: cpu::attention over
-// the same codes and scales (AttentionArgs::k_codes), GQA and equal heads, head_dim
-// 64/128/40, windows, cells through a table.
+// and so does the cell table; every code and scale equals cpu::quantize_kv_head_e4m3 of
+// the rotated k / the v head row; cells no row writes keep their poison. The decode
+// attention: cpu::attention over the same codes and scales (AttentionArgs::k_codes), GQA
+// and equal heads, head_dim 64/128/40, windows, cells through a table, q read from
+// fused qkv rows.
 #include "cuda/kernels/kv_e4m3.h"
 
 #include <cuda_bf16.h>
@@ -82,6 +83,17 @@ void check_write(const WriteShape& s, uint32_t seed) {
   rp.cells = d_cells.get();
   rp.k_pool = k_pool.get();
   rp.v_pool = v_pool.get();
+  // Both store each row's cell in a table of two sequences, rows alternating.
+  const int64_t table_stride = 5001;
+  std::vector<int32_t> row_seq;
+  for (int64_t r = 0; r < s.n_rows; ++r) row_seq.push_back(static_cast<int32_t>(r % 2));
+  DeviceArray<int32_t> d_row_seq(row_seq), ref_table(static_cast<size_t>(2 * table_stride)),
+      got_table(ref_table.size());
+  ref_table.fill_bytes(0xFF);
+  got_table.fill_bytes(0xFF);
+  rp.table = ref_table.get();
+  rp.table_stride = table_stride;
+  rp.row_seq = d_row_seq.get();
   CELLM_ASSERT_CUDA(launch_rope_kv_write<T>(rp, nullptr));
 
   DeviceArray<T> got_qkv(qkv);
@@ -109,10 +121,14 @@ void check_write(const WriteShape& s, uint32_t seed) {
   p.v_codes = v_codes.get();
   p.k_scales = k_scales.get();
   p.v_scales = v_scales.get();
+  p.table = got_table.get();
+  p.table_stride = table_stride;
+  p.row_seq = d_row_seq.get();
   CELLM_ASSERT_CUDA(launch_rope_kv_write_e4m3<T>(p, nullptr));
   CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
 
   expect_bitwise_equal(got_qkv.download(), ref_qkv.download(), "qkv");
+  EXPECT_EQ(got_table.download(), ref_table.download()) << "the cell table";
   const std::vector<float> k_ref = testing::to_floats(k_pool.download());
   const std::vector<float> v_ref = testing::to_floats(v_pool.download());
   const std::vector<uint8_t> kc = k_codes.download(), vc = v_codes.download();
@@ -157,8 +173,10 @@ struct AttentionShape {
   int32_t window;
 };
 
+// q_pad > 0: q's rows sit q_pad elements apart beyond their heads (the q columns of fused
+// qkv rows, AttentionE4m3Params::q_row_stride).
 template <typename T>
-void check_attention(const AttentionShape& s, uint32_t seed) {
+void check_attention(const AttentionShape& s, uint32_t seed, int64_t q_pad = 0) {
   std::mt19937 rng(seed);
   const int64_t max_cells = 400, stride = 512;
   const int64_t kv_dim = s.n_kv_heads * s.head_dim;
@@ -210,13 +228,19 @@ void check_attention(const AttentionShape& s, uint32_t seed) {
   a.v_scales = vs.data();
   cpu::attention(pool, a);
 
-  DeviceArray<T> d_q(testing::to_typed<T>(q)), d_out(q.size());
+  const int64_t q_width = s.n_heads * s.head_dim;
+  std::vector<float> q_rows(static_cast<size_t>(n_rows * (q_width + q_pad)), 1e30f);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    std::copy_n(q.begin() + r * q_width, q_width, q_rows.begin() + r * (q_width + q_pad));
+  }
+  DeviceArray<T> d_q(testing::to_typed<T>(q_rows)), d_out(q.size());
   d_out.fill_bytes(0xFF);
   DeviceArray<uint8_t> d_kc(kc), d_vc(vc);
   DeviceArray<float> d_ks(ks), d_vs(vs);
   DeviceArray<int32_t> d_table(table), d_row_seq(row_seq), d_positions(positions);
   AttentionE4m3Params<T> p;
   p.q = d_q.get();
+  p.q_row_stride = q_pad > 0 ? q_width + q_pad : 0;
   p.out = d_out.get();
   p.n_rows = n_rows;
   p.n_heads = s.n_heads;
@@ -247,6 +271,7 @@ TYPED_TEST(KvE4m3Test, DecodeAttentionMatchesTheCpuAttentionOverTheSameCodes) {
   check_attention<TypeParam>({128, 32, 8, 0}, 5);
   check_attention<TypeParam>({40, 4, 4, 0}, 6);
   check_attention<TypeParam>({64, 8, 2, 33}, 7);
+  check_attention<TypeParam>({64, 9, 3, 0}, 8, 3 * 64 * 2);  // q in fused qkv rows
 }
 
 TEST(KvE4m3LaunchTest, MalformedCallsAreRefused) {
@@ -260,6 +285,9 @@ TEST(KvE4m3LaunchTest, MalformedCallsAreRefused) {
   a.n_heads = 3;
   a.n_kv_heads = 2;  // does not divide
   a.head_dim = 64;
+  EXPECT_EQ(launch_attention_decode_e4m3<float>(a, nullptr), cudaErrorInvalidValue);
+  a.n_kv_heads = 3;
+  a.q_row_stride = 3 * 64 - 1;  // narrower than the q heads
   EXPECT_EQ(launch_attention_decode_e4m3<float>(a, nullptr), cudaErrorInvalidValue);
 }
 

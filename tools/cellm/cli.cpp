@@ -81,7 +81,7 @@ FlagSpec kv_dtype_flag() {
   return {"kv-dtype", "TYPE",
           "how the KV cache stores K and V: auto (the executor's own: f32 on the CPU, the "
           "precision's on CUDA), f32, bf16 (CUDA), or fp8 (e4m3 with a scale per cell, layer "
-          "and KV head: about 0.27 of f32's bytes at head_dim 64; CPU executor only for now)"};
+          "and KV head: about 0.27 of f32's bytes at head_dim 64, on both executors)"};
 }
 
 Result<KvDtype> parse_kv_dtype_flag(const Args& args) {

@@ -74,6 +74,9 @@ __global__ void __launch_bounds__(kWriteThreads)
     cos_j[tid] = cosf(angle);
     sin_j[tid] = sinf(angle);
   }
+  if (p.table != nullptr && tid == 0) {
+    p.table[int64_t{p.row_seq[r]} * p.table_stride + p.positions[r]] = p.cells[r];
+  }
   __syncthreads();
   T* row = p.qkv + r * p.row_stride;
   const int units = static_cast<int>(p.n_heads + p.n_kv_heads) * half;
@@ -124,12 +127,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t h = task % p.n_heads;
   const int64_t g = h / (p.n_heads / p.n_kv_heads);
   const int64_t hd = p.head_dim;
+  const int64_t q_stride = p.q_row_stride > 0 ? p.q_row_stride : p.n_heads * hd;
   float q[kPerLane];
   float acc[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) {
     const int64_t i = lane + 32 * e;
-    q[e] = i < hd ? to_float(p.q[(r * p.n_heads + h) * hd + i]) : 0.0f;
+    q[e] = i < hd ? to_float(p.q[r * q_stride + h * hd + i]) : 0.0f;
     acc[e] = 0.0f;
   }
   const int32_t pos = p.positions[r];
@@ -194,7 +198,8 @@ cudaError_t launch_rope_kv_write_e4m3(const RopeKvWriteE4m3Params<T>& p, cudaStr
   if (p.n_rows > std::numeric_limits<int32_t>::max() || p.qkv == nullptr ||
       p.positions == nullptr || p.inv_freq == nullptr || p.cells == nullptr ||
       p.k_codes == nullptr || p.v_codes == nullptr || p.k_scales == nullptr ||
-      p.v_scales == nullptr) {
+      p.v_scales == nullptr ||
+      (p.table != nullptr && (p.row_seq == nullptr || p.table_stride <= 0))) {
     return cudaErrorInvalidValue;
   }
   rope_kv_write_e4m3_kernel<T><<<static_cast<unsigned>(p.n_rows), kWriteThreads, 0, stream>>>(p);
@@ -204,7 +209,8 @@ cudaError_t launch_rope_kv_write_e4m3(const RopeKvWriteE4m3Params<T>& p, cudaStr
 template <typename T>
 cudaError_t launch_attention_decode_e4m3(const AttentionE4m3Params<T>& p, cudaStream_t stream) {
   if (p.n_rows < 0 || p.n_heads < 1 || p.n_kv_heads < 1 || p.n_heads % p.n_kv_heads != 0 ||
-      p.head_dim < 1 || p.head_dim > kMaxKvE4m3HeadDim || p.window < 0) {
+      p.head_dim < 1 || p.head_dim > kMaxKvE4m3HeadDim || p.window < 0 ||
+      (p.q_row_stride != 0 && p.q_row_stride < p.n_heads * p.head_dim)) {
     return cudaErrorInvalidValue;
   }
   if (p.n_rows == 0) return cudaSuccess;

@@ -1,4 +1,5 @@
-// The e4m3 KV cache's device kernels, standalone (the executor does not call them yet):
+// The e4m3 KV cache's device kernels (--kv-dtype fp8; the CUDA forward calls them in
+// place of launch_rope_kv_write and launch_attention when ForwardDims::kv_e4m3):
 //
 // launch_rope_kv_write_e4m3: what launch_rope_kv_write (rope_kv_write.h) does for a
 // step's rows of the fused q/k/v projection, with the pools holding e4m3 codes and one
@@ -6,18 +7,24 @@
 // (rope.h's arithmetic, rounded to T); then each k head row (the rotated values as qkv
 // holds them) and each v head row of cell cells[r] is quantized as
 // cpu::quantize_kv_head_e4m3 does: scale = the smallest power of two >= amax / 448 (1 for
-// an all-zero row), code[i] = e4m3(x[i] / scale) rounded to nearest even and saturated.
+// an all-zero row), code[i] = e4m3(x[i] / scale) rounded to nearest even and saturated;
+// with a table, table[row_seq[r] * table_stride + positions[r]] = cells[r] (as
+// launch_rope_kv_write stores it).
 // CPU twin: cpu::rope then cpu::write_kv_e4m3 (cpu/kernels/attention.h).
 //
 // launch_attention_decode_e4m3: softmax(q · K / sqrt(head_dim)) · V for query rows at
 // positions[r] of sequence row_seq[r], over the cells table[row_seq[r] * table_stride
 // + p] for p in [lo, positions[r]] (lo from the sliding window as cpu::attention), K and V
-// read as e4m3(code) * scale. One warp per (row, head), an online softmax in f32.
+// read as e4m3(code) * scale. One warp per (row, head), an online softmax in f32. Rows
+// of one sequence may be consecutive positions of a prefill chunk: each reads the cells
+// up to its own position, so the chunk's K/V must be written (and the table stored)
+// before the launch.
 // CPU twin: cpu::attention with AttentionArgs::k_codes.
 //
 // Layouts: qkv [n_rows, row_stride] of T as RopeKvWriteParams; codes [max_cells,
-// n_kv_heads, head_dim] uint8; scales [max_cells, n_kv_heads] f32; q and out [n_rows,
-// n_heads, head_dim] of T; table int32 [n_table_rows, table_stride].
+// n_kv_heads, head_dim] uint8; scales [max_cells, n_kv_heads] f32; q rows of n_heads *
+// head_dim elements, q_row_stride apart (the q columns of the fused qkv rows); out
+// [n_rows, n_heads, head_dim] of T; table int32 [n_table_rows, table_stride].
 // The launchers enqueue one kernel on `stream`, never allocate or synchronize, and return
 // cudaErrorInvalidValue for a malformed call, else the launch's error. Thread-safety:
 // reentrant.
@@ -50,6 +57,9 @@ struct RopeKvWriteE4m3Params {
   uint8_t* v_codes = nullptr;
   float* k_scales = nullptr;  // [max_cells, n_kv_heads]
   float* v_scales = nullptr;
+  int32_t* table = nullptr;          // nullptr: leave the table alone
+  int64_t table_stride = 0;          // > 0 with a table
+  const int32_t* row_seq = nullptr;  // [n_rows] table row of each row; read only with a table
 };
 
 // REQUIRES: the shapes above; the q, k and v column ranges inside row_stride and disjoint.
@@ -58,8 +68,9 @@ cudaError_t launch_rope_kv_write_e4m3(const RopeKvWriteE4m3Params<T>& params, cu
 
 template <typename T>
 struct AttentionE4m3Params {
-  const T* q = nullptr;  // [n_rows, n_heads, head_dim]
-  T* out = nullptr;      // [n_rows, n_heads, head_dim]
+  const T* q = nullptr;      // [n_rows, q_row_stride], q heads first
+  int64_t q_row_stride = 0;  // elements between rows of q; 0: n_heads * head_dim
+  T* out = nullptr;          // [n_rows, n_heads, head_dim]
   int64_t n_rows = 0;    // >= 0; 0 launches nothing
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;  // divides n_heads
