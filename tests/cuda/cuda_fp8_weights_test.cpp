@@ -249,6 +249,7 @@ TEST(CudaFp8WeightsTest, ANanCodeInAKeptWeightFailsCreationNamingTheTensor) {
   ExecutorLimits l;
   l.max_sessions = 2;
   l.max_session_tokens = 64;
+  l.step_width = 32;
   const Status s =
       CudaExecutor::create(std::make_shared<const ModelWeights>(std::move(*bad)), l, {}).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();

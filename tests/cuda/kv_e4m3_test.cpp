@@ -57,7 +57,8 @@ void check_write(const WriteShape& s, uint32_t seed) {
   const int64_t v_offset = (s.n_heads + s.n_kv_heads) * s.head_dim;
   for (int64_t i = 0; i < s.head_dim; ++i) qkv[static_cast<size_t>(v_offset + i)] = from_f32<T>(0);
   std::vector<int32_t> positions, all_cells(static_cast<size_t>(s.max_cells()));
-  for (int64_t r = 0; r < s.n_rows; ++r) positions.push_back(static_cast<int32_t>(5000 - 37 * r));
+  // Distinct non-negative positions (each row stores its own table entry), up to 11,074.
+  for (int64_t r = 0; r < s.n_rows; ++r) positions.push_back(static_cast<int32_t>(11 + 37 * r));
   std::iota(all_cells.begin(), all_cells.end(), 0);
   std::shuffle(all_cells.begin(), all_cells.end(), rng);
   const std::vector<int32_t> cells(all_cells.begin(), all_cells.begin() + s.n_rows);
@@ -84,7 +85,7 @@ void check_write(const WriteShape& s, uint32_t seed) {
   rp.k_pool = k_pool.get();
   rp.v_pool = v_pool.get();
   // Both store each row's cell in a table of two sequences, rows alternating.
-  const int64_t table_stride = 5001;
+  const int64_t table_stride = 11 + 37 * s.n_rows;
   std::vector<int32_t> row_seq;
   for (int64_t r = 0; r < s.n_rows; ++r) row_seq.push_back(static_cast<int32_t>(r % 2));
   DeviceArray<int32_t> d_row_seq(row_seq), ref_table(static_cast<size_t>(2 * table_stride)),
