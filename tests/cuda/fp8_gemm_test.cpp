@@ -15,9 +15,9 @@
 // cores keep partial sums with about 14 significant bits between cuBLASLt's promotions to
 // f32 (fast accumulation off), so a sum may be off by a few 2^-14 of its terms'
 // magnitudes: on an H100 (cuBLASLt 13.0) the outer-vector plans of the m = 33, k = 48
-// products were off by up to ~4.6 x 2^-14 (2.8e-4); 5e-4 is 8 x 2^-14. The scales vary over 2^8 per row and per column, so a
-// scale applied to the wrong index is far outside it. f32 outputs: rel 1e-5; bf16: rel
-// 4e-3 (above bf16's unit roundoff 2^-8 for the final rounding).
+// products were off by up to ~4.6 x 2^-14 (2.8e-4); 5e-4 is 8 x 2^-14. The scales vary over 2^8 per
+// row and per column, so a scale applied to the wrong index is far outside it. f32 outputs: rel
+// 1e-5; bf16: rel 4e-3 (above bf16's unit roundoff 2^-8 for the final rounding).
 #include "cuda/fp8_gemm.h"
 
 #include <cuda_bf16.h>

@@ -13,8 +13,8 @@ namespace {
 
 constexpr int kWriteThreads = 256;
 constexpr int kMaxHalf = static_cast<int>(kMaxKvE4m3HeadDim / 2);
-constexpr int kWarpsPerBlock = 4;                                   // attention: one per task
-constexpr int kPerLane = static_cast<int>(kMaxKvE4m3HeadDim / 32);  // head elements a lane holds
+constexpr int kWarpsPerBlock = 4;  // attention: one per task
+constexpr int kGroupLanes = 8;     // attention: lanes that share one key
 constexpr unsigned kFullMask = 0xffffffffu;
 
 template <typename T>
@@ -54,9 +54,40 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(kFullMask, x, o);
-  return x;
+// The values of the four codes of `w`, first byte first.
+__device__ __forceinline__ void decode_e4m3x4(uint32_t w, float* out) {
+  const __half2 lo(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3));
+  const __half2 hi(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
+  const float2 a = __half22float2(lo);
+  const float2 b = __half22float2(hi);
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = b.x;
+  out[3] = b.y;
+}
+
+// The values of a lane's E codes of one head row, src pointing at its first: 8-byte loads
+// when the lanes tile the row exactly (`full`: head_dim == 8 E, E a multiple of 8, so
+// every lane's share is 8-byte aligned), else one byte at a time, 0 past head_dim.
+template <int E>
+__device__ __forceinline__ void load_codes(const uint8_t* src, int64_t d0, int64_t hd, bool full,
+                                           float* out) {
+  if constexpr (E % 8 == 0) {
+    if (full) {
+      const auto* words = reinterpret_cast<const uint2*>(src);
+#pragma unroll
+      for (int e = 0; e < E / 8; ++e) {
+        const uint2 w = words[e];
+        decode_e4m3x4(w.x, out + 8 * e);
+        decode_e4m3x4(w.y, out + 8 * e + 4);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[e] = d0 + e < hd ? decode_e4m3(src[e]) : 0.0f;
 }
 
 // One block per row: the angles, then q and k rotated in place (rope.cu's arithmetic),
@@ -115,25 +146,33 @@ __global__ void __launch_bounds__(kWriteThreads)
   }
 }
 
-// One warp per (row, head): lane l holds head elements l, l + 32, ...; each key's dot
-// product is summed across the warp, then an online softmax as cpu::attention's.
-template <typename T>
+// One warp per (row, head), four keys at a time: the warp's lanes form four groups of
+// eight (kGroupLanes), group s takes keys j0 + 4i + s, and lane l of a group holds head
+// elements [l E, l E + E). A group's dot product is summed over its eight lanes (three
+// shuffles) and kept in that group's own online softmax (running max, denominator, E
+// output elements a lane); the four groups' states are merged at the end. The cells
+// and scales of 32 keys are read at once, one per lane, and handed to the groups by
+// shuffles, so a key's code loads wait on no load of its own cell id.
+template <typename T, int E>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     attention_decode_e4m3_kernel(const AttentionE4m3Params<T> p, float sm_scale) {
   const int lane = static_cast<int>(threadIdx.x % 32);
+  const int group = lane / kGroupLanes;
+  const int gl = lane % kGroupLanes;
   const int64_t task = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
-  if (task >= p.n_rows * p.n_heads) return;
+  if (task >= p.n_rows * p.n_heads) return;  // whole warps: the shuffles stay converged
   const int64_t r = task / p.n_heads;
   const int64_t h = task % p.n_heads;
   const int64_t g = h / (p.n_heads / p.n_kv_heads);
   const int64_t hd = p.head_dim;
   const int64_t q_stride = p.q_row_stride > 0 ? p.q_row_stride : p.n_heads * hd;
-  float q[kPerLane];
-  float acc[kPerLane];
+  const int64_t d0 = int64_t{gl} * E;  // this lane's first head element
+  const bool full = hd == int64_t{kGroupLanes} * E;
+  float q[E];
+  float acc[E];
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const int64_t i = lane + 32 * e;
-    q[e] = i < hd ? to_float(p.q[r * q_stride + h * hd + i]) : 0.0f;
+  for (int e = 0; e < E; ++e) {
+    q[e] = d0 + e < hd ? to_float(p.q[r * q_stride + h * hd + d0 + e]) : 0.0f;
     acc[e] = 0.0f;
   }
   const int32_t pos = p.positions[r];
@@ -141,34 +180,66 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int32_t* cells = p.table + int64_t{p.row_seq[r]} * p.table_stride;
   float running_max = -INFINITY;
   float denom = 0.0f;
-  for (int64_t j = lo; j <= pos; ++j) {
-    const int64_t at = int64_t{cells[j]} * p.n_kv_heads + g;
-    const uint8_t* k = p.k_codes + at * hd;
-    float dot = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int64_t i = lane + 32 * e;
-      if (i < hd) dot = fmaf(q[e], decode_e4m3(k[i]), dot);
+  for (int64_t j0 = lo; j0 <= pos; j0 += 32) {
+    // Lane l reads key j0 + l's cell and scales (none past pos).
+    const int64_t mine = j0 + lane;
+    int64_t at_l = 0;
+    float ks_l = 0.0f, vs_l = 0.0f;
+    if (mine <= pos) {
+      at_l = int64_t{cells[mine]} * p.n_kv_heads + g;
+      ks_l = p.k_scales[at_l];
+      vs_l = p.v_scales[at_l];
     }
-    const float score = warp_sum(dot) * p.k_scales[at] * sm_scale;
-    const float new_max = fmaxf(running_max, score);
-    const float correction = expf(running_max - new_max);  // 0 on the first key
-    const float weight = expf(score - new_max);
-    denom = denom * correction + weight;
-    const float vw = weight * p.v_scales[at];
-    const uint8_t* v = p.v_codes + at * hd;
+#pragma unroll 2
+    for (int i = 0; i < 8; ++i) {
+      const int src = 4 * i + group;
+      const bool valid = j0 + src <= pos;
+      const auto at =
+          static_cast<int64_t>(__shfl_sync(kFullMask, static_cast<long long>(at_l), src));
+      const float kscale = __shfl_sync(kFullMask, ks_l, src);
+      const float vscale = __shfl_sync(kFullMask, vs_l, src);
+      float kv[E];
+      load_codes<E>(p.k_codes + at * hd + d0, d0, hd, full, kv);
+      float dot = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int64_t i = lane + 32 * e;
-      if (i < hd) acc[e] = fmaf(vw, decode_e4m3(v[i]), acc[e] * correction);
+      for (int e = 0; e < E; ++e) dot = fmaf(q[e], kv[e], dot);
+#pragma unroll
+      for (int o = kGroupLanes / 2; o > 0; o /= 2) dot += __shfl_xor_sync(kFullMask, dot, o);
+      if (!valid) continue;  // a group's lanes agree on it
+      const float score = dot * kscale * sm_scale;
+      const float new_max = fmaxf(running_max, score);
+      const float correction = expf(running_max - new_max);  // 0 on the group's first key
+      const float weight = expf(score - new_max);
+      denom = denom * correction + weight;
+      const float vw = weight * vscale;
+      load_codes<E>(p.v_codes + at * hd + d0, d0, hd, full, kv);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(vw, kv[e], acc[e] * correction);
+      running_max = new_max;
     }
+  }
+  // Merge the four groups' states (lanes l, l ^ 8, l ^ 16, l ^ 24 hold the same elements).
+#pragma unroll
+  for (int o = kGroupLanes; o < 32; o *= 2) {
+    const float other_max = __shfl_xor_sync(kFullMask, running_max, o);
+    const float other_denom = __shfl_xor_sync(kFullMask, denom, o);
+    const float new_max = fmaxf(running_max, other_max);
+    // A group that saw no key has max -inf and denominator 0: its factor is 0.
+    const float mine_f = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
+    const float other_f = other_max == -INFINITY ? 0.0f : expf(other_max - new_max);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float other_acc = __shfl_xor_sync(kFullMask, acc[e], o);
+      acc[e] = acc[e] * mine_f + other_acc * other_f;
+    }
+    denom = denom * mine_f + other_denom * other_f;
     running_max = new_max;
   }
+  if (group != 0) return;
   const float inv = 1.0f / denom;
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const int64_t i = lane + 32 * e;
-    if (i < hd) p.out[(r * p.n_heads + h) * hd + i] = from_float<T>(acc[e] * inv);
+  for (int e = 0; e < E; ++e) {
+    if (d0 + e < hd) p.out[(r * p.n_heads + h) * hd + d0 + e] = from_float<T>(acc[e] * inv);
   }
 }
 
@@ -223,8 +294,18 @@ cudaError_t launch_attention_decode_e4m3(const AttentionE4m3Params<T>& p, cudaSt
   }
   // As cpu::attention: 1 / sqrt(head_dim) in double, rounded once.
   const auto sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.head_dim)));
-  attention_decode_e4m3_kernel<T>
-      <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(p, sm_scale);
+  // Head elements a lane holds: head_dim / 8 rounded up to a power of two.
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kWarpsPerBlock * 32);
+  if (p.head_dim <= 8 * 4) {
+    attention_decode_e4m3_kernel<T, 4><<<grid, block, 0, stream>>>(p, sm_scale);
+  } else if (p.head_dim <= 8 * 8) {
+    attention_decode_e4m3_kernel<T, 8><<<grid, block, 0, stream>>>(p, sm_scale);
+  } else if (p.head_dim <= 8 * 16) {
+    attention_decode_e4m3_kernel<T, 16><<<grid, block, 0, stream>>>(p, sm_scale);
+  } else {
+    static_assert(8 * 32 >= kMaxKvE4m3HeadDim, "the widest lane share covers every head");
+    attention_decode_e4m3_kernel<T, 32><<<grid, block, 0, stream>>>(p, sm_scale);
+  }
   return cudaGetLastError();
 }
 

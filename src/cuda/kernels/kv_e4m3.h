@@ -15,7 +15,8 @@
 // launch_attention_decode_e4m3: softmax(q · K / sqrt(head_dim)) · V for query rows at
 // positions[r] of sequence row_seq[r], over the cells table[row_seq[r] * table_stride
 // + p] for p in [lo, positions[r]] (lo from the sliding window as cpu::attention), K and V
-// read as e4m3(code) * scale. One warp per (row, head), an online softmax in f32. Rows
+// read as e4m3(code) * scale. One warp per (row, head) taking four keys at a time (eight
+// lanes a key), an online softmax in f32 per key group, merged at the end. Rows
 // of one sequence may be consecutive positions of a prefill chunk: each reads the cells
 // up to its own position, so the chunk's K/V must be written (and the table stored)
 // before the launch.
@@ -71,7 +72,7 @@ struct AttentionE4m3Params {
   const T* q = nullptr;      // [n_rows, q_row_stride], q heads first
   int64_t q_row_stride = 0;  // elements between rows of q; 0: n_heads * head_dim
   T* out = nullptr;          // [n_rows, n_heads, head_dim]
-  int64_t n_rows = 0;    // >= 0; 0 launches nothing
+  int64_t n_rows = 0;        // >= 0; 0 launches nothing
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;  // divides n_heads
   int64_t head_dim = 0;    // in [1, kMaxKvE4m3HeadDim]
