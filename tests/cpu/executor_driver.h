@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -121,6 +122,39 @@ inline void expect_same_outputs(const std::vector<std::vector<Output>>& a,
       }
     }
   }
+}
+
+// The first token of each output of each session (a greedy reference's continuation, to
+// teacher-force another executor with).
+inline std::vector<std::vector<Token>> first_tokens(const std::vector<std::vector<Output>>& out) {
+  std::vector<std::vector<Token>> tokens(out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (const Output& o : out[i]) tokens[i].push_back(o.tokens.at(0));
+  }
+  return tokens;
+}
+
+// `got` (tokens predicted under teacher forcing with first_tokens(reference)) against a
+// greedy reference driven with num_logprobs = 2: every step whose reference top-1 leads
+// its top-2 by at least `margin` (nats) must have predicted the reference's token. Prints
+// and returns how many steps were that clear.
+inline int expect_tokens_where_the_margin_is_clear(
+    const std::vector<std::vector<Output>>& reference, const std::vector<std::vector<Token>>& got,
+    float margin, const std::string& what) {
+  int checked = 0, agreed = 0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    for (size_t s = 0; s < reference[i].size(); ++s) {
+      const auto& top = reference[i][s].logprobs.at(0).top;
+      EXPECT_EQ(top.size(), 2u) << what;
+      if (top.size() < 2 || top[0].second - top[1].second < margin) continue;
+      ++checked;
+      const Token want = reference[i][s].tokens.at(0);
+      agreed += got.at(i).at(s) == want ? 1 : 0;
+      EXPECT_EQ(got[i][s], want) << what << ": prompt " << i << " step " << s;
+    }
+  }
+  std::printf("%s: %d of %d clear steps agree with the reference\n", what.c_str(), agreed, checked);
+  return checked;
 }
 
 }  // namespace cellm::testing

@@ -198,10 +198,7 @@ TEST(CudaFp8WeightsTest, EngineFp8FollowsTheCpuExecutorWhereItsMarginIsClear) {
   std::vector<SamplingParams> params(prompts.size());
   for (SamplingParams& p : params) p.num_logprobs = 2;
   const auto reference = testing::drive_outputs(*cpu, prompts, 16, kSteps, params);
-  std::vector<std::vector<Token>> forced(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (const Output& o : reference[i]) forced[i].push_back(o.tokens.at(0));
-  }
+  const std::vector<std::vector<Token>> forced = testing::first_tokens(reference);
   std::vector<std::vector<Token>> by_mode[2];
   for (const bool graphs : {false, true}) {
     auto e = make_cuda(w, graphs);
@@ -211,18 +208,8 @@ TEST(CudaFp8WeightsTest, EngineFp8FollowsTheCpuExecutorWhereItsMarginIsClear) {
     }
   }
   EXPECT_EQ(by_mode[0], by_mode[1]) << "graphs and eager decode must give identical tokens";
-  int checked = 0, agreed = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (size_t s = 0; s < kSteps; ++s) {
-      const std::vector<std::pair<Token, float>>& top = reference[i][s].logprobs.at(0).top;
-      ASSERT_EQ(top.size(), 2u);
-      if (top[0].second - top[1].second < kClearMargin) continue;
-      ++checked;
-      agreed += by_mode[1][i][s] == forced[i][s] ? 1 : 0;
-      EXPECT_EQ(by_mode[1][i][s], forced[i][s]) << "prompt " << i << " step " << s;
-    }
-  }
-  std::printf("fp8 weights: %d of %d clear steps agree with the CPU executor\n", agreed, checked);
+  const int checked = testing::expect_tokens_where_the_margin_is_clear(
+      reference, by_mode[1], kClearMargin, "fp8 weights against the CPU executor");
   EXPECT_GT(checked, static_cast<int>(prompts.size() * kSteps / 2));
 }
 

@@ -92,10 +92,7 @@ TEST(CudaKvDtypeTest, Fp8FollowsTheCpuExecutorsFp8CacheWhereItsMarginIsClear) {
   std::vector<SamplingParams> params(prompts.size());
   for (SamplingParams& p : params) p.num_logprobs = 2;
   const auto reference = testing::drive_outputs(*cpu, prompts, 16, kSteps, params);
-  std::vector<std::vector<Token>> forced(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (const Output& o : reference[i]) forced[i].push_back(o.tokens.at(0));
-  }
+  const std::vector<std::vector<Token>> forced = testing::first_tokens(reference);
   for (const CudaPrecision p : {CudaPrecision::kF32, CudaPrecision::kBF16}) {
     const std::string name = p == CudaPrecision::kF32 ? "f32" : "bf16";
     std::vector<std::vector<Token>> by_mode[2];
@@ -108,19 +105,8 @@ TEST(CudaKvDtypeTest, Fp8FollowsTheCpuExecutorsFp8CacheWhereItsMarginIsClear) {
       }
     }
     EXPECT_EQ(by_mode[0], by_mode[1]) << name << ": graphs and eager decode differ";
-    int checked = 0, agreed = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      for (size_t s = 0; s < kSteps; ++s) {
-        const auto& top = reference[i][s].logprobs.at(0).top;
-        ASSERT_EQ(top.size(), 2u);
-        if (top[0].second - top[1].second < kClearMargin) continue;
-        ++checked;
-        agreed += by_mode[1][i][s] == forced[i][s] ? 1 : 0;
-        EXPECT_EQ(by_mode[1][i][s], forced[i][s]) << name << " prompt " << i << " step " << s;
-      }
-    }
-    std::printf("%s, fp8 KV: %d of %d clear steps agree with the CPU executor\n", name.c_str(),
-                agreed, checked);
+    const int checked = testing::expect_tokens_where_the_margin_is_clear(
+        reference, by_mode[1], kClearMargin, name + ", fp8 KV, against the CPU executor");
     EXPECT_GT(checked, static_cast<int>(prompts.size() * kSteps / 2)) << name;
   }
 }
