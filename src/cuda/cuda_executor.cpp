@@ -582,10 +582,10 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
   const bool kv_e4m3 = limits.kv_dtype == KvDtype::kFp8;
   if (kv_e4m3 && (weights->config().head_dim() > cuda::kMaxKvE4m3HeadDim ||
                   weights->config().head_dim() % 2 != 0)) {
-    return NotSupported(cuda::prefixed(
-        "--kv-dtype fp8 needs an even head_dim of at most " +
-        std::to_string(cuda::kMaxKvE4m3HeadDim) + ", the model's is " +
-        std::to_string(weights->config().head_dim())));
+    return NotSupported(cuda::prefixed("--kv-dtype fp8 needs an even head_dim of at most " +
+                                       std::to_string(cuda::kMaxKvE4m3HeadDim) +
+                                       ", the model's is " +
+                                       std::to_string(weights->config().head_dim())));
   }
   if (limits.kv_dtype != KvDtype::kAuto && !kv_e4m3 && limits.kv_dtype != stored) {
     return NotSupported(cuda::prefixed(std::string("--kv-dtype ") + to_string(limits.kv_dtype) +

@@ -125,54 +125,54 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
     if (dims_.kv_e4m3) {
       CELLM_RETURN_IF_ERROR(enqueue_e4m3_attention(l, n, qkv, attn));
     } else {
-    RopeKvWriteParams<T> rk;
-    rk.qkv = qkv;
-    rk.n_rows = n;
-    rk.row_stride = qkv_dim;
-    rk.q_offset = 0;
-    rk.n_heads = c.num_heads();
-    rk.k_offset = q_dim;
-    rk.v_offset = q_dim + kv_dim;
-    rk.n_kv_heads = c.num_kv_heads();
-    rk.head_dim = hd;
-    rk.positions = positions;
-    rk.inv_freq = inv_freq_.as<float>();
-    rk.cells = cells;
-    rk.k_pool = k_pool(l);
-    rk.v_pool = v_pool(l);
-    rk.table = l == 0 ? table_.as<int32_t>() : nullptr;  // one table store per step
-    rk.table_stride = dims_.max_session_tokens;
-    rk.row_seq = row_seq;
-    CELLM_CUDA_RETURN_IF_ERROR(launch_rope_kv_write<T>(rk, s), "rope and the K/V write");
-    AttentionParams<T> ap;
-    ap.qkv = qkv;
-    ap.row_stride = qkv_dim;
-    ap.q_offset = 0;
-    ap.n_rows = n;
-    ap.n_heads = c.num_heads();
-    ap.n_kv_heads = c.num_kv_heads();
-    ap.head_dim = hd;
-    ap.k_pool = k_pool(l);
-    ap.v_pool = v_pool(l);
-    ap.table = table_.as<int32_t>();
-    ap.table_stride = dims_.max_session_tokens;
-    ap.row_seq = row_seq;
-    ap.positions = positions;
-    ap.window = static_cast<int32_t>(c.window(l));
-    ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    ap.max_context = dims_.max_session_tokens;
-    ap.workspace = buf<float>(buf_.attn_ws);
-    ap.out = attn;
-    ap.fresh_positions = fresh_positions;
-    ap.cluster_fold = tuning().attention_cluster_fold;
-    if (ranges.empty()) {
-      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
-    }
-    for (const AttentionRowRange& range : ranges) {
-      AttentionParams<T> rows = attention_rows(ap, range.begin, range.end);
-      rows.row_runs = range.runs;
-      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
-    }
+      RopeKvWriteParams<T> rk;
+      rk.qkv = qkv;
+      rk.n_rows = n;
+      rk.row_stride = qkv_dim;
+      rk.q_offset = 0;
+      rk.n_heads = c.num_heads();
+      rk.k_offset = q_dim;
+      rk.v_offset = q_dim + kv_dim;
+      rk.n_kv_heads = c.num_kv_heads();
+      rk.head_dim = hd;
+      rk.positions = positions;
+      rk.inv_freq = inv_freq_.as<float>();
+      rk.cells = cells;
+      rk.k_pool = k_pool(l);
+      rk.v_pool = v_pool(l);
+      rk.table = l == 0 ? table_.as<int32_t>() : nullptr;  // one table store per step
+      rk.table_stride = dims_.max_session_tokens;
+      rk.row_seq = row_seq;
+      CELLM_CUDA_RETURN_IF_ERROR(launch_rope_kv_write<T>(rk, s), "rope and the K/V write");
+      AttentionParams<T> ap;
+      ap.qkv = qkv;
+      ap.row_stride = qkv_dim;
+      ap.q_offset = 0;
+      ap.n_rows = n;
+      ap.n_heads = c.num_heads();
+      ap.n_kv_heads = c.num_kv_heads();
+      ap.head_dim = hd;
+      ap.k_pool = k_pool(l);
+      ap.v_pool = v_pool(l);
+      ap.table = table_.as<int32_t>();
+      ap.table_stride = dims_.max_session_tokens;
+      ap.row_seq = row_seq;
+      ap.positions = positions;
+      ap.window = static_cast<int32_t>(c.window(l));
+      ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      ap.max_context = dims_.max_session_tokens;
+      ap.workspace = buf<float>(buf_.attn_ws);
+      ap.out = attn;
+      ap.fresh_positions = fresh_positions;
+      ap.cluster_fold = tuning().attention_cluster_fold;
+      if (ranges.empty()) {
+        CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
+      }
+      for (const AttentionRowRange& range : ranges) {
+        AttentionParams<T> rows = attention_rows(ap, range.begin, range.end);
+        rows.row_runs = range.runs;
+        CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
+      }
     }
     CELLM_RETURN_IF_ERROR(
         linear<T>(attn, n, q_dim, GemvInput::kPlain, w.o_proj, w.o_proj8, d, w.o_bias, delta));
