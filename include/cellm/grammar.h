@@ -56,6 +56,11 @@ struct GrammarLimits {
   int max_repetition = 10000;                   // the largest m or n of {m,n}
   int max_stack_depth = 1024;                   // matcher: rule frames per stack
   size_t max_matcher_bytes = size_t{64} << 20;  // a matcher and its forks: caches
+  // Matcher: parse-stack visits one call (a mask, a token) may spend building new
+  // automaton states. An ambiguous grammar can hold exponentially many stacks at
+  // one position; past this budget the matcher fails (OutOfResources) instead of
+  // stalling the step that every other generation waits on.
+  uint64_t max_step_work = uint64_t{1} << 22;
 };
 
 // A compiled grammar. Errors of the front ends name the position (byte offset,
@@ -190,7 +195,8 @@ class GrammarMatcher {
 // An executor that calls prepare() while the device computes the step (the CUDA
 // executor) thereby overlaps that work with the device too, instead of running it
 // between the step's end and the next launch. A token outside the last mask is a
-// bug of the executor: it fails (CELLM_CHECK) when the matcher steps over it.
+// bug of the executor: it fails (CELLM_CHECK) when the matcher steps over it,
+// unless stepping over it ran out of a budget (then failed() turns true).
 class GrammarLogitsProcessor : public LogitsProcessor {
  public:
   explicit GrammarLogitsProcessor(GrammarMatcher matcher);
@@ -206,7 +212,7 @@ class GrammarLogitsProcessor : public LogitsProcessor {
 
   mutable GrammarMatcher matcher_;
   mutable std::optional<Token> pending_;
-  bool failed_ = false;
+  mutable bool failed_ = false;
 };
 
 }  // namespace cellm

@@ -25,7 +25,8 @@ Automaton::Automaton(std::shared_ptr<const Grammar::Impl> grammar, int max_depth
     : grammar_(std::move(grammar)),
       positions_(grammar_->positions),
       max_depth_(static_cast<uint32_t>(std::max(1, max_depth))),
-      max_bytes_(max_bytes) {
+      max_bytes_(max_bytes),
+      visit_limit_(UINT64_MAX) {
   nodes_.push_back(Node{0, kBottom, 0});  // kBottom
   scratch_.clear();
   scratch_accepting_ = false;
@@ -55,6 +56,10 @@ bool Automaton::node(uint32_t pos, uint32_t parent, uint32_t* id) {
   }
   const uint32_t depth = nodes_[parent].depth + 1;
   if (depth > max_depth_) return false;
+  if ((nodes_.size() + 1) * kNodeBytes + state_bytes_ > max_bytes_) {
+    reason_ = Exhaustion::kMemory;  // checked here too: one closure can make many nodes
+    return false;
+  }
   *id = static_cast<uint32_t>(nodes_.size());
   nodes_.push_back(Node{pos, parent, depth});
   node_index_.emplace(key, *id);
@@ -65,6 +70,11 @@ void Automaton::closure(uint32_t id) {
   work_.clear();
   work_.push_back(id);
   while (!work_.empty()) {
+    if (exhausted() || ++visits_ > visit_limit_) {
+      if (!exhausted()) reason_ = Exhaustion::kWork;
+      work_.clear();  // the caller sees exhausted() and drops scratch_
+      return;
+    }
     const uint32_t n = work_.back();
     work_.pop_back();
     if (visit_mark_.size() < nodes_.size()) visit_mark_.resize(nodes_.size() * 2, 0);
@@ -118,20 +128,22 @@ int32_t Automaton::intern() {
 }
 
 int32_t Automaton::step_slow(uint32_t state, uint8_t b) {
-  if (exhausted_) return kDead;
+  if (exhausted()) return kDead;
   scratch_.clear();
   scratch_accepting_ = false;
   scratch_escaped_ = false;
   ++visit_stamp_;
   // Copy: closure() may grow states_ only through intern(), but nodes_ grows here.
   const std::vector<uint32_t>& stacks = states_[state].stacks;
-  for (size_t i = 0; i < stacks.size(); ++i) {
+  visits_ += stacks.size();
+  for (size_t i = 0; i < stacks.size() && !exhausted(); ++i) {
     const Node nd = nodes_[stacks[i]];
     const int32_t sym = positions_.symbol[nd.pos];
     if (!grammar_->ir.sets[static_cast<uint32_t>(sym)].test(b)) continue;
     uint32_t next;
     if (node(nd.pos + 1, nd.parent, &next)) closure(next);
   }
+  if (exhausted()) return kDead;
   const int32_t result = intern();
   if (states_[state].table < 0) {
     states_[state].table = static_cast<int32_t>(tables_.size());
@@ -157,7 +169,7 @@ uint32_t Automaton::project(uint32_t state) {
   uint32_t min_depth = UINT32_MAX;
   for (uint32_t n : states_[state].stacks) min_depth = std::min(min_depth, nodes_[n].depth);
   uint32_t result = state;
-  if (!states_[state].stacks.empty() && min_depth > 1 && !exhausted_) {
+  if (!states_[state].stacks.empty() && min_depth > 1 && !exhausted()) {
     const uint32_t cut = min_depth - 1;  // nodes at or below this depth are cut
     const uint32_t h = hole(cut);
     std::vector<uint32_t> projected, chain;
@@ -167,7 +179,8 @@ uint32_t Automaton::project(uint32_t state) {
       uint32_t cur = h;
       for (size_t i = chain.size(); i-- > 0;) {
         uint32_t id;
-        CELLM_CHECK(node(nodes_[chain[i]].pos, cur, &id));  // same depth as the original
+        // Same depth as the original: only the memory budget can refuse it.
+        if (!node(nodes_[chain[i]].pos, cur, &id)) return state;
         cur = id;
       }
       projected.push_back(cur);
@@ -199,7 +212,7 @@ const ByteSet& Automaton::self_loop(uint32_t state) {
 }
 
 size_t Automaton::memory_bytes() const {
-  return nodes_.size() * (sizeof(Node) + 32) + state_bytes_ + tables_.size() * sizeof(tables_[0]) +
+  return nodes_.size() * kNodeBytes + state_bytes_ + tables_.size() * sizeof(tables_[0]) +
          loops_.size() * sizeof(ByteSet) + visit_mark_.size() * sizeof(uint32_t);
 }
 
@@ -211,7 +224,7 @@ void Automaton::enforce_budget() {
   tables_.shrink_to_fit();
   loops_.clear();
   loops_.shrink_to_fit();
-  if (memory_bytes() > max_bytes_) exhausted_ = true;
+  if (memory_bytes() > max_bytes_ / 4 * 3) reason_ = Exhaustion::kMemory;
 }
 
 }  // namespace cellm::grammar

@@ -23,8 +23,13 @@
 // the cut (a string value of one property or another) share one projection.
 //
 // Memory: transition tables are dropped when the budget is exceeded (they are
-// rebuilt on demand); states and stacks are kept (snapshots refer to them). Past
-// the budget without tables, exhausted() is set and every step is dead.
+// rebuilt on demand); states and stacks are kept (snapshots refer to them). When
+// states and stacks alone hold 3/4 of the budget, exhausted() is set and every
+// step is dead (rebuilding tables at the edge of the budget would make every
+// step slow).
+// Work: building states costs one unit per stack visited. begin_call(budget)
+// opens a call's allowance; spending past it sets exhausted() too (reason()
+// says which limit was hit).
 // Not thread-safe.
 #pragma once
 
@@ -65,7 +70,11 @@ class Automaton {
   // The projection of `state` (see above); `state` itself when nothing is cut.
   uint32_t project(uint32_t state);
 
-  bool exhausted() const { return exhausted_; }
+  enum class Exhaustion { kNone, kMemory, kWork };
+  bool exhausted() const { return reason_ != Exhaustion::kNone; }
+  Exhaustion reason() const { return reason_; }
+  // Opens the work allowance of one matcher call.
+  void begin_call(uint64_t budget) { visit_limit_ = visits_ + budget; }
   size_t num_states() const { return states_.size(); }
   size_t memory_bytes() const;
 
@@ -78,6 +87,8 @@ class Automaton {
     uint32_t parent;
     uint32_t depth;  // frames in this stack
   };
+  // A node and its index entry, as counted against the memory budget.
+  static constexpr size_t kNodeBytes = sizeof(Node) + 32;
   struct State {
     std::vector<uint32_t> stacks;  // sorted node ids whose top is at a byte class
     bool accepting = false;
@@ -115,7 +126,9 @@ class Automaton {
   std::vector<ByteSet> loops_;
   size_t state_bytes_ = 0;
   uint32_t initial_ = 0;
-  bool exhausted_ = false;
+  Exhaustion reason_ = Exhaustion::kNone;
+  uint64_t visits_ = 0;       // stack visits so far
+  uint64_t visit_limit_ = 0;  // where the open call's allowance ends
 
   // Closure scratch.
   std::vector<uint32_t> scratch_;

@@ -153,6 +153,50 @@ Sequence IrBuilder::literal(std::string_view text) {
   return seq;
 }
 
+Symbol IrBuilder::literal_choice(std::vector<std::string> words, std::string_view name) {
+  std::sort(words.begin(), words.end());
+  words.erase(std::unique(words.begin(), words.end()), words.end());
+  // Each job fills one trie rule: the words [lo, hi), which share their first
+  // `depth` bytes. Sorted words put one that ends at `depth` first and group the
+  // rest by their next byte. (A work list, not recursion: a chain of nested
+  // words would otherwise be as deep as the list is long.)
+  struct Job {
+    size_t lo, hi, depth;
+    uint32_t rule;
+  };
+  const uint32_t root = add_rule(name);
+  std::vector<Job> jobs = {{0, words.size(), 0, root}};
+  while (!jobs.empty() && !failed()) {
+    const Job job = jobs.back();
+    jobs.pop_back();
+    size_t i = job.lo;
+    if (words[i].size() == job.depth) add_alternative(job.rule, {}), ++i;
+    while (i < job.hi) {
+      const char next = words[i][job.depth];
+      size_t j = i + 1;
+      while (j < job.hi && words[j][job.depth] == next) ++j;
+      // The group's common bytes, up to where one of them ends or they part.
+      size_t end = job.depth + 1;
+      for (;; ++end) {
+        bool shared = true;
+        for (size_t k = i; k < j && shared; ++k) {
+          shared = words[k].size() > end && words[k][end] == words[i][end];
+        }
+        if (!shared) break;
+      }
+      Sequence seq = literal(std::string_view(words[i]).substr(job.depth, end - job.depth));
+      if (j - i > 1 || words[i].size() > end) {
+        const uint32_t sub = add_rule(name);
+        seq.push_back(Symbol{true, sub});
+        jobs.push_back(Job{i, j, end, sub});
+      }
+      add_alternative(job.rule, std::move(seq));
+      i = j;
+    }
+  }
+  return Symbol{true, root};
+}
+
 Symbol IrBuilder::codepoints(std::vector<CodepointRange> ranges, std::string_view name) {
   // Normalize: clamp, drop surrogates, sort, merge.
   std::vector<CodepointRange> parts;

@@ -81,6 +81,10 @@ class IrBuilder {
   Symbol bytes(const ByteSet& set);  // REQUIRES: !set.empty()
   Symbol byte(uint8_t b);
   Sequence literal(std::string_view text);
+  // Exactly one of `words`, as a trie of rules: words that share a prefix share
+  // its symbols, so a match holds one parse stack however many words there are
+  // (alternatives of whole literals would hold one per word still possible).
+  Symbol literal_choice(std::vector<std::string> words, std::string_view name);
   // One UTF-8 encoded code point in the union of `ranges` (surrogates left out).
   // Fails (recorded) when the ranges hold no encodable code point.
   Symbol codepoints(std::vector<CodepointRange> ranges, std::string_view name);

@@ -63,9 +63,20 @@ struct SharedCache {
 
 struct GrammarMatcher::Impl {
   void update_status() {
-    if (cache->automaton.exhausted() && status.ok()) {
-      status = OutOfResources("the grammar matcher exceeded its memory budget of " +
-                              std::to_string(cache->limits.max_matcher_bytes) + " bytes");
+    if (!status.ok()) return;
+    switch (cache->automaton.reason()) {
+      case grammar::Automaton::Exhaustion::kNone:
+        break;
+      case grammar::Automaton::Exhaustion::kMemory:
+        status = OutOfResources("the grammar matcher exceeded its memory budget of " +
+                                std::to_string(cache->limits.max_matcher_bytes) + " bytes");
+        break;
+      case grammar::Automaton::Exhaustion::kWork:
+        status =
+            OutOfResources("the grammar is too ambiguous: one step needed more than " +
+                           std::to_string(cache->limits.max_step_work) +
+                           " parse-stack visits (alternatives that stay open together multiply)");
+        break;
     }
   }
 
@@ -198,6 +209,7 @@ bool GrammarMatcher::accept_bytes(std::string_view bytes) {
   Impl& m = *impl_;
   if (m.ended) return false;
   std::lock_guard<std::mutex> lock(m.cache->mu);
+  m.cache->automaton.begin_call(m.cache->limits.max_step_work);
   uint32_t s = m.state;
   for (char c : bytes) {
     const int32_t next = m.cache->automaton.step(s, static_cast<uint8_t>(c));
@@ -261,6 +273,7 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint64_t> mask) {
   Impl& m = *impl_;
   CELLM_CHECK(mask.size() == m.cache->vocab.mask_words());
   std::lock_guard<std::mutex> lock(m.cache->mu);
+  m.cache->automaton.begin_call(m.cache->limits.max_step_work);
   const std::vector<uint64_t>& src =
       (m.ended || m.cache->automaton.exhausted()) ? m.cache->empty_mask : m.cache->mask_of(m.state);
   m.update_status();
@@ -274,6 +287,10 @@ const std::vector<uint64_t>& GrammarMatcher::next_token_mask() {
 }
 
 const Status& GrammarMatcher::status() const {
+  // The automaton is shared: a fork may have exhausted it since this matcher's
+  // last call.
+  std::lock_guard<std::mutex> lock(impl_->cache->mu);
+  impl_->update_status();
   return impl_->status;
 }
 

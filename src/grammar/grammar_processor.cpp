@@ -34,7 +34,9 @@ void GrammarLogitsProcessor::prepare(LogitAdjustments& out) {
 }
 
 void GrammarLogitsProcessor::accept(Token token) {
-  advance();  // a second accept() without a prepare() between
+  const bool failed_before = failed_;
+  advance();                              // a second accept() without a prepare() between
+  if (failed_ && !failed_before) return;  // that step ran out of budget: `token` is moot
   if (failed_ || matcher_.ended()) {
     // After the grammar ended or failed only EOS ids are allowed; nothing to step.
     CELLM_CHECK_MSG(matcher_.vocabulary().is_eos(token),
@@ -54,9 +56,12 @@ void GrammarLogitsProcessor::advance() const {
   const Token token = *pending_;
   pending_.reset();
   // A token outside the last mask is a bug of the executor (it must sample from
-  // the masked row).
-  const bool accepted = matcher_.accept_token(token);
-  CELLM_CHECK_MSG(accepted, "token " + std::to_string(token) + " is not allowed by the grammar");
+  // the masked row), unless stepping it again ran out of a budget (the transition
+  // tables it was masked with were dropped for memory): then the generation ends.
+  if (matcher_.accept_token(token)) return;
+  CELLM_CHECK_MSG(!matcher_.status().ok(),
+                  "token " + std::to_string(token) + " is not allowed by the grammar");
+  failed_ = true;
 }
 
 }  // namespace cellm

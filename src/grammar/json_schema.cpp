@@ -147,9 +147,9 @@ class SchemaCompiler {
       if (!values.is_array() || values.empty()) {
         return fail(at + "/enum", StatusCode::kInvalidArgument, "must be a non-empty array");
       }
-      std::vector<Sequence> alts;
-      for (const Json& v : values) alts.push_back(b_.literal(v.dump()));
-      return b_.rule_of("enum", std::move(alts));
+      std::vector<std::string> texts;
+      for (const Json& v : values) texts.push_back(v.dump());
+      return b_.literal_choice(std::move(texts), "enum");
     }
     return typed(s, at, depth);
   }

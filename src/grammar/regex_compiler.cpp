@@ -409,9 +409,8 @@ Result<Grammar> compile_choice(std::span<const std::string> choices, const Gramm
                           std::to_string(limits.max_input_bytes));
   }
   IrBuilder b(limits);
-  const uint32_t root = b.add_rule("root");
-  for (const std::string& c : choices) b.add_alternative(root, b.literal(c));
-  CELLM_ASSIGN_OR_RETURN(grammar::GrammarIr ir, b.finish(root));
+  const Symbol root = b.literal_choice({choices.begin(), choices.end()}, "root");
+  CELLM_ASSIGN_OR_RETURN(grammar::GrammarIr ir, b.finish(root.index));
   return grammar::make_grammar(std::move(ir));
 }
 

@@ -383,6 +383,11 @@ def grammar():
     write("grammar", "serving_schema_object.bin",
           b"\xe1" + json.dumps(schemas["object"]).encode() + b"\x00" + walk)
     write("grammar", "serving_regex_repeat.bin", b"\xe2(a{1,300}b?){2,50}\x00" + walk)
+    # An ambiguous grammar whose parse stacks multiply with every byte: it once
+    # made one input run past the fuzz timeout; the step work budget stops it.
+    write("grammar", "serving_gbnf_ambiguous.bin",
+          b"\xe3root ::= x\nx ::= [ -~] x [b-z] | [ -~] x [c-z] | [ -~] x [d-z] | [ -~] x x"
+          b" | [ -~] x [e-z] x | [ -~] x [f-z] x x | \"\"\x00" + b"\x04" * 64)
 
 
 def main():

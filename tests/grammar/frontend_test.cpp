@@ -3,6 +3,8 @@
 // the position or keyword.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
@@ -223,6 +225,47 @@ TEST(ChoiceTest, ExactlyOneOfTheStrings) {
   EXPECT_FALSE(matches(g, "ye"));
   EXPECT_FALSE(matches(g, "yess"));
   EXPECT_FALSE(compile_choice(std::vector<std::string>{}).ok());
+}
+
+TEST(ChoiceTest, WordsThatArePrefixesOfEachOtherAndDuplicates) {
+  const std::vector<std::string> choices{"ab", "a", "abc", "b", "abd", "ab", "ba"};
+  const Grammar g = compile_choice(choices).value();
+  for (const auto& c : choices) EXPECT_TRUE(matches(g, c)) << c;
+  for (const char* no : {"", "abcd", "bb", "ad", "c", "abdc"}) EXPECT_FALSE(matches(g, no)) << no;
+  // A chain of nested words: a trie as deep as the list is long.
+  std::vector<std::string> chain;
+  for (int i = 1; i <= 1000; ++i) chain.emplace_back(static_cast<size_t>(i), 'a');
+  const Grammar deep = compile_choice(chain).value();
+  EXPECT_TRUE(matches(deep, std::string(1000, 'a')));
+  EXPECT_TRUE(matches(deep, "a"));
+  EXPECT_FALSE(matches(deep, std::string(1001, 'a')));
+}
+
+TEST(ChoiceTest, ManyWordsWithACommonPrefixStayCheapToMatch) {
+  // Matched as a trie, thousands of words hold one parse stack: a step budget
+  // far below one visit per word per byte is enough.
+  std::vector<std::string> words;
+  for (int i = 0; i < 5000; ++i) words.push_back("\"value_" + std::to_string(i) + "\"");
+  GrammarLimits limits;
+  limits.max_step_work = 2000;
+  const Grammar g = compile_choice(words, limits).value();
+  std::vector<std::string> tokens = {""};
+  for (int b = 0; b < 128; ++b) tokens.emplace_back(1, static_cast<char>(b));
+  const TokenVocabulary vocab = TokenVocabulary::build(std::move(tokens), {0}).value();
+  GrammarMatcher m(g, vocab, limits);
+  for (char c : std::string("\"value_4321\"")) {
+    m.next_token_mask();
+    ASSERT_TRUE(m.accept_bytes(std::string(1, c))) << m.status().to_string();
+  }
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.status().ok());
+  // The same words as a JSON Schema enum.
+  nlohmann::json schema = {{"enum", nlohmann::json::array()}};
+  for (int i = 0; i < 5000; ++i) schema["enum"].push_back("value_" + std::to_string(i));
+  GrammarMatcher e(compile_json_schema(schema.dump(), limits).value(), vocab, limits);
+  EXPECT_TRUE(e.accept_bytes("\"value_4999\""));
+  EXPECT_TRUE(e.can_end());
+  EXPECT_TRUE(e.status().ok());
 }
 
 TEST(GbnfTest, RulesLiteralsClassesAndRepetition) {

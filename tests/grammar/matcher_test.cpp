@@ -177,6 +177,32 @@ TEST(GrammarMatcherTest, AMemoryBudgetEndsInAnErrorNotACrash) {
   EXPECT_EQ(m.status().code(), StatusCode::kOutOfResources) << m.status().to_string();
 }
 
+TEST(GrammarMatcherTest, AnAmbiguousGrammarFailsOnItsWorkBudgetNotByStalling) {
+  // Every 'a' opens six ways to close the nesting, so the parse stacks at one
+  // position multiply with the input's length.
+  const Grammar g = compile_gbnf(R"g(
+    root ::= x
+    x ::= "a" x "b" | "a" x "c" | "a" x "d" | "a" x x | "a" x "e" x | "a" x "f" x x | ""
+  )g")
+                        .value();
+  const TokenVocabulary vocab = synthetic_vocab();
+  GrammarLimits limits;
+  limits.max_step_work = 200000;
+  GrammarMatcher m(g, vocab, limits);
+  int accepted = 0;
+  while (accepted < 64 && m.accept_bytes("a")) ++accepted;
+  EXPECT_LT(accepted, 64);
+  EXPECT_EQ(m.status().code(), StatusCode::kOutOfResources);
+  EXPECT_NE(m.status().message().find("too ambiguous"), std::string::npos)
+      << m.status().to_string();
+  // Failed: the mask is empty, and a fork sees the failure too.
+  for (uint64_t w : m.next_token_mask()) EXPECT_EQ(w, 0u);
+  EXPECT_FALSE(m.fork().status().ok());
+  // The same grammar within budget while the input stays short.
+  GrammarMatcher fresh(g, vocab, limits);
+  EXPECT_TRUE(fresh.accept_bytes("aab"));
+}
+
 TEST(GrammarMatcherTest, ForksShareCachesAndWalkOnTheirOwnAcrossThreads) {
   const TokenVocabulary vocab = synthetic_vocab();
   const Grammar g = compile_json_object().value();

@@ -122,14 +122,23 @@ Result<GrammarEntry*> lookup_locked(GrammarCache& cache, const StructuredConstra
 // entry) over `vocab`: a fork of the entry's family matcher for that vocabulary.
 // REQUIRES: the cache mutex held; entry is cache.entries.front().
 GrammarMatcher fork_locked(GrammarCache& cache, GrammarEntry& entry, const TokenVocabulary& vocab) {
-  for (auto& [v, family] : entry.families) {
-    if (&v.impl() == &vocab.impl()) return family->fork();
-  }
   const GrammarLimits limits;
+  bool counted = false;  // the vocabulary's family is already in the byte counts
+  for (auto it = entry.families.begin(); it != entry.families.end(); ++it) {
+    if (&it->first.impl() != &vocab.impl()) continue;
+    if (it->second->status().ok()) return it->second->fork();
+    // A family past its budget fails every fork; later requests start afresh
+    // (the generations holding the old one keep it alive until they end).
+    entry.families.erase(it);
+    counted = true;
+    break;
+  }
   auto family = std::make_shared<GrammarMatcher>(entry.grammar, vocab, limits);
   entry.families.emplace_back(vocab, family);
-  entry.bytes += limits.max_matcher_bytes;
-  cache.bytes += limits.max_matcher_bytes;
+  if (!counted) {
+    entry.bytes += limits.max_matcher_bytes;
+    cache.bytes += limits.max_matcher_bytes;
+  }
   GrammarMatcher fork = family->fork();
   evict_locked(cache);
   return fork;
