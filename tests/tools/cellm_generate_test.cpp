@@ -147,9 +147,11 @@ TEST(CellmGenerateTest, PromptTokensReproduceMistralTinysGreedyContinuations) {
   const fs::path dir = tmp.path() / "mistral-tiny";
   testing::assemble_model_dir(dir, {fixture, tokenizer});
 
-  // Every reference prompt at once; --ignore-eos as the reference never stops.
-  std::vector<std::string> args = {"--model", dir.string(), "--max-new-tokens", "24",
-                                   "--ignore-eos"};
+  // Every reference prompt at once; --ignore-eos as the reference never stops. Exact
+  // f32 products, the reference's numerics: a random-weight model's logits are full of
+  // near-ties, which bf16 activations (the CLI's default) would break differently.
+  std::vector<std::string> args = {
+      "--model", dir.string(), "--max-new-tokens", "24", "--ignore-eos", "--activations", "f32"};
   for (const json& p : ref.at("prompts")) {
     args.push_back("--prompt-tokens");
     args.push_back(join_ids(p.at("ids").get<Ids>()));
@@ -262,7 +264,8 @@ TEST(CellmGenerateTest, LogprobsOfTheFirstTokenEqualTheReferencesLogSoftmax) {
   testing::assemble_model_dir(dir, {fixture, tokenizer});
 
   std::vector<std::string> args = {
-      "--model", dir.string(), "--max-new-tokens", "2", "--ignore-eos", "--logprobs", "20"};
+      "--model",    dir.string(), "--max-new-tokens", "2",  "--ignore-eos",
+      "--logprobs", "20",         "--activations",    "f32"};  // the reference's numerics, as above
   for (const json& p : ref.at("prompts")) {
     args.push_back("--prompt-tokens");
     args.push_back(join_ids(p.at("ids").get<Ids>()));

@@ -63,7 +63,7 @@ const std::vector<FlagSpec> kFlags = [] {
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
           weights_flag(),
           kv_dtype_flag(),
-          bf16_activations_flag(),
+          activations_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"no-pdl", "",
            "CUDA: launch kernels without programmatic dependent launch (to measure what it buys)"},
@@ -516,6 +516,8 @@ int run_bench(int argc, const char* const* argv) {
   if (!weights.ok()) return fail(cmd, weights.status());
   Result<KvDtype> kv_dtype = parse_kv_dtype_flag(*args);
   if (!kv_dtype.ok()) return fail(cmd, kv_dtype.status());
+  Result<bool> bf16_activations = parse_activations_flag(*args);
+  if (!bf16_activations.ok()) return fail(cmd, bf16_activations.status());
   std::unique_ptr<PowerProbe> power;
   if (args->has("clocks")) {
     if (*requests > 0) {
@@ -549,7 +551,7 @@ int run_bench(int argc, const char* const* argv) {
   options.limits.step_width = static_cast<int32_t>(*step_width);
   options.limits.kv_dtype = *kv_dtype;
   options.cpu.num_threads = static_cast<int32_t>(*threads);
-  options.cpu.bf16_activations = args->has("bf16-activations");
+  options.cpu.bf16_activations = *bf16_activations;
   if (Status s = read_cuda_flags(*args, options.cuda); !s.ok()) return fail(cmd, s);
   const bool json = args->has("json");
   // Which GPU ran (several devices of one kind differ by a percent or so).
@@ -558,7 +560,7 @@ int run_bench(int argc, const char* const* argv) {
     const ModelConfig& c = model->weights->config();
     std::printf(
         "model %s: %lld layers, d %lld, %lld/%lld heads, ff %lld, vocab %lld, %.2f GB "
-        "of weights (%s), KV %s; executor %s%s%s, step width %d; sampling %s\n\n",
+        "of weights (%s), KV %s; executor %s%s%s%s, step width %d; sampling %s\n\n",
         model->name.c_str(), static_cast<long long>(c.num_layers()),
         static_cast<long long>(c.hidden_size()), static_cast<long long>(c.num_heads()),
         static_cast<long long>(c.num_kv_heads()), static_cast<long long>(c.intermediate_size()),
@@ -566,8 +568,11 @@ int run_bench(int argc, const char* const* argv) {
         static_cast<double>(model->weights->total_bytes()) / 1e9,
         describe_weight_dtypes(*model->weights).c_str(),
         kv_dtype_text(*kind, options.limits.kv_dtype, options.cuda).c_str(), to_string(*kind),
-        device.empty() ? "" : " on ", device.c_str(), options.limits.step_width,
-        describe_sampling(*sampling).c_str());
+        device.empty() ? "" : " on ", device.c_str(),
+        *kind != ExecutorKind::kCpu    ? ""
+        : options.cpu.bf16_activations ? " (bf16 activations for bf16 weights)"
+                                       : " (f32 activations)",
+        options.limits.step_width, describe_sampling(*sampling).c_str());
     if (constraint != nullptr) {
       // What every generation is held to, and the rules it compiled to.
       std::printf("constraint %s over the vocabulary of %s (%zu ids); grammar:\n%s\n",

@@ -90,11 +90,19 @@ Result<KvDtype> parse_kv_dtype_flag(const Args& args) {
   return parse_kv_dtype(*text);
 }
 
-FlagSpec bf16_activations_flag() {
-  return {"bf16-activations", "",
-          "CPU executor: round activations to bf16 for the products with bf16 weights (AVX-512 "
-          "BF16 dot products, as llama.cpp computes them: faster, logits within ~0.2% of the "
-          "default exact f32 products)"};
+FlagSpec activations_flag() {
+  return {"activations", "MODE",
+          "CPU executor, the products with bf16 weights: bf16 rounds their activations to bf16 "
+          "and multiplies with AVX-512 BF16 dot products where the CPU has them (a bf16 model "
+          "computed as torch and llama.cpp compute it: logits within ~0.2% of f32's, up to twice "
+          "as fast), f32 keeps them exact in f32 (default bf16)"};
+}
+
+Result<bool> parse_activations_flag(const Args& args) {
+  const std::string mode = args.get("activations").value_or("bf16");
+  if (mode == "bf16") return true;
+  if (mode == "f32") return false;
+  return InvalidArgument("--activations must be bf16 or f32, got '" + mode + "'");
 }
 
 void print_weights_summary(const LoadedModel& model) {

@@ -37,9 +37,12 @@ Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor
 // stores that type is its create()'s to say (NotSupported naming the flag).
 FlagSpec kv_dtype_flag();
 Result<KvDtype> parse_kv_dtype_flag(const Args& args);
-// --bf16-activations: the CPU executor's bf16 products round the activations to bf16
-// (CpuExecutorOptions::bf16_activations): faster where the CPU has AVX-512 BF16, not exact.
-FlagSpec bf16_activations_flag();
+// --activations bf16|f32: whether the CPU executor's products with bf16 weights round
+// the activations to bf16 (CpuExecutorOptions::bf16_activations; the default, faster
+// where the CPU has AVX-512 BF16) or keep them exact in f32. True for bf16;
+// InvalidArgument naming the flag for another value.
+FlagSpec activations_flag();
+Result<bool> parse_activations_flag(const Args& args);
 // Prints LoadedModel::weights_summary to stderr when --weights did something.
 void print_weights_summary(const LoadedModel& model);
 

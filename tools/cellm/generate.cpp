@@ -45,7 +45,7 @@ const std::vector<FlagSpec> kFlags = [] {
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
           weights_flag(),
           kv_dtype_flag(),
-          bf16_activations_flag(),
+          activations_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"report-json", "FILE", "write a JSON report of generations, timing and metrics"},
       });
@@ -225,6 +225,8 @@ int run_generate(int argc, const char* const* argv) {
   Result<KvDtype> kv_dtype = parse_kv_dtype_flag(args);
   if (!kv_dtype.ok()) return fail(cmd, kv_dtype.status());
   options.limits.kv_dtype = *kv_dtype;
+  Result<bool> bf16_activations = parse_activations_flag(args);
+  if (!bf16_activations.ok()) return fail(cmd, bf16_activations.status());
   Result<std::shared_ptr<const LoadedModel>> model_or =
       load_model(options.model, /*with_tokenizer=*/true);
   if (!model_or.ok()) return fail(cmd, model_or.status());
@@ -249,7 +251,7 @@ int run_generate(int argc, const char* const* argv) {
   limits.step_width =
       static_cast<int32_t>(std::min<int64_t>(*step_width, limits.max_session_tokens));
   options.cpu.num_threads = static_cast<int32_t>(*threads);
-  options.cpu.bf16_activations = args.has("bf16-activations");
+  options.cpu.bf16_activations = *bf16_activations;
   options.cuda.cuda_graph_for_decode = !args.has("no-cuda-graphs");
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t need = static_cast<int64_t>(prompts[i].tokens.size()) + gen.max_new_tokens;

@@ -40,7 +40,7 @@ const std::vector<FlagSpec> kFlags = {
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     weights_flag(),
     kv_dtype_flag(),
-    bf16_activations_flag(),
+    activations_flag(),
 };
 
 struct ChunkResult {
@@ -94,6 +94,8 @@ int run_perplexity(int argc, const char* const* argv) {
   Result<KvDtype> kv_dtype = parse_kv_dtype_flag(args);
   if (!kv_dtype.ok()) return fail(cmd, kv_dtype.status());
   options.limits.kv_dtype = *kv_dtype;
+  Result<bool> bf16_activations = parse_activations_flag(args);
+  if (!bf16_activations.ok()) return fail(cmd, bf16_activations.status());
   Result<std::shared_ptr<const LoadedModel>> model_or =
       load_model(options.model, /*with_tokenizer=*/true);
   if (!model_or.ok()) return fail(cmd, model_or.status());
@@ -127,7 +129,7 @@ int run_perplexity(int argc, const char* const* argv) {
   limits.max_session_tokens = static_cast<int32_t>(n_ctx + 1);
   limits.step_width = static_cast<int32_t>(std::min<int64_t>(*step_width, n_ctx + 1));
   options.cpu.num_threads = static_cast<int32_t>(*threads);
-  options.cpu.bf16_activations = args.has("bf16-activations");
+  options.cpu.bf16_activations = *bf16_activations;
   Result<Engine> engine = Engine::create(*model_or, options);
   if (!engine.ok()) return fail(cmd, engine.status());
   std::fprintf(stderr, "%s: %zu tokens, %zu chunks of %zu (%s executor)\n", cmd.c_str(),

@@ -86,7 +86,7 @@ const std::vector<FlagSpec> kFlags = {
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     weights_flag(),
     kv_dtype_flag(),
-    bf16_activations_flag(),
+    activations_flag(),
     {"max-sessions", "N", "generations running at once; n choices count n (default 16)"},
     {"max-session-tokens", "N",
      "positions per session, prompt and completion (default: the model's context, capped by "
@@ -174,7 +174,7 @@ struct Flags {
   std::vector<std::string> allowed_origins;
   int32_t step_width = 256;
   int32_t threads = 0;
-  bool bf16_activations = false;
+  bool bf16_activations = true;
   bool cuda_graphs = true;
   bool overlap_decode = true;
 };
@@ -225,7 +225,7 @@ Result<Flags> read_flags(const Args& args) {
   f.prefix_cache = !args.has("no-prefix-cache");
   f.step_width = static_cast<int32_t>(step_width);
   f.threads = static_cast<int32_t>(threads);
-  f.bf16_activations = args.has("bf16-activations");
+  CELLM_ASSIGN_OR_RETURN(f.bf16_activations, parse_activations_flag(args));
   f.cuda_graphs = !args.has("no-cuda-graphs");
   f.overlap_decode = !args.has("no-overlap");
   if (auto key = args.get("api-key")) {
