@@ -130,7 +130,10 @@ std::vector<double> magnitudes(const std::vector<float>& a, const Case& c) {
 std::vector<Shape> shapes_for(QuantType t) {
   // The last shape of each list is big enough to be split over the pool's threads.
   if (is_k(t)) {
-    return {{1, 7, 256}, {2, 9, 512}, {5, 13, 768}, {16, 6, 256}, {17, 5, 1536}, {1, 203, 512}};
+    // m >= 8 goes through the 512-bit path's packed K tiles: 11 leaves 3 rows after
+    // the tiles of 4, 17 one, 8 and 16 none.
+    return {{1, 7, 256},  {2, 9, 512},  {5, 13, 768},  {8, 4, 256},
+            {11, 9, 512}, {16, 6, 256}, {17, 5, 1536}, {1, 203, 512}};
   }
   // m >= 8 goes through the 512-bit path's packed weight tiles: 11 and 35 leave
   // 3 rows after the tiles of 4, 33 one, 8 none.
