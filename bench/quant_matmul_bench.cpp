@@ -6,12 +6,13 @@
 //                      [--rotate-mib 64] [--ms 150]
 //
 // Shapes [rows, cols] (hidden 576, intermediate 1536, vocabulary 49152):
-// q_proj/o_proj [576, 576], gate/up [1536, 576], down [576, 1536], lm_head
-// [49152, 576]. Each row of output prints, per type, shape, activation rows M and
-// threads: microseconds per call, GB/s of weight bytes read (the decode measure)
-// and GFLOP/s (2 M rows cols per call), by wall time and by CPU time per thread
-// (the estimate for idle cores on a shared machine). Weights rotate over copies
-// totalling --rotate-mib so each call reads them past L2, as a decode step does.
+// q_proj/o_proj [576, 576], k_proj/v_proj [192, 576], gate/up [1536, 576], down
+// [576, 1536], lm_head [49152, 576]. Each row of output prints, per type, shape,
+// activation rows M and threads: microseconds per call, GB/s of weight bytes read
+// (the decode measure) and GFLOP/s (2 M rows cols per call), by wall time and by
+// CPU time per thread (the estimate for idle cores on a shared machine). Weights
+// rotate over copies totalling --rotate-mib so each call reads them past L2, as a
+// decode step does.
 // K-quants need cols a multiple of 256, so their [*, 576] rows print n/a (GGUF
 // files store those tensors in a fallback type: Q5_0 for Q4_K, Q8_0 for Q6_K).
 // "bf16" is quant_matmul's BF16 path (bf16_dot_matmul where the CPU has AVX-512
@@ -126,8 +127,11 @@ int main(int argc, char** argv) {
     std::printf("this CPU cannot run %s\n", to_string(isa));
     return 1;
   }
-  const Shape shapes[] = {
-      {"q/o_proj", 576, 576}, {"gate/up", 1536, 576}, {"down", 576, 1536}, {"lm_head", 49152, 576}};
+  const Shape shapes[] = {{"q/o_proj", 576, 576},
+                          {"k/v_proj", 192, 576},
+                          {"gate/up", 1536, 576},
+                          {"down", 576, 1536},
+                          {"lm_head", 49152, 576}};
   std::printf(
       "quant_matmul_bench: block kernels on %s (best here: %s); weights rotated over %lld MiB "
       "per type\n",
