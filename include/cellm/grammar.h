@@ -165,7 +165,7 @@ class GrammarMatcher {
 
   // The tokens allowed next as a bitset over the vocabulary (bit id % 64 of word
   // id / 64), EOS ids included where the match may end. Every bit is written.
-  // An all-zero mask means the matcher ran out of its memory budget or stack
+  // An all-zero mask means the matcher ran out of a budget (memory, step work) or stack
   // depth (status() says which); the caller should end the generation.
   // REQUIRES: mask.size() == vocab.mask_words().
   void fill_next_token_mask(std::span<uint64_t> mask);
