@@ -6,11 +6,13 @@
 //
 // For each weight shape (qkv 4096 -> 6144, o 4096 -> 4096, gate_up 4096 -> 28672, down
 // 14336 -> 4096 whose fp8 input is the fused SwiGLU quantization of a [m, 2 * 14336]
-// gate_up) and m in {64, 256, 2048}: microseconds and TFLOP/s (2 m n k per call) of
+// gate_up) and m in {16, 64, 256, 2048}: microseconds and TFLOP/s (2 m n k per call) of
 //   bf16     Gemm::run<bf16, bf16> (for down: launch_swiglu + run, run_swiglu_down's path)
-//   fp8      launch_quantize_rows_e4m3 + Fp8Gemm::run<bf16> (Fp8Scaling::kAuto), the
-//            whole replacement of the bf16 call
-//   fp8 gemm Fp8Gemm::run alone, and the plan kind kAuto chose
+//   fp8      launch_quantize_rows_e4m3 + Fp8Gemm::run<bf16> (Fp8Scaling::kAuto, tuning on
+//            as the executor's decode warm-up has it), the whole replacement of the bf16 call
+//   fp8 gemm Fp8Gemm::run alone, and the plan kind kAuto chose (outer, kernel, skinny)
+//   skinny   launch_quantize_rows_e4m3 + Fp8Gemm::run<bf16> with the forced kSkinny path
+//            (cellm's skinny kernel, shared ring; "-" where it does not serve: m > 64)
 //   fallback launch_quantize_rows_e4m3 + Fp8Gemm::run<bf16> with the forced
 //            kEpilogueKernel path
 // and the speed-up of fp8 over bf16. Each timing is N calls (default 20) captured in one
@@ -38,6 +40,7 @@
 #include "cuda/fp8_gemm.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels/quantize_e4m3.h"
+#include "cuda/kernels/skinny_gemm.h"
 #include "cuda/kernels/swiglu.h"
 #include "graph_timing.h"
 
@@ -118,9 +121,9 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   std::printf("device: %s, %d calls per timing\n", prop.name, iters);
-  std::printf("%-8s %5s | %9s %7s | %9s %7s | %9s %7s %-6s | %9s %7s | %7s | %8s\n", "shape", "m",
-              "bf16 us", "TFLOP/s", "fp8 us", "TFLOP/s", "gemm us", "TFLOP/s", "plan", "fallbk us",
-              "TFLOP/s", "speedup", "rel diff");
+  std::printf("%-8s %5s | %9s %7s | %9s %7s | %9s %7s %-6s | %9s %7s | %9s %7s | %7s | %8s\n",
+              "shape", "m", "bf16 us", "TFLOP/s", "fp8 us", "TFLOP/s", "gemm us", "TFLOP/s", "plan",
+              "skinny us", "TFLOP/s", "fallbk us", "TFLOP/s", "speedup", "rel diff");
 
   cellm::Result<Gemm> gemm_r = Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly);
   check(gemm_r.status());
@@ -128,6 +131,10 @@ int main(int argc, char** argv) {
   cellm::Result<Fp8Gemm> fp8_r = Fp8Gemm::create();
   check(fp8_r.status());
   Fp8Gemm fp8 = std::move(fp8_r).value();
+  fp8.set_tuning(true);
+  cellm::Result<Fp8Gemm> skinny_r = Fp8Gemm::create(size_t{32} << 20, Fp8Scaling::kSkinny);
+  check(skinny_r.status());
+  Fp8Gemm skinny = std::move(skinny_r).value();
   cellm::Result<Fp8Gemm> fallback_r =
       Fp8Gemm::create(size_t{32} << 20, Fp8Scaling::kEpilogueKernel);
   check(fallback_r.status());
@@ -146,7 +153,7 @@ int main(int argc, char** argv) {
     check(cellm::cuda::launch_quantize_rows_e4m3(w.as<Bf16>(), s.n, s.k, GemvInput::kPlain,
                                                  w8.as<uint8_t>(), w_scale.as<float>(), nullptr),
           "quantize weights");
-    for (const int64_t m : {int64_t{64}, int64_t{256}, int64_t{2048}}) {
+    for (const int64_t m : {int64_t{16}, int64_t{64}, int64_t{256}, int64_t{2048}}) {
       const int64_t in_cols = s.swiglu ? 2 * s.k : s.k;
       DeviceBuffer x = random_bf16(rng, m * in_cols, s.swiglu ? 4.0f : 1.0f);
       DeviceBuffer act = allocate(m * s.k * 2);
@@ -178,6 +185,7 @@ int main(int argc, char** argv) {
       bf16_call(nullptr);
       quantize(nullptr);
       product(fallback, nullptr);
+      product(skinny, nullptr);
       product(fp8, nullptr);
       check(cudaDeviceSynchronize(), "warm");
       const std::vector<float> ref = download_bf16(y16, m * s.n);
@@ -190,7 +198,9 @@ int main(int argc, char** argv) {
       const char* plan = "?";
       for (const Fp8Gemm::PlanInfo& info : fp8.describe_plans()) {
         if (info.key.m == m && info.key.n == s.n && info.key.k == s.k) {
-          plan = info.kind == Fp8PlanKind::kOuterVector ? "outer" : "kernel";
+          plan = info.kind == Fp8PlanKind::kOuterVector ? "outer"
+                 : info.kind == Fp8PlanKind::kSkinny    ? "skinny"
+                                                        : "kernel";
         }
       }
 
@@ -203,16 +213,26 @@ int main(int argc, char** argv) {
         product(fp8, st);
       });
       const double gemm_us = time_per_call(iters, [&](cudaStream_t st) { product(fp8, st); });
+      const bool serves = cellm::cuda::skinny_gemm_e4m3_supports(m, s.n, s.k, x8.get(), w8.get());
+      const double skinny_us = !serves ? 0.0 : time_per_call(iters, [&](cudaStream_t st) {
+        quantize(st);
+        product(skinny, st);
+      });
       const double fallback_us = time_per_call(iters, [&](cudaStream_t st) {
         quantize(st);
         product(fallback, st);
       });
+      char skinny_cols[32] = "        -       -";
+      if (serves) {
+        std::snprintf(skinny_cols, sizeof(skinny_cols), "%9.1f %7.1f", skinny_us,
+                      tflops(skinny_us));
+      }
       std::printf(
-          "%-8s %5lld | %9.1f %7.1f | %9.1f %7.1f | %9.1f %7.1f %-6s | %9.1f %7.1f | %6.2fx | "
+          "%-8s %5lld | %9.1f %7.1f | %9.1f %7.1f | %9.1f %7.1f %-6s | %s | %9.1f %7.1f | %6.2fx | "
           "%8.2e\n",
           s.name, static_cast<long long>(m), bf16_us, tflops(bf16_us), fp8_us, tflops(fp8_us),
-          gemm_us, tflops(gemm_us), plan, fallback_us, tflops(fallback_us), bf16_us / fp8_us,
-          max_ref > 0 ? max_diff / max_ref : 0.0);
+          gemm_us, tflops(gemm_us), plan, skinny_cols, fallback_us, tflops(fallback_us),
+          bf16_us / fp8_us, max_ref > 0 ? max_diff / max_ref : 0.0);
     }
   }
   return 0;

@@ -27,7 +27,8 @@ Status CudaForward<T>::init(const ModelWeights& weights) {
       gemm_, Gemm::create(size_t{32} << 20,
                           options_.tune_gemm ? GemmPath::kTuned : GemmPath::kCublasLtOnly));
   if (model_->has_fp8()) {
-    CELLM_ASSIGN_OR_RETURN(fp8_gemm_, Fp8Gemm::create());
+    CELLM_ASSIGN_OR_RETURN(
+        fp8_gemm_, Fp8Gemm::create(size_t{32} << 20, Fp8Scaling::kAuto, options_.tune_gemm));
   }
   CELLM_ASSIGN_OR_RETURN(stream_, Stream::create());
   CELLM_ASSIGN_OR_RETURN(side_, Stream::create());
@@ -112,8 +113,10 @@ Status CudaForward<T>::run_decode_graph(int32_t bucket, std::span<const int32_t>
       // The warm-up builds the bucket's GEMM plans; the decode shapes, and only they,
       // are tuned (timed) as they are built.
       gemm_->set_tuning(true);
+      if (fp8_gemm_) fp8_gemm_->set_tuning(true);
       const Status warmed = run_eager(bucket, bucket, logit_rows, adjust);
       gemm_->set_tuning(false);
+      if (fp8_gemm_) fp8_gemm_->set_tuning(false);
       return warmed;
     }
     CELLM_RETURN_IF_ERROR(capture(bucket));

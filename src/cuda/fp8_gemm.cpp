@@ -1,5 +1,7 @@
 #include "cuda/fp8_gemm.h"
 
+#include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -99,7 +101,8 @@ struct Fp8Gemm::Plan {
   Key key;
   Fp8PlanKind kind = Fp8PlanKind::kOuterVector;
   bool bias_in_epilogue = false;
-  bool proven = false;  // a cublasLtMatmul of this plan has succeeded
+  bool proven = false;                           // an enqueue of this plan has succeeded
+  SkinnyRing skinny_ring = SkinnyRing::kShared;  // kSkinny
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr;  // w8 as [k, n], ld k
   cublasLtMatrixLayout_t b = nullptr;  // x8 as [k, m], ld k
@@ -178,13 +181,19 @@ struct Fp8Gemm::Plan {
   }
 };
 
-Fp8Gemm::Fp8Gemm(Fp8Scaling scaling) : scaling_(scaling) {}
+Fp8Gemm::Fp8Gemm(Fp8Scaling scaling, bool tune) : scaling_(scaling), tune_(tune) {}
 
-Result<Fp8Gemm> Fp8Gemm::create(size_t workspace_bytes, Fp8Scaling scaling) {
-  if (scaling != Fp8Scaling::kAuto && scaling != Fp8Scaling::kEpilogueKernel) {
+void Fp8Gemm::set_tuning(bool on) {
+  tuning_ = on;
+  if (!on) timer_.reset();
+}
+
+Result<Fp8Gemm> Fp8Gemm::create(size_t workspace_bytes, Fp8Scaling scaling, bool tune) {
+  if (scaling != Fp8Scaling::kAuto && scaling != Fp8Scaling::kEpilogueKernel &&
+      scaling != Fp8Scaling::kSkinny) {
     return InvalidArgument("Fp8Gemm::create: unknown scaling");
   }
-  Fp8Gemm gemm(scaling);
+  Fp8Gemm gemm(scaling, tune);
   CELLM_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&gemm.handle_), "cublasLtCreate");
   CELLM_ASSIGN_OR_RETURN(gemm.workspace_, DeviceBuffer::allocate(workspace_bytes));
   return gemm;
@@ -192,7 +201,10 @@ Result<Fp8Gemm> Fp8Gemm::create(size_t workspace_bytes, Fp8Scaling scaling) {
 
 Fp8Gemm::Fp8Gemm(Fp8Gemm&& other) noexcept
     : scaling_(other.scaling_),
+      tune_(other.tune_),
+      tuning_(other.tuning_),
       handle_(std::exchange(other.handle_, nullptr)),
+      timer_(std::move(other.timer_)),
       workspace_(std::move(other.workspace_)),
       plans_(std::move(other.plans_)) {}
 
@@ -201,7 +213,10 @@ Fp8Gemm& Fp8Gemm::operator=(Fp8Gemm&& other) noexcept {
     plans_.clear();
     if (handle_ != nullptr) cublasLtDestroy(handle_);
     scaling_ = other.scaling_;
+    tune_ = other.tune_;
+    tuning_ = other.tuning_;
     handle_ = std::exchange(other.handle_, nullptr);
+    timer_ = std::move(other.timer_);
     workspace_ = std::move(other.workspace_);
     plans_ = std::move(other.plans_);
   }
@@ -217,7 +232,7 @@ std::vector<Fp8Gemm::PlanInfo> Fp8Gemm::describe_plans() const {
   std::vector<PlanInfo> infos;
   infos.reserve(plans_.size());
   for (const auto& [key, plan] : plans_) {
-    infos.push_back(PlanInfo{key, plan->kind, plan->bias_in_epilogue});
+    infos.push_back(PlanInfo{key, plan->kind, plan->bias_in_epilogue, plan->skinny_ring});
   }
   return infos;
 }
@@ -275,9 +290,14 @@ template <typename TOut>
 Status Fp8Gemm::enqueue(Plan& plan, const uint8_t* x8, const float* x_scale, int64_t m, int64_t k,
                         const uint8_t* w8, const float* w_scale, int64_t n,
                         const __nv_bfloat16* bias, TOut* y, cudaStream_t stream) {
-  (void)k;
   const float alpha = 1.0f;
   const float beta = 0.0f;
+  if (plan.kind == Fp8PlanKind::kSkinny) {
+    CELLM_CUDA_RETURN_IF_ERROR(launch_skinny_gemm_e4m3<TOut>(x8, x_scale, m, k, w8, w_scale, n,
+                                                             bias, y, plan.skinny_ring, stream),
+                               ("launch_skinny_gemm_e4m3 " + describe(plan.key)).c_str());
+    return Status::Ok();
+  }
   if (plan.kind == Fp8PlanKind::kOuterVector) {
     CELLM_CUBLAS_RETURN_IF_ERROR(set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale),
                                  "cublasLt A_SCALE_POINTER");
@@ -340,14 +360,27 @@ Status Fp8Gemm::run(const uint8_t* x8, const float* x_scale, int64_t m, int64_t 
       return InvalidState("Fp8Gemm::run: first call of " + describe(key) +
                           " inside CUDA graph capture; run it once before capturing");
     }
+    const bool skinny = skinny_gemm_e4m3_supports(m, n, k, x8, w8);
     std::unique_ptr<Plan> plan;
-    if (scaling_ == Fp8Scaling::kAuto) {
+    if (skinny && scaling_ == Fp8Scaling::kSkinny) {
+      plan = std::make_unique<Plan>();
+      plan->key = key;
+      plan->kind = Fp8PlanKind::kSkinny;
+    } else if (scaling_ != Fp8Scaling::kEpilogueKernel) {
       CELLM_ASSIGN_OR_RETURN(plan, outer_vector_plan(key, x_scale, w_scale, bias));
     }
     if (plan == nullptr) {
       CELLM_ASSIGN_OR_RETURN(plan, epilogue_kernel_plan(key));
     }
     it = plans_.emplace(key, std::move(plan)).first;
+    if (skinny && scaling_ == Fp8Scaling::kAuto) {
+      const bool may_time = tune_ && tuning_;
+      // Timing needs the cuBLASLt plan proven on this call first (falling back as below).
+      if (may_time)
+        CELLM_RETURN_IF_ERROR(run<TOut>(x8, x_scale, m, k, w8, w_scale, n, bias, y, stream));
+      CELLM_ASSIGN_OR_RETURN(it->second, tune<TOut>(std::move(it->second), may_time, x8, x_scale, m,
+                                                    k, w8, w_scale, n, bias, y, stream));
+    }
   }
   Plan& plan = *it->second;
   Status st = enqueue<TOut>(plan, x8, x_scale, m, k, w8, w_scale, n, bias, y, stream);
@@ -360,6 +393,78 @@ Status Fp8Gemm::run(const uint8_t* x8, const float* x_scale, int64_t m, int64_t 
   }
   if (st.ok()) it->second->proven = true;
   return st;
+}
+
+template <typename TOut>
+Result<std::unique_ptr<Fp8Gemm::Plan>> Fp8Gemm::tune(std::unique_ptr<Plan> plan, bool may_time,
+                                                     const uint8_t* x8, const float* x_scale,
+                                                     int64_t m, int64_t k, const uint8_t* w8,
+                                                     const float* w_scale, int64_t n,
+                                                     const __nv_bfloat16* bias, TOut* y,
+                                                     cudaStream_t stream) {
+  int device = 0;
+  CELLM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+  const Key& key = plan->key;
+  const GemmKey gemm_key{.op = GemmOp::kProduct,
+                         .a_type = CUDA_R_8F_E4M3,
+                         .out_type = key.f32_out ? CUDA_R_32F : CUDA_R_16BF,
+                         .m = key.m,
+                         .n = key.n,
+                         .k = key.k,
+                         .has_bias = key.has_bias,
+                         .align_x = key.align_x,
+                         .align_w = key.align_w,
+                         .align_y = key.align_y,
+                         .align_bias = key.align_bias};
+  const auto skinny_plan = [&](SkinnyRing ring) {
+    auto skinny = std::make_unique<Plan>();
+    skinny->key = key;
+    skinny->kind = Fp8PlanKind::kSkinny;
+    skinny->skinny_ring = ring;
+    return skinny;
+  };
+  std::optional<GemmChoice> choice = find_tuned_choice(device, workspace_.bytes(), gemm_key);
+  if (!choice && !may_time) return plan;
+  if (!choice) {
+    if (timer_ == nullptr) {
+      CELLM_ASSIGN_OR_RETURN(GemmTimer timer, GemmTimer::create(device));
+      timer_ = std::make_unique<GemmTimer>(std::move(timer));
+    }
+    const auto time = [&](Plan& candidate, float give_up_us) {
+      return timer_->time(
+          [&](cudaStream_t on) {
+            return enqueue<TOut>(candidate, x8, x_scale, m, k, w8, w_scale, n, bias, y, on);
+          },
+          stream, give_up_us);
+    };
+    // A candidate whose first runs are this much slower than the best so far stops there.
+    constexpr float kGiveUpFactor = 1.25f;
+    CELLM_ASSIGN_OR_RETURN(const float cublas_us,
+                           time(*plan, std::numeric_limits<float>::infinity()));
+    GemmChoice best{.kernel = GemmKernel::kCublasLt,
+                    .bias_in_epilogue = plan->bias_in_epilogue,
+                    .name = plan->kind == Fp8PlanKind::kOuterVector ? "cublasLt outer-vector"
+                                                                    : "cublasLt + scale kernel",
+                    .us = cublas_us};
+    for (const SkinnyRing ring : {SkinnyRing::kShared, SkinnyRing::kWholeSm}) {
+      const std::unique_ptr<Plan> candidate = skinny_plan(ring);
+      // A kernel the device cannot run (no TMA encoder) is not a candidate.
+      const Result<float> us = time(*candidate, kGiveUpFactor * best.us);
+      if (us.ok() && *us < best.us) {
+        best = GemmChoice{
+            .kernel = GemmKernel::kSkinny,
+            .skinny_ring = ring,
+            .name = ring == SkinnyRing::kShared ? "skinny e4m3" : "skinny e4m3 whole-SM ring",
+            .us = *us,
+            .heuristic_us = cublas_us};
+      }
+    }
+    choice = remember_tuned_choice(device, workspace_.bytes(), gemm_key, best);
+  }
+  if (choice->kernel != GemmKernel::kSkinny) return plan;
+  std::unique_ptr<Plan> skinny = skinny_plan(choice->skinny_ring);
+  skinny->proven = true;
+  return skinny;
 }
 
 template Status Fp8Gemm::run<__nv_bfloat16>(const uint8_t*, const float*, int64_t, int64_t,

@@ -30,11 +30,23 @@
 //                  n is), then launch_scale_outer_e4m3: TOut(fmaf(acc, x_scale[i] *
 //                  w_scale[j], bias[j])) — the scale product and the fma each rounded
 //                  once in f32, then one rounding to TOut.
+//   kSkinny        cellm's own kernel for 9-64 rows (launch_skinny_gemm_e4m3,
+//                  kernels/skinny_gemm.h): the weights streamed by TMA into wgmma, the
+//                  scales and bias in its epilogue with kEpilogueKernel's arithmetic.
 // Under Fp8Scaling::kAuto a plan is kOuterVector when cuBLASLt's heuristic offers an
 // algorithm for it (with the bias in its epilogue when there is one) and its first
-// cublasLtMatmul accepts the call; otherwise kEpilogueKernel. Fp8Scaling::kEpilogueKernel
-// forces the fallback (tests of both paths, benchmarks). A plan's scratch is m * ld * 4
-// bytes, allocated when the plan is built: callers serving many prefill lengths on the
+// cublasLtMatmul accepts the call; otherwise kEpilogueKernel. Then, for a call the skinny
+// kernel serves (skinny_gemm_e4m3_supports): while tuning is on (set_tuning, in an
+// Fp8Gemm created with `tune`: the executor turns it on while a decode batch size warms)
+// that plan, the skinny kernel with its shared ring and with its whole-SM ring are timed
+// on the call's operands (GemmTimer, gemm_tuning.h; the call's y is written many times)
+// and the fastest kept; the choice is remembered process-wide (remember_tuned_choice,
+// under a GemmKey of e4m3 operands), and a key met later, tuning or not, by any Fp8Gemm
+// of the process adopts it, so they run the same kernel and give the same bits. A key
+// with no remembered choice met while tuning is off keeps its cuBLASLt plan.
+// Fp8Scaling::kEpilogueKernel forces the fallback and Fp8Scaling::kSkinny the skinny
+// kernel (shared ring) wherever it serves (tests of each path, benchmarks). A plan's scratch is m *
+// ld * 4 bytes, allocated when the plan is built: callers serving many prefill lengths on the
 // fallback path pay that memory per distinct m.
 //
 // Plans are keyed by (m, n, k, TOut, bias or not, each pointer's alignment up to 256
@@ -66,15 +78,19 @@
 
 #include "cellm/status.h"
 #include "cuda/device_memory.h"
+#include "cuda/gemm_tuning.h"
+#include "cuda/kernels/skinny_gemm.h"
 
 namespace cellm::cuda {
 
 enum class Fp8Scaling {
   kAuto,            // kOuterVector where cuBLASLt offers it, kEpilogueKernel otherwise
+                    // (or kSkinny, when timed faster)
   kEpilogueKernel,  // kEpilogueKernel for every plan
+  kSkinny,          // kSkinny (shared ring) where it serves, kAuto's plan otherwise
 };
 
-enum class Fp8PlanKind { kOuterVector, kEpilogueKernel };
+enum class Fp8PlanKind { kOuterVector, kEpilogueKernel, kSkinny };
 
 // The REQUIRES of Fp8Gemm::run, checked without a GPU: Ok, or an InvalidArgument naming
 // the first violation. m >= 0, n > 0, n % 8 == 0, 0 < k, k % 16 == 0, m, n, k < 2^31; when m > 0:
@@ -87,9 +103,10 @@ Status check_fp8_gemm_call(const uint8_t* x8, const float* x_scale, int64_t m, i
 
 class Fp8Gemm {
  public:
-  // A cuBLASLt handle and a workspace of `workspace_bytes`.
+  // A cuBLASLt handle and a workspace of `workspace_bytes`; `tune`: kAuto times the
+  // skinny kernel against cuBLASLt (above).
   static Result<Fp8Gemm> create(size_t workspace_bytes = size_t{32} << 20,
-                                Fp8Scaling scaling = Fp8Scaling::kAuto);
+                                Fp8Scaling scaling = Fp8Scaling::kAuto, bool tune = true);
 
   Fp8Gemm(Fp8Gemm&& other) noexcept;
   Fp8Gemm& operator=(Fp8Gemm&& other) noexcept;
@@ -116,27 +133,41 @@ class Fp8Gemm {
   struct PlanInfo {
     Key key;
     Fp8PlanKind kind = Fp8PlanKind::kOuterVector;
-    bool bias_in_epilogue = false;  // kOuterVector only
+    bool bias_in_epilogue = false;                 // kOuterVector only
+    SkinnyRing skinny_ring = SkinnyRing::kShared;  // kSkinny only
   };
   size_t cached_plans() const { return plans_.size(); }
+  // Whether keys met from now on may be timed (above). Off at creation; turning it off
+  // frees the timer and its flush buffer.
+  void set_tuning(bool on);
   // Every plan built so far, ordered by key.
   std::vector<PlanInfo> describe_plans() const;
 
  private:
   struct Plan;
-  explicit Fp8Gemm(Fp8Scaling scaling);
+  Fp8Gemm(Fp8Scaling scaling, bool tune);
   // The outer-vector plan of `key`, or null when cuBLASLt has no algorithm for it.
   Result<std::unique_ptr<Plan>> outer_vector_plan(const Key& key, const void* x_scale,
                                                   const void* w_scale, const void* bias);
   // The fallback plan of `key` (an Internal Status when cuBLASLt has no FP8 algorithm).
   Result<std::unique_ptr<Plan>> epilogue_kernel_plan(const Key& key);
+  // `plan`, or a kSkinny plan where the process-wide table or, when `may_time` (plan then
+  // proven on this call), the timing says the skinny kernel is faster for the key.
+  template <typename TOut>
+  Result<std::unique_ptr<Plan>> tune(std::unique_ptr<Plan> plan, bool may_time, const uint8_t* x8,
+                                     const float* x_scale, int64_t m, int64_t k, const uint8_t* w8,
+                                     const float* w_scale, int64_t n, const __nv_bfloat16* bias,
+                                     TOut* y, cudaStream_t stream);
   template <typename TOut>
   Status enqueue(Plan& plan, const uint8_t* x8, const float* x_scale, int64_t m, int64_t k,
                  const uint8_t* w8, const float* w_scale, int64_t n, const __nv_bfloat16* bias,
                  TOut* y, cudaStream_t stream);
 
   Fp8Scaling scaling_ = Fp8Scaling::kAuto;
+  bool tune_ = true;
+  bool tuning_ = false;
   cublasLtHandle_t handle_ = nullptr;
+  std::unique_ptr<GemmTimer> timer_;  // made by the first tuning
   DeviceBuffer workspace_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };

@@ -51,7 +51,14 @@ const char* reduction_name(uint32_t scheme) {
 }
 
 const char* data_type_name(int t) {
-  return static_cast<cudaDataType_t>(t) == CUDA_R_16BF ? "bf16" : "f32";
+  switch (static_cast<cudaDataType_t>(t)) {
+    case CUDA_R_16BF:
+      return "bf16";
+    case CUDA_R_8F_E4M3:
+      return "e4m3";
+    default:
+      return "f32";
+  }
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // Tests of Fp8Gemm (fp8_gemm.h) against a double-precision CPU twin over the decoded
 // e4m3 values: y[i, j] = x_scale[i] * w_scale[j] * sum_c x[i, c] w[j, c] (+ bias[j]),
-// every element, on both scaling paths (Fp8Scaling::kAuto, which takes the outer-vector
-// epilogue where cuBLASLt offers it, and the forced kEpilogueKernel fallback), bf16 and f32
+// every element, on every path (Fp8Scaling::kAuto, which takes the outer-vector
+// epilogue where cuBLASLt offers it, the forced kEpilogueKernel fallback, and cellm's
+// skinny kernel where it serves, forced by kSkinny or chosen by tuning), bf16 and f32
 // outputs, with and without bias: m in {9, 16, 64, 128, 256, 1000} on an awkward shape,
+// m in {9, 16, 17, 33, 64} on shapes the skinny kernel serves (partial row tiles, k split
+// over a cluster),
 // Llama-3-8B's linear shapes (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down
 // 4096x14336), awkward n (1000, 264, 24, 8; n % 8 != 0 is refused), and the product of
 // launch_quantize_rows_e4m3's own output (plain and SwiGLU-fused activations, per-channel weights).
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "cuda/kernels/quantize_e4m3.h"
+#include "cuda/kernels/skinny_gemm.h"
 #include "device_test_util.h"
 #include "gpu_test.h"
 #include "host_product.h"
@@ -145,18 +149,26 @@ void check_run(Fp8Gemm& gemm, const Problem& p, bool with_bias, const std::strin
                                  p.m, p.n, std::is_same_v<TOut, float> ? 1e-5 : 4e-3, full);
 }
 
-// Every output type and bias choice through a kAuto and a forced-fallback Fp8Gemm.
+// Every output type and bias choice through a kAuto, a forced-fallback and a
+// forced-skinny Fp8Gemm.
 void check_problem(const Problem& p) {
   Fp8Gemm auto_gemm = Fp8Gemm::create().value();
   Fp8Gemm fallback = Fp8Gemm::create(size_t{32} << 20, Fp8Scaling::kEpilogueKernel).value();
+  Fp8Gemm skinny = Fp8Gemm::create(size_t{32} << 20, Fp8Scaling::kSkinny).value();
   for (const bool bias : {false, true}) {
     check_run<Bf16>(auto_gemm, p, bias, "auto");
     check_run<float>(auto_gemm, p, bias, "auto");
     check_run<Bf16>(fallback, p, bias, "fallback");
     check_run<float>(fallback, p, bias, "fallback");
+    check_run<Bf16>(skinny, p, bias, "skinny");
+    check_run<float>(skinny, p, bias, "skinny");
   }
   for (const Fp8Gemm::PlanInfo& info : fallback.describe_plans()) {
     EXPECT_EQ(info.kind, Fp8PlanKind::kEpilogueKernel) << p.name();
+  }
+  const bool serves = skinny_gemm_e4m3_supports(p.m, p.n, p.k, p.dx8.get(), p.dw8.get());
+  for (const Fp8Gemm::PlanInfo& info : skinny.describe_plans()) {
+    EXPECT_EQ(info.kind == Fp8PlanKind::kSkinny, serves) << p.name();
   }
   int outer = 0, in_epilogue = 0;
   for (const Fp8Gemm::PlanInfo& info : auto_gemm.describe_plans()) {
@@ -176,6 +188,66 @@ TEST(Fp8GemmTest, RowCountsOnAnAwkwardShape) {
   for (const int64_t m : {9, 16, 64, 128, 256, 1000}) {
     check_problem(Problem(rng, m, 264, 1040));
   }
+}
+
+// Shapes the skinny kernel serves (k a multiple of 256): each x-tile count (9-16, 17-32,
+// 33-64 rows), partial row tiles (n = 264: 64- and 128-row blocks), one row tile over many
+// stages (split over a cluster) and a bias-free narrow n.
+TEST(Fp8GemmTest, SkinnyKernelShapes) {
+  CELLM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  for (const int64_t m : {9, 16, 17, 33, 64}) {
+    check_problem(Problem(rng, m, 264, 1280));
+  }
+  check_problem(Problem(rng, 24, 64, 14336));
+  check_problem(Problem(rng, 64, 136, 4096));
+  // The whole-SM ring (which tuning may choose) on its own, and the same bits from a
+  // second launch.
+  for (const int64_t m : {9, 40}) {
+    const Problem p(rng, m, 520, 3072);
+    DeviceArray<float> y(static_cast<size_t>(p.m * p.n + kGuard)), again(y.size());
+    testing::poison(y);
+    testing::poison(again);
+    for (float* out : {y.get(), again.get()}) {
+      ASSERT_EQ(launch_skinny_gemm_e4m3<float>(p.dx8.get(), p.dxs.get(), p.m, p.k, p.dw8.get(),
+                                               p.dws.get(), p.n, p.dbias.get(), out,
+                                               SkinnyRing::kWholeSm, nullptr),
+                cudaSuccess);
+    }
+    CELLM_ASSERT_CUDA(cudaDeviceSynchronize());
+    testing::expect_product_output(y.download(), p.want, p.bias, p.m, p.n, 1e-5,
+                                   "whole-SM ring " + p.name());
+    EXPECT_TRUE(testing::same_bits(y, again, p.m * p.n + kGuard)) << p.name();
+  }
+}
+
+// Tuning times the skinny kernel against cuBLASLt; whichever it keeps is remembered for
+// the key, and an Fp8Gemm that meets the key later without tuning adopts it.
+TEST(Fp8GemmTest, TunedChoiceIsAdoptedByEveryFp8Gemm) {
+  CELLM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  const Problem p(rng, 32, 4096, 4096);
+  Fp8Gemm tuned = Fp8Gemm::create().value();
+  tuned.set_tuning(true);
+  check_run<Bf16>(tuned, p, true, "tuned");
+  tuned.set_tuning(false);
+  Fp8Gemm later = Fp8Gemm::create().value();
+  check_run<Bf16>(later, p, true, "adopted");
+  ASSERT_EQ(tuned.describe_plans().size(), 1u);
+  ASSERT_EQ(later.describe_plans().size(), 1u);
+  const Fp8Gemm::PlanInfo chosen = tuned.describe_plans()[0];
+  const Fp8Gemm::PlanInfo adopted = later.describe_plans()[0];
+  EXPECT_EQ(chosen.kind == Fp8PlanKind::kSkinny, adopted.kind == Fp8PlanKind::kSkinny);
+  if (chosen.kind == Fp8PlanKind::kSkinny) {
+    EXPECT_EQ(chosen.skinny_ring, adopted.skinny_ring);
+  }
+  std::cout << "[ fp8 tuning ] " << p.name() << ": "
+            << (chosen.kind == Fp8PlanKind::kSkinny ? "skinny" : "cuBLASLt") << "\n";
+  // Not tuning and no choice remembered: the cuBLASLt plan.
+  const Problem q(rng, 32, 4096, 4352);
+  Fp8Gemm untuned = Fp8Gemm::create().value();
+  check_run<Bf16>(untuned, q, false, "untuned");
+  EXPECT_NE(untuned.describe_plans()[0].kind, Fp8PlanKind::kSkinny);
 }
 
 TEST(Fp8GemmTest, AwkwardN) {
@@ -233,8 +305,9 @@ TEST(Fp8GemmTest, ProductOfTheQuantizerOutput) {
 TEST(Fp8GemmTest, CachedPlansAndGraphReplay) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(4);
-  const Problem p(rng, 64, 1000, 512);
-  for (const Fp8Scaling scaling : {Fp8Scaling::kAuto, Fp8Scaling::kEpilogueKernel}) {
+  const Problem p(rng, 64, 1000, 512);  // the skinny kernel serves it (k = 2 x 256)
+  for (const Fp8Scaling scaling :
+       {Fp8Scaling::kAuto, Fp8Scaling::kEpilogueKernel, Fp8Scaling::kSkinny}) {
     Fp8Gemm gemm = Fp8Gemm::create(size_t{32} << 20, scaling).value();
     Stream stream = Stream::create().value();
     DeviceArray<Bf16> eager(static_cast<size_t>(p.m * p.n)), graphed(eager.size());

@@ -27,11 +27,11 @@ namespace {
 // D[g+8][2q+1], D[r][i] = sum for y[i, tile row r]. x rows >= m are zero and dropped.
 //
 // Split k. split_k warps (a power of two, <= kMaxSplitK) share a tile: warp kw of the tile
-// takes the steps s with s % split_k == kw, kUnroll of them per iteration, whose 2 *
-// kUnroll weight loads (128 bytes per lane, 256 columns) are issued together, one
-// iteration ahead of their MMAs; the partial sums meet in shared memory and are added in
-// warp order. split_k follows (n, k, the SM count) only, so a row of y has one summation
-// order for every m and both inputs.
+// takes the steps s with s % split_k == kw, kUnroll of them per iteration: 2 * kUnroll
+// weight loads (128 bytes per lane, 256 columns) in flight, each step's loads issued one
+// iteration ahead of its MMAs, as soon as the step before it in the registers is
+// multiplied; the partial sums meet in shared memory and are added in warp order. split_k follows
+// (n, k, the SM count) only, so a row of y has one summation order for every m and both inputs.
 //
 // kSwiGLU. The block stages x' for the columns of one iteration (split_k * kUnroll * 64 <=
 // 2048) in shared memory with launch_swiglu's arithmetic, and reads its B fragments there;
@@ -42,8 +42,11 @@ constexpr int kUnroll = 4;     // warp steps (2 weight loads each) in flight per
 // Half the bf16 GEMV's 16: a step has twice its columns, so the staged x' of an iteration
 // (kGemvMaxRows rows of kStageCols bf16) still fits the 48 KB of static shared memory.
 constexpr int kMaxSplitK = 8;
-constexpr int kPlainWarps = 16;   // kPlain block: 512 threads, 2 blocks per SM
-constexpr int kSwigluWarps = 32;  // kSwiGLU block: 1024 threads, 1 block per SM
+constexpr int kPlainWarps = 16;  // kPlain block: 512 threads, 2 blocks per SM
+// kSwiGLU block: 512 threads too, so the 8B's down projection (256 tiles of 8 warps) spans
+// 128 SMs rather than 64 blocks of 32 warps on half of them; each block stages all of x'
+// once over its iterations, cheap beside its share of the weights.
+constexpr int kSwigluWarps = 16;
 constexpr int kStageCols = kMaxSplitK * kUnroll * kStepCols;  // 2048
 // Each staged row is padded by 16 bytes, so a quarter-warp's 16-byte reads (rows g and
 // g + 1, four lanes each 32 bytes apart) fall in eight different groups of 4 banks.
@@ -171,18 +174,17 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(Gemv
   const int per_iter = split_k * kUnroll;
   const int iterations = (k + per_iter * kStepCols - 1) / (per_iter * kStepCols);
   uint4 a_lo[kUnroll], a_hi[kUnroll];
-  const auto load_iteration = [&](int it) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int col = (it * per_iter + u * split_k + kw) * kStepCols;
-      const bool in_k = col + 16 * q < k;
-      a_lo[u] = load_weights(w_lo + (in_k ? col : -16 * q));
-      a_hi[u] = load_weights(w_lo + hi_offset + (in_k ? col : -16 * q));
-      if (!in_k) a_lo[u] = a_hi[u] = make_uint4(0, 0, 0, 0);
-    }
+  const auto load_step = [&](int it, int u) {
+    const int col = (it * per_iter + u * split_k + kw) * kStepCols;
+    const bool in_k = col + 16 * q < k;
+    a_lo[u] = load_weights(w_lo + (in_k ? col : -16 * q));
+    a_hi[u] = load_weights(w_lo + hi_offset + (in_k ? col : -16 * q));
+    if (!in_k) a_lo[u] = a_hi[u] = make_uint4(0, 0, 0, 0);
   };
 
-  load_iteration(0);  // weights only: in flight while the previous kernel finishes
+  // Weights only: in flight while the previous kernel finishes.
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) load_step(0, u);
   detail::wait_for_prior_grids();
   if constexpr (kSwiglu) {
     stage_swiglu(p.x, p.m, k, 0, per_iter * kStepCols, stage);
@@ -216,10 +218,12 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(Gemv
                 decode_hi(a_hi[u].z), b1.x, b1.y);
       mma_16816(acc, decode_lo(a_lo[u].w), decode_lo(a_hi[u].w), decode_hi(a_lo[u].w),
                 decode_hi(a_hi[u].w), b1.z, b1.w);
+      // Step u of the next iteration goes in flight as soon as its registers are free, so
+      // the warp keeps kUnroll steps of loads in flight while it decodes and multiplies
+      // (and before the staging work and its barriers).
+      if (it + 1 < iterations) load_step(it + 1, u);
     }
     if (it + 1 < iterations) {
-      // The next weights go in flight before the staging work and its barriers.
-      load_iteration(it + 1);
       if constexpr (kSwiglu) {
         __syncthreads();  // every warp has read this iteration's x'
         stage_swiglu(p.x, p.m, k, (it + 1) * per_iter * kStepCols, per_iter * kStepCols, stage);

@@ -1,6 +1,6 @@
 // The tensor-core building blocks of the kernels that stage operands in shared memory
 // (attention_mma.cu, skinny_gemm.cu), included by those .cu files only: cp.async copies,
-// ldmatrix loads and the bf16 mma.m16n8k16 (sm_80 and newer).
+// ldmatrix loads, the bf16 mma.m16n8k16 (sm_80 and newer) and the e4m3 mma.m16n8k32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -45,6 +45,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 __device__ __forceinline__ void mma_16816(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc += A · B for one m16n8k32 e4m3 MMA with f32 accumulation (sm_89 and newer). Each
+// fragment register holds 4 e4m3 codes where mma.m16n8k16's holds 2 bf16: the same bytes
+// of the same rows, so ldmatrix gives both.
+__device__ __forceinline__ void mma_16832_e4m3(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

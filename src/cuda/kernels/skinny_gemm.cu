@@ -57,11 +57,19 @@ using detail::smem_addr;
 constexpr int consumers_for(int mt) {
   return mt == 8 || mt == 16 ? 8 : 4;
 }
-constexpr int kBoxCols = 64;  // bf16: one 128-byte box row, the 128-byte swizzle's width
-constexpr int kRowBytes = kBoxCols * 2;
-constexpr int kStageCols = static_cast<int>(kSkinnyKStep);
-constexpr int kBoxes = kStageCols / kBoxCols;
-static_assert(kStageCols % kBoxCols == 0);
+// A box row is 128 bytes, the 128-byte swizzle's width: 64 bf16 or 128 e4m3 columns. A
+// stage is two boxes side by side, so the stage's bytes do not depend on the operand type.
+constexpr int kRowBytes = 128;
+constexpr int kBoxes = 2;
+template <bool kE4m3>
+constexpr int box_cols() {
+  return kE4m3 ? kRowBytes : kRowBytes / 2;
+}
+template <bool kE4m3>
+constexpr int stage_cols() {
+  return kBoxes * box_cols<kE4m3>();
+}
+static_assert(stage_cols<false>() == kSkinnyKStep && stage_cols<true>() == kSkinnyE4m3KStep);
 constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle's period
 
 // MT: x tiles of 8 rows (m <= 8 MT). An x box is 8 MT rows (rows past m are zero-filled
@@ -103,15 +111,17 @@ constexpr size_t smem_bytes(SkinnyRing ring) {
 
 template <typename TOut>
 struct SkinnyParams {
-  CUtensorMap w_map;  // w [n, k]: boxes of 16 W rows x kBoxCols columns
-  CUtensorMap x_map;  // x [m, k]: boxes of 8 MT rows x kBoxCols columns
-  const bf16* bias;   // [n] or null
-  TOut* y;            // [m, n]
+  CUtensorMap w_map;     // w [n, k]: boxes of 16 W rows x 128 bytes
+  CUtensorMap x_map;     // x [m, k]: boxes of 8 MT rows x 128 bytes
+  const float* x_scale;  // e4m3: [m]
+  const float* w_scale;  // e4m3: [n]
+  const bf16* bias;      // [n] or null
+  TOut* y;               // [m, n]
   int m;
   int64_t n;
   int splits;        // blocks along k per row tile (gridDim.y, one cluster)
   int split_stages;  // stages of k a split covers (the last split may cover fewer)
-  int k_stages;      // k / kStageCols
+  int k_stages;      // k / the stage's columns
 };
 
 // --- TMA (PTX ISA: "cp.async.bulk.tensor"; the barriers in mbarrier.cuh) ---
@@ -131,6 +141,36 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
   return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
+template <int MT>
+__device__ __forceinline__ void zero(float (&d)[MT][4]) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) d[t][c] = 0.f;
+  }
+}
+template <int MT>
+__device__ __forceinline__ void add(float (&acc)[MT][4], const float (&part)[MT][4]) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[t][c] += part[t][c];
+  }
+}
+
+// Output (x row i, weight row `row`) before its rounding to TOut, from its sum v: bf16
+// operands add the bias; e4m3 ones scale as launch_scale_outer_e4m3 does, fmaf(v,
+// x_scale[i] * w_scale[row], bias or 0).
+template <bool kE4m3, typename TOut>
+__device__ __forceinline__ float finish(const SkinnyParams<TOut>& p, int i, int64_t row, float v) {
+  const float bias = p.bias != nullptr ? detail::to_float(p.bias[row]) : 0.f;
+  if constexpr (kE4m3) {
+    return __fmaf_rn(v, __fmul_rn(p.x_scale[i], p.w_scale[row]), bias);
+  } else {
+    return p.bias != nullptr ? v + bias : v;
+  }
+}
+
 // Fragments as in attention_mma.cu (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
 // lane = 4 g + q.
 //   A = 16 weight rows x 16 columns: ldmatrix.x4 of blocks (rows 0-7, columns +0), (rows
@@ -139,10 +179,21 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
 //     columns +0), (rows 0-7, +8), (rows 8-15, +0), (rows 8-15, +8) gives b0, b1 of x tile
 //     2 t2, then of tile 2 t2 + 1.
 //   C[r][t] = acc[tile][c]: c0, c1 = (row g, x rows 2q, 2q + 1), c2, c3 = row g + 8.
-template <int MT, SkinnyRing kRing, typename TOut>
+// For e4m3 operands (mma.m16n8k32) the same ldmatrix addresses give the fragments: a
+// b16 pair of ldmatrix is 4 e4m3 bytes, which the k32 fragments hold where the k16 ones
+// hold 2 bf16 (32 bytes of a row per 16 or 32 columns alike).
+//
+// e4m3 sums. Hopper's FP8 tensor cores keep a running sum with about 14 significant bits
+// (fp8_gemm.h), so each box's 128 columns are summed into fresh registers (`part`) and
+// then added to the f32 accumulators with CUDA-core adds: the error stays that of 128
+// terms, whatever k is.
+template <int MT, SkinnyRing kRing, bool kE4m3, typename TOut>
 __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
     skinny_gemm_kernel(const __grid_constant__ SkinnyParams<TOut> p) {
   static_assert(MT % 2 == 0, "x tiles go to ldmatrix in pairs");
+  static_assert(!kE4m3 || MT <= 8, "e4m3: acc and part of 16 x tiles would not fit");
+  constexpr int kBoxCols = box_cols<kE4m3>();
+  constexpr int kStageCols = stage_cols<kE4m3>();
   constexpr int kConsumers = consumers_for(MT);
   constexpr int kBlockRows = 16 * kConsumers;
   constexpr int kWeightBytes = weight_bytes<MT>();
@@ -219,11 +270,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   // A consumer: weight rows [16 warp, 16 warp + 16) of the tile, every x row.
   const bool consumer = warp < kConsumers;
   float acc[MT][4];
-#pragma unroll
-  for (int t = 0; t < MT; ++t) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[t][c] = 0.f;
-  }
+  zero(acc);
   if (consumer) {
     detail::wait_for_prior_grids();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -234,22 +281,42 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
       const int slot = s % S;
       barrier_wait(&full[slot], static_cast<uint32_t>((s / S) & 1));
       __syncwarp();  // wgmma is .sync.aligned: the warp converged after its lanes' waits
-      detail::wgmma_fence();
+      if constexpr (!kE4m3) detail::wgmma_fence();
 #pragma unroll
       for (int box = 0; box < kBoxes; ++box) {
         const unsigned char* ws =
             ring + slot * kStageBytes + box * weight_box_bytes<MT>() + group_rows * kRowBytes;
         const unsigned char* xs =
             ring + slot * kStageBytes + kWeightBytes + box * x_box_bytes<MT>();
+        if constexpr (kE4m3) {
+          // 32 bytes a row per k32 step, as per k16 step for bf16.
+          // The box's first step overwrites part (scale-d 0), the others add to it.
+          float part[MT][4];
+          detail::wgmma_fence();
+          detail::wgmma_m64k32_e4m3<MT, false>(part, detail::wgmma_descriptor_sw128(ws),
+                                               detail::wgmma_descriptor_sw128(xs));
 #pragma unroll
-        for (int kk = 0; kk < kBoxCols / 16; ++kk) {
-          detail::wgmma_m64k16<MT>(acc, detail::wgmma_descriptor_sw128(ws + 32 * kk),
-                                   detail::wgmma_descriptor_sw128(xs + 32 * kk));
+          for (int kk = 1; kk < kRowBytes / 32; ++kk) {
+            detail::wgmma_m64k32_e4m3<MT, true>(part, detail::wgmma_descriptor_sw128(ws + 32 * kk),
+                                                detail::wgmma_descriptor_sw128(xs + 32 * kk));
+          }
+          detail::wgmma_commit();
+          detail::wgmma_wait<0>();
+          detail::wgmma_fence_operands(part);
+          add(acc, part);
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < kRowBytes / 32; ++kk) {
+            detail::wgmma_m64k16<MT>(acc, detail::wgmma_descriptor_sw128(ws + 32 * kk),
+                                     detail::wgmma_descriptor_sw128(xs + 32 * kk));
+          }
         }
       }
-      detail::wgmma_commit();
-      detail::wgmma_wait<0>();
-      detail::wgmma_fence_operands(acc);
+      if constexpr (!kE4m3) {
+        detail::wgmma_commit();
+        detail::wgmma_wait<0>();
+        detail::wgmma_fence_operands(acc);
+      }
 #else
     // Every row an ldmatrix lane addresses is 8-aligned plus lane % 8: its swizzle is lane % 8.
     const int a_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
@@ -264,17 +331,32 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
         const unsigned char* ws = ring + slot * kStageBytes + box * weight_box_bytes<MT>();
         const unsigned char* xs =
             ring + slot * kStageBytes + kWeightBytes + box * x_box_bytes<MT>();
+        const auto multiply_box = [&](float(&sums)[MT][4]) {
 #pragma unroll
-        for (int kk = 0; kk < kBoxCols / 16; ++kk) {
-          uint32_t a[4];
-          ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
+          for (int kk = 0; kk < kRowBytes / 32; ++kk) {
+            uint32_t a[4];
+            ldmatrix_x4(a, ws + swizzled(a_row, 2 * kk + a_chunk));
 #pragma unroll
-          for (int t2 = 0; t2 < MT / 2; ++t2) {
-            uint32_t b[4];
-            ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
-            mma_16816(acc[2 * t2], a, b[0], b[1]);
-            mma_16816(acc[2 * t2 + 1], a, b[2], b[3]);
+            for (int t2 = 0; t2 < MT / 2; ++t2) {
+              uint32_t b[4];
+              ldmatrix_x4(b, xs + swizzled(16 * t2 + b_row, 2 * kk + b_chunk));
+              if constexpr (kE4m3) {
+                detail::mma_16832_e4m3(sums[2 * t2], a, b[0], b[1]);
+                detail::mma_16832_e4m3(sums[2 * t2 + 1], a, b[2], b[3]);
+              } else {
+                mma_16816(sums[2 * t2], a, b[0], b[1]);
+                mma_16816(sums[2 * t2 + 1], a, b[2], b[3]);
+              }
+            }
           }
+        };
+        if constexpr (kE4m3) {
+          float part[MT][4];
+          zero(part);
+          multiply_box(part);
+          add(acc, part);
+        } else {
+          multiply_box(acc);
         }
       }
 #endif
@@ -303,8 +385,7 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
   // shared memory for whole-sector stores measured slower at 16 x rows).
   if (p.splits == 1) {
     for_each_sum([&](int i, int64_t row, float v) {
-      if (p.bias != nullptr) v += detail::to_float(p.bias[row]);
-      p.y[int64_t{i} * p.n + row] = detail::from_float<TOut>(v);
+      p.y[int64_t{i} * p.n + row] = detail::from_float<TOut>(finish<kE4m3>(p, i, row, v));
     });
     return;
   }
@@ -376,11 +457,9 @@ __global__ void __launch_bounds__((consumers_for(MT) + 1) * 32)
         }
       }
       const int64_t row = row0 + r;
-      if (p.bias != nullptr) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (r + j < rows) v[j] += detail::to_float(p.bias[row + j]);
-        }
+      for (int j = 0; j < 4; ++j) {
+        if (r + j < rows) v[j] = finish<kE4m3>(p, i, row + j, v[j]);
       }
       TOut* out = p.y + int64_t{i} * p.n + row;
       if (whole_stores && r + 4 <= rows) {
@@ -409,20 +488,23 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// A row-major bf16 matrix [rows, cols] as boxes of box_rows x kBoxCols, 128-byte swizzled;
-// rows past the matrix read as zeros.
-cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t cols, int box_rows,
+// A row-major matrix [rows, cols] of bf16 or e4m3 elements as boxes of box_rows x 128
+// bytes, 128-byte swizzled; rows past the matrix read as zeros.
+template <bool kE4m3>
+cudaError_t encode_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int box_rows,
                        CUtensorMapL2promotion promotion) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
+  constexpr int kElementBytes = kRowBytes / box_cols<kE4m3>();
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * sizeof(bf16)};  // row pitch
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBoxCols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * kElementBytes};  // row pitch
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols<kE4m3>()),
+                             static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
-             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(
+      map, kE4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -430,13 +512,13 @@ cudaError_t encode_map(CUtensorMap* map, const bf16* base, int64_t rows, int64_t
 // than 256-byte promotion at every 16-row shape.
 constexpr CUtensorMapL2promotion kWeightPromotion = CU_TENSOR_MAP_L2_PROMOTION_NONE;
 
-template <int MT, SkinnyRing kRing, typename TOut>
-cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int64_t k,
+template <int MT, SkinnyRing kRing, bool kE4m3, typename TOut>
+cudaError_t launch_tiles(SkinnyParams<TOut> p, const void* x, const void* w, int64_t k,
                          cudaStream_t stream) {
   constexpr size_t bytes = smem_bytes<MT>(kRing);
   constexpr int kBlockRows = 16 * consumers_for(MT);
   constexpr int kThreads = (consumers_for(MT) + 1) * 32;
-  auto* kernel = skinny_gemm_kernel<MT, kRing, TOut>;
+  auto* kernel = skinny_gemm_kernel<MT, kRing, kE4m3, TOut>;
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   // Once per kernel and device (not stream operations: capture-safe): its shared memory,
@@ -475,16 +557,16 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
     setup = it->second;
   }
   if (setup.error != cudaSuccess) return setup.error;
-  if (const cudaError_t e = encode_map(&p.w_map, w, p.n, k, kBlockRows, kWeightPromotion);
+  if (const cudaError_t e = encode_map<kE4m3>(&p.w_map, w, p.n, k, kBlockRows, kWeightPromotion);
       e != cudaSuccess) {
     return e;
   }
   if (const cudaError_t e =
-          encode_map(&p.x_map, x, p.m, k, 8 * MT, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+          encode_map<kE4m3>(&p.x_map, x, p.m, k, 8 * MT, CU_TENSOR_MAP_L2_PROMOTION_NONE);
       e != cudaSuccess) {
     return e;
   }
-  const int32_t splits = skinny_gemm_splits(p.m, p.n, k, setup.clusters);
+  const int32_t splits = skinny_gemm_splits(p.m, p.n, k, setup.clusters, stage_cols<kE4m3>());
   const int64_t tiles = (p.n + kBlockRows - 1) / kBlockRows;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
   p.split_stages = (p.k_stages + splits - 1) / splits;
@@ -495,19 +577,29 @@ cudaError_t launch_tiles(SkinnyParams<TOut> p, const bf16* x, const bf16* w, int
                                            p);
 }
 
-template <int MT, typename TOut>
-cudaError_t launch_rows(const SkinnyParams<TOut>& p, const bf16* x, const bf16* w, int64_t k,
+template <int MT, bool kE4m3, typename TOut>
+cudaError_t launch_rows(const SkinnyParams<TOut>& p, const void* x, const void* w, int64_t k,
                         SkinnyRing ring, cudaStream_t stream) {
-  return ring == SkinnyRing::kWholeSm ? launch_tiles<MT, SkinnyRing::kWholeSm>(p, x, w, k, stream)
-                                      : launch_tiles<MT, SkinnyRing::kShared>(p, x, w, k, stream);
+  return ring == SkinnyRing::kWholeSm
+             ? launch_tiles<MT, SkinnyRing::kWholeSm, kE4m3>(p, x, w, k, stream)
+             : launch_tiles<MT, SkinnyRing::kShared, kE4m3>(p, x, w, k, stream);
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 }  // namespace
 
 bool skinny_gemm_supports(int64_t m, int64_t n, int64_t k, const void* x, const void* w) {
   return m >= kSkinnyMinRows && m <= kSkinnyMaxRows && n >= 1 && n < (int64_t{1} << 31) && k > 0 &&
-         k % kStageCols == 0 && k < (int64_t{1} << 24) &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+         k % kSkinnyKStep == 0 && k < (int64_t{1} << 24) && aligned16(x) && aligned16(w);
+}
+
+bool skinny_gemm_e4m3_supports(int64_t m, int64_t n, int64_t k, const void* x8, const void* w8) {
+  return m >= kSkinnyMinRows && m <= kSkinnyE4m3MaxRows && n >= 1 && n < (int64_t{1} << 31) &&
+         k > 0 && k % kSkinnyE4m3KStep == 0 && k < (int64_t{1} << 24) && aligned16(x8) &&
+         aligned16(w8);
 }
 
 int64_t skinny_gemm_block_rows(int64_t m) {
@@ -517,15 +609,16 @@ int64_t skinny_gemm_block_rows(int64_t m) {
                          : consumers_for(16));
 }
 
-int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters) {
+int32_t skinny_gemm_splits(int64_t m, int64_t n, int64_t k, const SkinnyClusters& clusters,
+                           int64_t stage_cols) {
   // The most splits (up to kSkinnyMaxSplits, a cluster's portable size) whose clusters all
   // fit one wave, each split keeping at least kMinSplitStages stages. A block streams its
   // range of k through a ring deep enough to cover the memory latency, so a grid that
   // holds every SM in one wave streams at the rate of all of them; another wave would add
   // a ramp of latency, and more splits mean more, shorter blocks.
-  constexpr int64_t kMinSplitStages = 512 / kStageCols;  // 512 columns of k
+  constexpr int64_t kMinSplitStages = 4;  // 1 KB of each weight row
   const int64_t tiles = (n + skinny_gemm_block_rows(m) - 1) / skinny_gemm_block_rows(m);
-  const int64_t k_stages = k / kStageCols;
+  const int64_t k_stages = k / stage_cols;
   int32_t best = 1;
   for (int32_t s = 2; s <= kSkinnyMaxSplits; ++s) {
     if (k_stages < kMinSplitStages * s) break;
@@ -544,11 +637,34 @@ cudaError_t launch_skinny_gemm(const bf16* x, int64_t m, int64_t k, const bf16* 
   p.m = static_cast<int>(m);
   p.n = n;
   p.splits = 1;
-  p.k_stages = static_cast<int>(k / kStageCols);
-  if (m <= 16) return launch_rows<2>(p, x, w, k, ring, stream);
-  if (m <= 32) return launch_rows<4>(p, x, w, k, ring, stream);
-  if (m <= 64) return launch_rows<8>(p, x, w, k, ring, stream);
-  return launch_rows<16>(p, x, w, k, ring, stream);
+  p.k_stages = static_cast<int>(k / kSkinnyKStep);
+  if (m <= 16) return launch_rows<2, false>(p, x, w, k, ring, stream);
+  if (m <= 32) return launch_rows<4, false>(p, x, w, k, ring, stream);
+  if (m <= 64) return launch_rows<8, false>(p, x, w, k, ring, stream);
+  return launch_rows<16, false>(p, x, w, k, ring, stream);
+}
+
+template <typename TOut>
+cudaError_t launch_skinny_gemm_e4m3(const uint8_t* x8, const float* x_scale, int64_t m, int64_t k,
+                                    const uint8_t* w8, const float* w_scale, int64_t n,
+                                    const bf16* bias, TOut* y, SkinnyRing ring,
+                                    cudaStream_t stream) {
+  if (!skinny_gemm_e4m3_supports(m, n, k, x8, w8) || x_scale == nullptr || w_scale == nullptr ||
+      y == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  SkinnyParams<TOut> p{};
+  p.x_scale = x_scale;
+  p.w_scale = w_scale;
+  p.bias = bias;
+  p.y = y;
+  p.m = static_cast<int>(m);
+  p.n = n;
+  p.splits = 1;
+  p.k_stages = static_cast<int>(k / kSkinnyE4m3KStep);
+  if (m <= 16) return launch_rows<2, true>(p, x8, w8, k, ring, stream);
+  if (m <= 32) return launch_rows<4, true>(p, x8, w8, k, ring, stream);
+  return launch_rows<8, true>(p, x8, w8, k, ring, stream);
 }
 
 template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int64_t, const bf16*,
@@ -556,5 +672,13 @@ template cudaError_t launch_skinny_gemm<__nv_bfloat16>(const bf16*, int64_t, int
                                                        SkinnyRing, cudaStream_t);
 template cudaError_t launch_skinny_gemm<float>(const bf16*, int64_t, int64_t, const bf16*, int64_t,
                                                const bf16*, float*, SkinnyRing, cudaStream_t);
+
+template cudaError_t launch_skinny_gemm_e4m3<__nv_bfloat16>(const uint8_t*, const float*, int64_t,
+                                                            int64_t, const uint8_t*, const float*,
+                                                            int64_t, const bf16*, __nv_bfloat16*,
+                                                            SkinnyRing, cudaStream_t);
+template cudaError_t launch_skinny_gemm_e4m3<float>(const uint8_t*, const float*, int64_t, int64_t,
+                                                    const uint8_t*, const float*, int64_t,
+                                                    const bf16*, float*, SkinnyRing, cudaStream_t);
 
 }  // namespace cellm::cuda

@@ -2,7 +2,9 @@
 //
 // A warpgroup (4 consecutive warps, the first a multiple of 4) multiplies a 64-row A by an
 // N-row B, both read by the tensor cores straight from shared memory ("K-major": each row
-// holds K contiguous bf16), accumulating D [64 x N] in f32 registers. Both operands are
+// holds K contiguous bf16, or e4m3 bytes), accumulating D [64 x N] in f32 registers. A
+// 128-byte row is 64 bf16 or 128 e4m3 columns: the k16 bf16 and the k32 e4m3 steps both
+// take 32 bytes of each row. Both operands are
 // named by a 64-bit shared-memory descriptor (PTX ISA, "Matrix Descriptor Format"):
 //   bits 0-13   start address >> 4
 //   bits 16-29  leading-dimension byte offset >> 4 (unused by swizzled K-major layouts: 1)
@@ -144,6 +146,131 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[MT][4], uint64_t a, uint
   } else {
     static_assert(MT == 16, "wgmma_m64k16: 2, 4, 8 or 16 x tiles");
     wgmma_m64n128k16(d, a, b);
+  }
+}
+
+// D[64 x 16] += A[64 x 32] · B[16 x 32]ᵀ (or =, !kAccumulate) over e4m3 operands, both K-major in
+// shared memory.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n16k32_e4m3(float (&d)[2][4], uint64_t a, uint64_t b) {
+  if constexpr (kAccumulate) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, "
+        "%8, %9, %10, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3])
+        : "l"(a), "l"(b), "n"(1));
+  } else {  // D is written, not read
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, "
+        "%8, %9, %10, 1, 1;\n"
+        "}\n"
+        : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
+          "=f"(d[1][2]), "=f"(d[1][3])
+        : "l"(a), "l"(b), "n"(0));
+  }
+}
+
+// D[64 x 32] += A[64 x 32] · B[32 x 32]ᵀ (or =, !kAccumulate) over e4m3 operands, both K-major in
+// shared memory.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[4][4], uint64_t a, uint64_t b) {
+  if constexpr (kAccumulate) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15"
+        "}, "
+        "%16, %17, %18, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(a), "l"(b), "n"(1));
+  } else {  // D is written, not read
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15"
+        "}, "
+        "%16, %17, %18, 1, 1;\n"
+        "}\n"
+        : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
+          "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
+          "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3])
+        : "l"(a), "l"(b), "n"(0));
+  }
+}
+
+// D[64 x 64] += A[64 x 32] · B[64 x 32]ᵀ (or =, !kAccumulate) over e4m3 operands, both K-major in
+// shared memory.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[8][4], uint64_t a, uint64_t b) {
+  if constexpr (kAccumulate) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, "
+        "%32, %33, %34, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a), "l"(b), "n"(1));
+  } else {  // D is written, not read
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, "
+        "%32, %33, %34, 1, 1;\n"
+        "}\n"
+        : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
+          "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
+          "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), "=f"(d[4][0]), "=f"(d[4][1]),
+          "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]),
+          "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]),
+          "=f"(d[7][2]), "=f"(d[7][3])
+        : "l"(a), "l"(b), "n"(0));
+  }
+}
+
+// wgmma_m64n{8 MT}k32_e4m3 for MT x-tiles of 8 rows: D += A · Bᵀ, or D = A · Bᵀ when
+// !kAccumulate (D's registers are then not read).
+template <int MT, bool kAccumulate>
+__device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[MT][4], uint64_t a, uint64_t b) {
+  if constexpr (MT == 2) {
+    wgmma_m64n16k32_e4m3<kAccumulate>(d, a, b);
+  } else if constexpr (MT == 4) {
+    wgmma_m64n32k32_e4m3<kAccumulate>(d, a, b);
+  } else {
+    static_assert(MT == 8, "wgmma_m64k32_e4m3: 2, 4 or 8 x tiles");
+    wgmma_m64n64k32_e4m3<kAccumulate>(d, a, b);
   }
 }
 
