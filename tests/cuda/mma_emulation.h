@@ -71,6 +71,35 @@ inline std::array<Lanes<uint32_t>, 4> registers(const Frag4& f) {
   return r;
 }
 
+// The end of an m16n8kK MMA model: every element of A [16 x K] and B [K x 8] came from
+// exactly one lane; D = A B summed exactly and rounded once; C += D in the fragment
+// layout of C (lane 4 g + q: rows g, g + 8, columns 2q, 2q + 1).
+template <int K>
+void mma_finish(Acc4& acc, const float (&A)[16][K], const float (&B)[K][8],
+                const int (&seen_a)[16][K], const int (&seen_b)[K][8]) {
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < K; ++j) EXPECT_EQ(seen_a[i][j], 1);
+  }
+  for (int i = 0; i < K; ++i) {
+    for (int j = 0; j < 8; ++j) EXPECT_EQ(seen_b[i][j], 1);
+  }
+  float D[16][8];
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += double{A[i][k]} * double{B[k][j]};
+      D[i][j] = static_cast<float>(s);
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, q = lane % 4;
+    acc[lane][0] += D[g][2 * q];
+    acc[lane][1] += D[g][2 * q + 1];
+    acc[lane][2] += D[g + 8][2 * q];
+    acc[lane][3] += D[g + 8][2 * q + 1];
+  }
+}
+
 // mma.m16n8k16.row.col.f32.bf16.bf16.f32, from the PTX ISA's fragment figures:
 // A row g / g+8, columns 2q.. / 2q+8..; B rows (k) 2q.. / 2q+8.., column g; C rows g,
 // g+8, columns 2q, 2q+1. Every element of A and B must come from exactly one lane.
@@ -96,25 +125,7 @@ inline void mma(Acc4& acc, const Frag4& a, const Lanes<uint32_t>& b0, const Lane
     ++seen_b[2 * q + 8][g];
     ++seen_b[2 * q + 9][g];
   }
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) EXPECT_EQ(seen_a[i][j], 1);
-    for (int j = 0; j < 8; ++j) EXPECT_EQ(seen_b[i][j], 1);
-  }
-  float D[16][8];
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 8; ++j) {
-      double s = 0;
-      for (int k = 0; k < 16; ++k) s += double{A[i][k]} * double{B[k][j]};
-      D[i][j] = static_cast<float>(s);
-    }
-  }
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, q = lane % 4;
-    acc[lane][0] += D[g][2 * q];
-    acc[lane][1] += D[g][2 * q + 1];
-    acc[lane][2] += D[g + 8][2 * q];
-    acc[lane][3] += D[g + 8][2 * q + 1];
-  }
+  mma_finish<16>(acc, A, B, seen_a, seen_b);
 }
 
 // mma.m16n8k32.row.col.f32.e4m3.e4m3.f32, from the PTX ISA's fragment figures ("Matrix
@@ -145,27 +156,7 @@ inline void mma_e4m3(Acc4& acc, const Frag4& a, const Lanes<uint32_t>& b0,
       ++seen_b[16 + 4 * q + j][g];
     }
   }
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 32; ++j) EXPECT_EQ(seen_a[i][j], 1);
-  }
-  for (int i = 0; i < 32; ++i) {
-    for (int j = 0; j < 8; ++j) EXPECT_EQ(seen_b[i][j], 1);
-  }
-  float D[16][8];
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 8; ++j) {
-      double s = 0;
-      for (int k = 0; k < 32; ++k) s += double{A[i][k]} * double{B[k][j]};
-      D[i][j] = static_cast<float>(s);
-    }
-  }
-  for (int lane = 0; lane < 32; ++lane) {
-    const int g = lane / 4, q = lane % 4;
-    acc[lane][0] += D[g][2 * q];
-    acc[lane][1] += D[g][2 * q + 1];
-    acc[lane][2] += D[g + 8][2 * q];
-    acc[lane][3] += D[g + 8][2 * q + 1];
-  }
+  mma_finish<32>(acc, A, B, seen_a, seen_b);
 }
 
 // ldmatrix.m8n8.x4.b16: lane 8 i + j addresses row j of matrix i (8 b16 at that

@@ -149,116 +149,77 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[MT][4], uint64_t a, uint
   }
 }
 
-// D[64 x 16] += A[64 x 32] · B[16 x 32]ᵀ (or =, !kAccumulate) over e4m3 operands, both K-major in
-// shared memory.
+// The e4m3 wgmma of N = 8 MT columns: D[64 x N] (+)= A[64 x 32] · B[N x 32]ᵀ, both K-major
+// in shared memory. Its asm text, and its D operands with constraint C: "+f" to add to
+// D, "=f" to overwrite it (scale-d 0: D is then not read).
+#define CELLM_WGMMA_E4M3(N, REGS, A, B, SCALE_D)                                       \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" REGS "}, %" #A ", %" #B \
+  ", %" #SCALE_D ", 1, 1;"
+#define CELLM_WGMMA_D2(C) \
+  C(d[0][0]), C(d[0][1]), C(d[0][2]), C(d[0][3]), C(d[1][0]), C(d[1][1]), C(d[1][2]), C(d[1][3])
+#define CELLM_WGMMA_D4(C)                                                                         \
+  C(d[0][0]), C(d[0][1]), C(d[0][2]), C(d[0][3]), C(d[1][0]), C(d[1][1]), C(d[1][2]), C(d[1][3]), \
+      C(d[2][0]), C(d[2][1]), C(d[2][2]), C(d[2][3]), C(d[3][0]), C(d[3][1]), C(d[3][2]),         \
+      C(d[3][3])
+#define CELLM_WGMMA_D8(C)                                                                         \
+  C(d[0][0]), C(d[0][1]), C(d[0][2]), C(d[0][3]), C(d[1][0]), C(d[1][1]), C(d[1][2]), C(d[1][3]), \
+      C(d[2][0]), C(d[2][1]), C(d[2][2]), C(d[2][3]), C(d[3][0]), C(d[3][1]), C(d[3][2]),         \
+      C(d[3][3]), C(d[4][0]), C(d[4][1]), C(d[4][2]), C(d[4][3]), C(d[5][0]), C(d[5][1]),         \
+      C(d[5][2]), C(d[5][3]), C(d[6][0]), C(d[6][1]), C(d[6][2]), C(d[6][3]), C(d[7][0]),         \
+      C(d[7][1]), C(d[7][2]), C(d[7][3])
+
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n16k32_e4m3(float (&d)[2][4], uint64_t a, uint64_t b) {
   if constexpr (kAccumulate) {
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7"
-        "}, "
-        "%8, %9, %10, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3])
-        : "l"(a), "l"(b), "n"(1));
-  } else {  // D is written, not read
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7"
-        "}, "
-        "%8, %9, %10, 1, 1;\n"
-        "}\n"
-        : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
-          "=f"(d[1][2]), "=f"(d[1][3])
-        : "l"(a), "l"(b), "n"(0));
+    asm volatile(CELLM_WGMMA_E4M3(16, "%0, %1, %2, %3, %4, %5, %6, %7", 8, 9, 10)
+                 : CELLM_WGMMA_D2("+f")
+                 : "l"(a), "l"(b), "n"(1));
+  } else {
+    asm volatile(CELLM_WGMMA_E4M3(16, "%0, %1, %2, %3, %4, %5, %6, %7", 8, 9, 10)
+                 : CELLM_WGMMA_D2("=f")
+                 : "l"(a), "l"(b), "n"(0));
   }
 }
-
-// D[64 x 32] += A[64 x 32] · B[32 x 32]ᵀ (or =, !kAccumulate) over e4m3 operands, both K-major in
-// shared memory.
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n32k32_e4m3(float (&d)[4][4], uint64_t a, uint64_t b) {
   if constexpr (kAccumulate) {
     asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15"
-        "}, "
-        "%16, %17, %18, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        CELLM_WGMMA_E4M3(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
+                         16, 17, 18)
+        : CELLM_WGMMA_D4("+f")
         : "l"(a), "l"(b), "n"(1));
-  } else {  // D is written, not read
+  } else {
     asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15"
-        "}, "
-        "%16, %17, %18, 1, 1;\n"
-        "}\n"
-        : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
-          "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
-          "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3])
+        CELLM_WGMMA_E4M3(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
+                         16, 17, 18)
+        : CELLM_WGMMA_D4("=f")
         : "l"(a), "l"(b), "n"(0));
   }
 }
-
-// D[64 x 64] += A[64 x 32] · B[64 x 32]ᵀ (or =, !kAccumulate) over e4m3 operands, both K-major in
-// shared memory.
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[8][4], uint64_t a, uint64_t b) {
   if constexpr (kAccumulate) {
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31"
-        "}, "
-        "%32, %33, %34, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(a), "l"(b), "n"(1));
-  } else {  // D is written, not read
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31"
-        "}, "
-        "%32, %33, %34, 1, 1;\n"
-        "}\n"
-        : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
-          "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
-          "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), "=f"(d[4][0]), "=f"(d[4][1]),
-          "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]),
-          "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]),
-          "=f"(d[7][2]), "=f"(d[7][3])
-        : "l"(a), "l"(b), "n"(0));
+    asm volatile(CELLM_WGMMA_E4M3(
+                     64,
+                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
+                     "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
+                     32, 33, 34)
+                 : CELLM_WGMMA_D8("+f")
+                 : "l"(a), "l"(b), "n"(1));
+  } else {
+    asm volatile(CELLM_WGMMA_E4M3(
+                     64,
+                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
+                     "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
+                     32, 33, 34)
+                 : CELLM_WGMMA_D8("=f")
+                 : "l"(a), "l"(b), "n"(0));
   }
 }
+#undef CELLM_WGMMA_D2
+#undef CELLM_WGMMA_D4
+#undef CELLM_WGMMA_D8
+#undef CELLM_WGMMA_E4M3
 
 // wgmma_m64n{8 MT}k32_e4m3 for MT x-tiles of 8 rows: D += A · Bᵀ, or D = A · Bᵀ when
 // !kAccumulate (D's registers are then not read).
