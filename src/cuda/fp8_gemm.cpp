@@ -376,8 +376,9 @@ Status Fp8Gemm::run(const uint8_t* x8, const float* x_scale, int64_t m, int64_t 
     if (skinny && scaling_ == Fp8Scaling::kAuto) {
       const bool may_time = tune_ && tuning_;
       // Timing needs the cuBLASLt plan proven on this call first (falling back as below).
-      if (may_time)
+      if (may_time) {
         CELLM_RETURN_IF_ERROR(run<TOut>(x8, x_scale, m, k, w8, w_scale, n, bias, y, stream));
+      }
       CELLM_ASSIGN_OR_RETURN(it->second, tune<TOut>(std::move(it->second), may_time, x8, x_scale, m,
                                                     k, w8, w_scale, n, bias, y, stream));
     }
