@@ -14,11 +14,13 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/kernels/swiglu.h"
@@ -51,10 +53,15 @@ uint8_t encode_e4m3(float q) {
   const uint8_t sign = std::signbit(q) ? 0x80 : 0x00;
   const double a = std::fabs(static_cast<double>(q));
   if (a >= 448.0) return sign | 0x7e;
+  static const std::array<double, 0x7f> values = [] {
+    std::array<double, 0x7f> v{};
+    for (int c = 0; c < 0x7f; ++c) v[c] = e4m3_value(static_cast<uint8_t>(c));
+    return v;
+  }();
   uint8_t best = 0;
   for (uint8_t c = 1; c <= 0x7e; ++c) {
-    const double d_best = std::fabs(a - e4m3_value(best));
-    const double d = std::fabs(a - e4m3_value(c));
+    const double d_best = std::fabs(a - values[best]);
+    const double d = std::fabs(a - values[c]);
     if (d < d_best || (d == d_best && (c & 1) == 0)) best = c;
   }
   return sign | best;
@@ -191,16 +198,20 @@ void expect_same(const QuantOut& got, const std::vector<uint8_t>& codes,
 TEST(QuantizeE4m3Test, PlainRowsMatchTheTwin) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);
-  for (const int64_t m : {1, 3, 9, 64}) {
-    for (const int64_t k : {16, 48, 4096, 14336}) {
-      const std::vector<float> x = wide_rows(rng, m, k);
-      DeviceArray<Bf16> dx(to_typed<Bf16>(x));
-      std::vector<uint8_t> codes;
-      std::vector<float> scale;
-      quantize_rows_host(x, m, k, codes, scale);
-      expect_same(run_quantize(dx, m, k, GemvInput::kPlain), codes, scale,
-                  "plain m=" + std::to_string(m) + " k=" + std::to_string(k));
-    }
+  // Rows split over clusters of 8, 4, 2 blocks and whole (m = 300); slices that do not
+  // divide the row (4112); rows read twice (140000: more than a block holds).
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 16},     {1, 4096},  {1, 4112},   {1, 14336},
+                                                {3, 48},     {3, 4096},  {9, 16},     {9, 48},
+                                                {9, 14336},  {64, 4096}, {64, 4112},  {64, 14336},
+                                                {300, 4096}, {300, 48},  {2, 140000}, {300, 20480}};
+  for (const auto& [m, k] : shapes) {
+    const std::vector<float> x = wide_rows(rng, m, k);
+    DeviceArray<Bf16> dx(to_typed<Bf16>(x));
+    std::vector<uint8_t> codes;
+    std::vector<float> scale;
+    quantize_rows_host(x, m, k, codes, scale);
+    expect_same(run_quantize(dx, m, k, GemvInput::kPlain), codes, scale,
+                "plain m=" + std::to_string(m) + " k=" + std::to_string(k));
   }
 }
 
@@ -231,22 +242,23 @@ TEST(QuantizeE4m3Test, TiesAtUnitScaleGoToEven) {
 TEST(QuantizeE4m3Test, SwigluInputEqualsSwigluThenPlain) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);
-  for (const int64_t m : {1, 9, 64}) {
-    for (const int64_t ff : {16, 1024, 14336}) {
-      // Gates over [-8, 8]: silu's curved part and its tails.
-      const std::vector<float> gate_up = testing::random_values<Bf16>(rng, m * 2 * ff, 8.0f);
-      DeviceArray<Bf16> dgu(to_typed<Bf16>(gate_up));
-      DeviceArray<Bf16> act(static_cast<size_t>(m * ff));
-      ASSERT_EQ(launch_swiglu<Bf16>(dgu.get(), m, ff, act.get(), nullptr), cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<float> a = testing::download_floats(act);
-      std::vector<uint8_t> codes;
-      std::vector<float> scale;
-      quantize_rows_host(a, m, ff, codes, scale);
-      const std::string what = "m=" + std::to_string(m) + " ff=" + std::to_string(ff);
-      expect_same(run_quantize(dgu, m, ff, GemvInput::kSwiGLU), codes, scale, "swiglu " + what);
-      expect_same(run_quantize(act, m, ff, GemvInput::kPlain), codes, scale, "act " + what);
-    }
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 16},     {1, 1024},   {1, 14336},
+                                                {9, 16},     {9, 1024},   {9, 14336},
+                                                {64, 14336}, {300, 1024}, {2, 140000}};
+  for (const auto& [m, ff] : shapes) {
+    // Gates over [-8, 8]: silu's curved part and its tails.
+    const std::vector<float> gate_up = testing::random_values<Bf16>(rng, m * 2 * ff, 8.0f);
+    DeviceArray<Bf16> dgu(to_typed<Bf16>(gate_up));
+    DeviceArray<Bf16> act(static_cast<size_t>(m * ff));
+    ASSERT_EQ(launch_swiglu<Bf16>(dgu.get(), m, ff, act.get(), nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> a = testing::download_floats(act);
+    std::vector<uint8_t> codes;
+    std::vector<float> scale;
+    quantize_rows_host(a, m, ff, codes, scale);
+    const std::string what = "m=" + std::to_string(m) + " ff=" + std::to_string(ff);
+    expect_same(run_quantize(dgu, m, ff, GemvInput::kSwiGLU), codes, scale, "swiglu " + what);
+    expect_same(run_quantize(act, m, ff, GemvInput::kPlain), codes, scale, "act " + what);
   }
 }
 

@@ -432,19 +432,13 @@ int rows_split_for(int64_t groups, int64_t k, int sms) {
   return split;
 }
 
-cudaError_t sm_count(int* sms) {
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  return cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-}
-
 // p.split_k: the caller's split, or kGemvRowsAutoSplit.
 template <GemvInput kInput, int M, typename TOut>
 cudaError_t launch_rows(GemvParams<TOut> p, cudaStream_t stream) {
   const int64_t groups = (p.n + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp;
   if (p.split_k == kGemvRowsAutoSplit) {
     int sms = 0;
-    if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+    if (const cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
     p.split_k = rows_split_for(groups, p.k, sms);
   }
   const int64_t groups_per_block = kRowsWarps / p.split_k;
@@ -485,7 +479,7 @@ cudaError_t launch_gemv(const __nv_bfloat16* x, int64_t m, int64_t k, GemvInput 
   }
   if (kernel != GemvKernel::kTensorCores) return cudaErrorInvalidValue;
   int sms = 0;
-  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+  if (const cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
   const GemvParams<TOut> p{
       x, w, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms)};
   if (input == GemvInput::kSwiGLU) return launch<GemvInput::kSwiGLU, kSwigluWarps>(p, stream);

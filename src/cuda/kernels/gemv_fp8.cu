@@ -283,12 +283,6 @@ cudaError_t launch(const GemvFp8Params<TOut>& p, cudaStream_t stream) {
                                p);
 }
 
-cudaError_t sm_count(int* sms) {
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  return cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-}
-
 // out[4 t + 0..3] = the decode of codes[4 t + 0..3], with the kernel's functions.
 __global__ void decode_e4m3_kernel(const uint32_t* codes, int64_t words, uint2* out) {
   detail::wait_for_prior_grids();
@@ -311,7 +305,7 @@ cudaError_t launch_gemv_fp8(const __nv_bfloat16* x, int64_t m, int64_t k, GemvIn
   }
   if (input != GemvInput::kPlain && input != GemvInput::kSwiGLU) return cudaErrorInvalidValue;
   int sms = 0;
-  if (const cudaError_t e = sm_count(&sms); e != cudaSuccess) return e;
+  if (const cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
   const GemvFp8Params<TOut> p{
       x, w8, scale, bias, y, static_cast<int>(m), static_cast<int>(k), n, split_k_for(n, k, sms)};
   if (input == GemvInput::kSwiGLU) return launch<GemvInput::kSwiGLU, kSwigluWarps>(p, stream);

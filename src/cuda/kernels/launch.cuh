@@ -44,8 +44,15 @@
 namespace cellm::cuda {
 namespace detail {
 
-// True when the current device supports PDL and it is enabled (cached per device).
+// True when the current device is sm_90 or newer (PDL, thread block clusters; cached per
+// device).
+bool device_is_sm90();
+
+// True when the current device supports PDL and it is enabled.
 bool use_programmatic_launch();
+
+// *sms = the current device's SM count (cached per device).
+cudaError_t sm_count(int* sms);
 
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

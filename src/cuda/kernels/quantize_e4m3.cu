@@ -1,6 +1,10 @@
 #include "cuda/kernels/quantize_e4m3.h"
 
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
+
+#include <algorithm>
+#include <climits>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
@@ -10,13 +14,18 @@ namespace {
 
 // bf16 elements per thread access (16 bytes of x, 8 bytes of x8).
 constexpr int kQuantPack = 8;
-constexpr int kQuantThreads = 256;
+// Packs a thread holds in registers: a block's slice of up to kQuantHeld x its threads
+// packs is read once; a longer one is read twice (the second read mostly from L2).
+constexpr int kQuantHeld = 4;
+constexpr int kQuantMaxThreads = 512;
+constexpr int kQuantMaxCluster = 8;
 
 struct QuantizeParams {
   const __nv_bfloat16* x;  // [m, k] or [m, 2k]
   int64_t m, k;
-  uint8_t* x8;   // [m, k]
-  float* scale;  // [m]
+  uint8_t* x8;    // [m, k]
+  float* scale;   // [m]
+  int64_t slice;  // packs of a row per block of its cluster
 };
 
 // x'[row, c .. c + 8): the input itself or the SwiGLU activation rounded to bf16, as f32.
@@ -37,52 +46,97 @@ __device__ __forceinline__ void load_input(const QuantizeParams& p, int64_t row,
   }
 }
 
-// One block per row: the row's absolute maximum, then its codes (the input read twice;
-// the second read mostly hits L2).
-template <GemvInput kInput>
-__global__ void quantize_rows_e4m3_kernel(QuantizeParams p, bool early) {
-  detail::wait_and_allow(early);
-  const int64_t row = blockIdx.x;
-  const int64_t packs = p.k / kQuantPack;
-  float amax = 0.0f;
-  for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
-    float v[kQuantPack];
-    load_input<kInput>(p, row, q * kQuantPack, v);
+// x8[row, c .. c + 8) = the codes of v / scale.
+__device__ __forceinline__ void store_codes(const QuantizeParams& p, int64_t row, int64_t c,
+                                            const float (&v)[kQuantPack], float scale) {
+  uint32_t words[2];
 #pragma unroll
-    for (int e = 0; e < kQuantPack; ++e) amax = fmaxf(amax, fabsf(v[e]));
+  for (int h = 0; h < 2; ++h) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const float2 pair =
+          make_float2(__fdiv_rn(v[h * 4 + e], scale), __fdiv_rn(v[h * 4 + e + 1], scale));
+      // The low byte holds pair.x.
+      const __nv_fp8x2_storage_t codes = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+      word |= static_cast<uint32_t>(codes) << (8 * e);
+    }
+    words[h] = word;
+  }
+  *reinterpret_cast<uint2*>(p.x8 + row * p.k + c) = make_uint2(words[0], words[1]);
+}
+
+// One cluster of blocks per row (one block per row where the launch has no clusters),
+// block r of the cluster over packs [r slice, (r + 1) slice) of the row, each thread over
+// packs threadIdx.x + j blockDim.x of that slice, kQuantHeld of them a round. The row's
+// absolute maximum is folded over the block, then over the cluster (each block reads
+// every block's maximum from its shared memory), then the codes: from the registers
+// when the slice took one round, else from a second read of the input. The maximum does
+// not depend on the order of the fold, so every launch shape gives the same bits.
+template <GemvInput kInput>
+__global__ void __launch_bounds__(kQuantMaxThreads)
+    quantize_rows_e4m3_kernel(QuantizeParams p, bool early) {
+  namespace cg = cooperative_groups;
+  detail::wait_and_allow(early);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int64_t row = blockIdx.x / cluster.num_blocks();
+  const int64_t packs = p.k / kQuantPack;
+  const int64_t begin = int64_t{cluster.block_rank()} * p.slice;
+  const int64_t end = min(packs, begin + p.slice);
+  const int64_t per_round = int64_t{kQuantHeld} * blockDim.x;
+  const int64_t rounds = (end - begin + per_round - 1) / per_round;  // the same in every block
+  float v[kQuantHeld][kQuantPack];
+  const auto pack_at = [&](int64_t r, int j) {
+    return begin + r * per_round + j * blockDim.x + threadIdx.x;
+  };
+  const auto load_round = [&](int64_t r) {
+#pragma unroll
+    for (int j = 0; j < kQuantHeld; ++j) {
+      const int64_t q = pack_at(r, j);
+      if (q < end) load_input<kInput>(p, row, q * kQuantPack, v[j]);
+    }
+  };
+  float amax = 0.0f;
+  for (int64_t r = 0; r < rounds; ++r) {
+    load_round(r);
+#pragma unroll
+    for (int j = 0; j < kQuantHeld; ++j) {
+      if (pack_at(r, j) >= end) continue;
+#pragma unroll
+      for (int e = 0; e < kQuantPack; ++e) amax = fmaxf(amax, fabsf(v[j][e]));
+    }
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
   }
-  __shared__ float warp_max[kQuantThreads / 32];
+  __shared__ float warp_max[kQuantMaxThreads / 32];
+  __shared__ float block_max;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (lane == 0) warp_max[warp] = amax;
   __syncthreads();
+  if (threadIdx.x == 0) {
+    float b = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) b = fmaxf(b, warp_max[w]);
+    block_max = b;
+  }
+  cluster.sync();
   amax = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, warp_max[w]);
+  for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+    amax = fmaxf(amax, *cluster.map_shared_rank(&block_max, r));
+  }
+  // No block leaves (and frees its block_max) before every block has read it.
+  cluster.sync();
   const float scale = amax == 0.0f ? 1.0f : __fdiv_rn(amax, kE4m3Max);
-  if (threadIdx.x == 0) p.scale[row] = scale;
-  for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
-    float v[kQuantPack];
-    load_input<kInput>(p, row, q * kQuantPack, v);
-    uint32_t words[2];
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) p.scale[row] = scale;
+  for (int64_t r = 0; r < rounds; ++r) {
+    if (rounds > 1) load_round(r);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const float2 pair =
-            make_float2(__fdiv_rn(v[h * 4 + e], scale), __fdiv_rn(v[h * 4 + e + 1], scale));
-        // The low byte holds pair.x.
-        const __nv_fp8x2_storage_t codes =
-            __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
-        word |= static_cast<uint32_t>(codes) << (8 * e);
-      }
-      words[h] = word;
+    for (int j = 0; j < kQuantHeld; ++j) {
+      const int64_t q = pack_at(r, j);
+      if (q < end) store_codes(p, row, q * kQuantPack, v[j], scale);
     }
-    *reinterpret_cast<uint2*>(p.x8 + row * p.k + q * kQuantPack) = make_uint2(words[0], words[1]);
   }
 }
 
@@ -129,15 +183,33 @@ cudaError_t launch_quantize_rows_e4m3(const __nv_bfloat16* x, int64_t m, int64_t
                                       uint8_t* x8, float* scale, cudaStream_t stream) {
   if (!quantize_rows_e4m3_supports(m, k, input, x, x8, scale)) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
-  const QuantizeParams p{x, m, k, x8, scale};
-  const int threads = detail::threads_for_row(k / kQuantPack, kQuantThreads);
-  const dim3 grid(static_cast<unsigned>(m));
-  if (input == GemvInput::kPlain) {
-    return detail::launch_kernel(quantize_rows_e4m3_kernel<GemvInput::kPlain>, grid, threads, 0,
-                                 stream, p, detail::early_triggers());
+  // Enough blocks to keep the SMs streaming: rows are split over a cluster of up to 8
+  // blocks while the grid is under two blocks an SM, but a block keeps at least 32
+  // packs (one access per thread of a warp).
+  int sms = 0;
+  if (const cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
+  const int64_t packs = k / kQuantPack;
+  int64_t cluster = 1;
+  while (cluster < kQuantMaxCluster && m * cluster < 2 * int64_t{sms} &&
+         packs / (2 * cluster) >= 32) {
+    cluster *= 2;
   }
-  return detail::launch_kernel(quantize_rows_e4m3_kernel<GemvInput::kSwiGLU>, grid, threads, 0,
-                               stream, p, detail::early_triggers());
+  const int64_t slice = (packs + cluster - 1) / cluster;
+  // Threads: one pack each up to 256, more where that keeps the slice in registers.
+  const int64_t held = (slice + kQuantHeld - 1) / kQuantHeld;
+  const int threads = static_cast<int>(std::max(detail::threads_for_row(slice, 256),
+                                                detail::threads_for_row(held, kQuantMaxThreads)));
+  if (m * cluster > INT_MAX) return cudaErrorInvalidValue;
+  const QuantizeParams p{x, m, k, x8, scale, slice};
+  const dim3 grid(static_cast<unsigned>(m * cluster));
+  const dim3 shape(static_cast<unsigned>(cluster));
+  if (input == GemvInput::kPlain) {
+    return detail::launch_kernel_in_clusters(quantize_rows_e4m3_kernel<GemvInput::kPlain>, grid,
+                                             threads, 0, stream, shape, p,
+                                             detail::early_triggers());
+  }
+  return detail::launch_kernel_in_clusters(quantize_rows_e4m3_kernel<GemvInput::kSwiGLU>, grid,
+                                           threads, 0, stream, shape, p, detail::early_triggers());
 }
 
 template <typename TOut>
