@@ -137,8 +137,11 @@ std::vector<Shape> shapes_for(QuantType t) {
   }
   // m >= 8 goes through the 512-bit path's packed weight tiles: 11 and 35 leave
   // 3 rows after the tiles of 4, 33 one, 8 none.
-  return {{1, 5, 32},   {1, 9, 576}, {3, 13, 96},    {4, 8, 64},    {8, 4, 64},   {11, 9, 96},
-          {16, 7, 576}, {33, 6, 32}, {17, 10, 1536}, {35, 37, 576}, {1, 203, 576}};
+  // On 512 bits 1-3 rows take the direct tiles, 4 or more the packed ones (tiles of 8,
+  // 4, 2, 1 rows), 16 weight rows a tile (21, 33, 37, 203 leave a part tile).
+  return {{1, 5, 32},  {1, 9, 576},  {3, 13, 96},  {4, 8, 64},     {8, 4, 64},
+          {11, 9, 96}, {16, 7, 576}, {33, 6, 32},  {17, 10, 1536}, {35, 37, 576},
+          {6, 21, 96}, {2, 33, 160}, {7, 40, 544}, {1, 203, 576}};
 }
 
 TEST(QuantMatmulTest, EveryVectorPathMatchesItsScalarTwinOnEveryType) {
@@ -189,7 +192,7 @@ TEST(QuantMatmulTest, VectorActivationQuantizerMatchesItsScalarTwinByteForByte) 
       if (variant == 3) {
         for (int64_t l = 0; l < k; ++l) x[l] *= l % 2 == 0 ? 1e30f : 1e-30f;
       }
-      for (const ActFormat f : {ActFormat::kBlock32, ActFormat::kPair64, ActFormat::kBlockK}) {
+      for (const ActFormat f : {ActFormat::kBlock32, ActFormat::kBlock32Sums, ActFormat::kBlockK}) {
         if (f == ActFormat::kBlockK && k % kBlockK != 0) continue;
         for (const int offset : {0, 8, 16, 128}) {
           const auto bytes = static_cast<size_t>(act_row_bytes(f, k));
@@ -260,17 +263,18 @@ TEST(QuantMatmulTest, ResultsAreWithinTheActivationRoundingOfAnF32Matmul) {
 
 // A row's result does not depend on the rows computed with it (DESIGN.md: a seeded
 // generation gives the same tokens whatever else shares its batches): on every
-// vector path and block type, each row of a product of 2..40 rows (the one-row
-// decode tiles, the 4-row tiles, the packed tiles from 8 rows) has the bits of that
-// row computed alone.
+// vector path and block type, each row of a product of 2..40 rows (the direct tiles
+// of 1-3 rows, the packed ones from 4, the K-quants' 4-row and packed tiles) has the
+// bits of that row computed alone.
 TEST(QuantMatmulTest, ARowsResultHasTheSameBitsInAnyBatch) {
   ThreadPool pool(2);
   std::mt19937 rng(14);
   for (const QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512Vnni}) {
     if (!isa_supported(isa)) continue;
     for (const QuantType t : kBlockTypes) {
-      const int64_t cols = is_k(t) ? 768 : 576;
-      for (const int64_t m : {2, 5, 8, 17, 40}) {
+      for (const int64_t m : {2, 3, 5, 8, 17, 40}) {
+        // An odd number of 32-weight blocks where m is odd.
+        const int64_t cols = is_k(t) ? 768 : m % 2 == 1 ? 544 : 576;
         const Case c = make_case(rng, t, Shape{m, 37, cols});
         const std::vector<float> batch = run(pool, c, isa);
         for (const int64_t i : {int64_t{0}, m - 1}) {

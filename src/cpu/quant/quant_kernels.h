@@ -5,7 +5,7 @@
 //
 // Activations are quantized once per call, per row, in blocks that line up with
 // the weights' blocks: ActBlock32 (32 values, for Q4_0 .. Q8_0 weights),
-// ActPair64 (the same, two blocks per record in the 512-bit kernels' layout) or
+// ActBlock32Sums (the same with two sums of each block, for the 512-bit kernels) or
 // BlockQ8_K (256 values with per-16 sums, for the K-quants). A kernel computes
 // integer dot products of weight quants and activation quants per (sub-)block and
 // scales them to f32 once per block.
@@ -26,22 +26,21 @@ struct ActBlock32 {
 };
 static_assert(sizeof(ActBlock32) == 36);
 
-// Two 32-value blocks laid out as the 512-bit kernels load them (one vector per
-// field): quants, scales spread over the 8 lanes of each block, and per lane l
-// (activations 4l .. 4l + 3) -offset * their sum (the weight format's offset,
-// pair_offset) and d * their sum (for the formats with a min). An odd last
-// block's pair is zero in its upper half.
-struct ActPair64 {
-  int8_t qs[64];
-  float d[16];
-  int32_t offset[16];
-  float sums[16];
+// One 32-value block as the 512-bit kernels read it: the quants, the scale, and two
+// constants of the block for the weight format: -offset * sum(qs) (offset: pair_offset,
+// folded into the integer sum) and d * sum(qs) (for the formats with a min), the product
+// rounded once to f32.
+struct ActBlock32Sums {
+  int8_t qs[32];
+  float d;
+  int32_t offset;
+  float dsum;
 };
-static_assert(sizeof(ActPair64) == 256);
+static_assert(sizeof(ActBlock32Sums) == 44);
 
 // Which activation blocks weight type `t` pairs with: kBlock32 or kBlockK (the
-// 512-bit kernels of the 32-weight formats take kPair64 instead).
-enum class ActFormat { kBlock32, kBlockK, kPair64 };
+// 512-bit kernels of the 32-weight formats take kBlock32Sums instead).
+enum class ActFormat { kBlock32, kBlockK, kBlock32Sums };
 inline ActFormat act_format(QuantType t) {
   return type_info(t).block_weights == kBlockK ? ActFormat::kBlockK : ActFormat::kBlock32;
 }
@@ -54,7 +53,7 @@ inline int pair_offset(QuantType t) {
 
 // One row of k activations (k a multiple of the format's block) into blocks at
 // out: round to nearest (ties to even) on a per-block scale d = max |x| / 127.
-// offset: pair_offset of the weights (kPair64 only).
+// offset: pair_offset of the weights (kBlock32Sums only).
 void quantize_activations(const float* x, int64_t k, ActFormat format, int offset, void* out);
 // The same bytes, 16 values per instruction. REQUIRES: AVX-512 F/BW/VL/VNNI.
 void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, int offset,

@@ -14,7 +14,7 @@
 namespace cellm::cpu::quant {
 namespace {
 
-constexpr int64_t kRowsPerGroup = 4;  // the kernels' weight-row tile
+constexpr int64_t kRowsPerGroup = 16;  // the 512-bit 32-weight kernels' weight-row tile
 
 bool is_float_type(QuantType t) {
   return t == QuantType::kF32 || t == QuantType::kF16 || t == QuantType::kBF16;
@@ -59,8 +59,8 @@ int64_t act_row_bytes(ActFormat format, int64_t k) {
   switch (format) {
     case ActFormat::kBlockK:
       return k / kBlockK * static_cast<int64_t>(sizeof(BlockQ8_K));
-    case ActFormat::kPair64:
-      return (k / kBlock32 + 1) / 2 * static_cast<int64_t>(sizeof(ActPair64));
+    case ActFormat::kBlock32Sums:
+      return k / kBlock32 * static_cast<int64_t>(sizeof(ActBlock32Sums));
     case ActFormat::kBlock32:
       break;
   }
@@ -69,21 +69,15 @@ int64_t act_row_bytes(ActFormat format, int64_t k) {
 
 void quantize_activations(const float* x, int64_t k, ActFormat format, int offset, void* out) {
   auto* bytes = static_cast<uint8_t*>(out);
-  if (format == ActFormat::kPair64) {
-    const int64_t blocks = k / kBlock32;
-    for (int64_t p = 0; p < (blocks + 1) / 2; ++p) {
-      ActPair64 pair{};
-      for (int h = 0; h < 2 && 2 * p + h < blocks; ++h) {
-        const float d = quantize_block(x + (2 * p + h) * kBlock32, kBlock32, pair.qs + 32 * h);
-        for (int l = 8 * h; l < 8 * h + 8; ++l) {
-          const int sum =
-              pair.qs[4 * l] + pair.qs[4 * l + 1] + pair.qs[4 * l + 2] + pair.qs[4 * l + 3];
-          pair.d[l] = d;
-          pair.offset[l] = -offset * sum;
-          pair.sums[l] = d * static_cast<float>(sum);
-        }
-      }
-      std::memcpy(bytes + p * static_cast<int64_t>(sizeof(pair)), &pair, sizeof(pair));
+  if (format == ActFormat::kBlock32Sums) {
+    for (int64_t b = 0; b < k / kBlock32; ++b) {
+      ActBlock32Sums blk;
+      blk.d = quantize_block(x + b * kBlock32, kBlock32, blk.qs);
+      int sum = 0;
+      for (const int8_t q : blk.qs) sum += q;
+      blk.offset = -offset * sum;
+      blk.dsum = blk.d * static_cast<float>(sum);
+      std::memcpy(bytes + b * static_cast<int64_t>(sizeof(blk)), &blk, sizeof(blk));
     }
     return;
   }
@@ -169,7 +163,7 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
   CELLM_CHECK(x != nullptr && y != nullptr && w.data != nullptr);
 
   const ActFormat format = isa == QuantIsa::kAvx512Vnni && act_format(w.type) == ActFormat::kBlock32
-                               ? ActFormat::kPair64
+                               ? ActFormat::kBlock32Sums
                                : act_format(w.type);
   const int offset = pair_offset(w.type);
   const int64_t act_bytes = act_row_bytes(format, w.cols);

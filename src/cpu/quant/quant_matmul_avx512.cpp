@@ -41,24 +41,16 @@ inline float quantize32(const float* x, int8_t* q) {
   return d;
 }
 
-void quantize_pairs(const float* x, int64_t k, int offset, uint8_t* out) {
-  const int64_t blocks = k / kBlock32;
-  for (int64_t p = 0; p < (blocks + 1) / 2; ++p) {
-    uint8_t* pair = out + p * static_cast<int64_t>(sizeof(ActPair64));
-    std::memset(pair, 0, sizeof(ActPair64));  // an odd last block's upper half stays zero
-    for (int h = 0; h < 2 && 2 * p + h < blocks; ++h) {
-      auto* qs = reinterpret_cast<int8_t*>(pair + offsetof(ActPair64, qs)) + 32 * h;
-      const float d = quantize32(x + (2 * p + h) * kBlock32, qs);
-      // Sums of 4 consecutive quants, one per lane.
-      const __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
-                                              _mm256_loadu_si256(reinterpret_cast<__m256i*>(qs)));
-      _mm256_storeu_ps(reinterpret_cast<float*>(pair + offsetof(ActPair64, d)) + 8 * h,
-                       _mm256_set1_ps(d));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pair + offsetof(ActPair64, offset) + 32 * h),
-                          _mm256_mullo_epi32(sum, _mm256_set1_epi32(-offset)));
-      _mm256_storeu_ps(reinterpret_cast<float*>(pair + offsetof(ActPair64, sums)) + 8 * h,
-                       _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum)));
-    }
+void quantize_blocks32_sums(const float* x, int64_t k, int offset, uint8_t* out) {
+  for (int64_t b = 0; b < k / kBlock32; ++b) {
+    ActBlock32Sums blk;
+    blk.d = quantize32(x + b * kBlock32, blk.qs);
+    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs))),
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16)))));
+    blk.offset = -offset * sum;
+    blk.dsum = blk.d * static_cast<float>(sum);
+    std::memcpy(out + b * static_cast<int64_t>(sizeof(blk)), &blk, sizeof(blk));
   }
 }
 
@@ -101,8 +93,8 @@ void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, in
                                  void* out) {
   auto* bytes = static_cast<uint8_t*>(out);
   switch (format) {
-    case ActFormat::kPair64:
-      quantize_pairs(x, k, offset, bytes);
+    case ActFormat::kBlock32Sums:
+      quantize_blocks32_sums(x, k, offset, bytes);
       return;
     case ActFormat::kBlock32:
       quantize_blocks32(x, k, bytes);
