@@ -1,6 +1,7 @@
 #include "cpu/cpu_forward.h"
 
 #include <algorithm>
+#include <array>
 #include <optional>
 
 #include "cellm/status.h"
@@ -91,6 +92,25 @@ void CpuForward::linear(const float* x, int64_t m, int64_t k, const TensorView& 
   }
 }
 
+void CpuForward::linear_shared(const float* x, int64_t m, int64_t k,
+                               std::initializer_list<Linear> products) {
+  constexpr size_t kMaxProducts = 4;
+  CELLM_CHECK(products.size() <= kMaxProducts);
+  std::array<quant::QuantProduct, kMaxProducts> blocks;
+  size_t n_blocks = 0;
+  for (const Linear& p : products) {
+    if (p.w->block_type) {
+      blocks[n_blocks++] = quant::QuantProduct{quant_weights(*p.w), p.bias, p.y};
+    } else {
+      linear(x, m, k, *p.w, p.n, p.bias, p.y);
+    }
+  }
+  if (n_blocks > 0) {
+    quant::quant_matmul_shared(pool_, x, m,
+                               std::span<const quant::QuantProduct>(blocks.data(), n_blocks));
+  }
+}
+
 void CpuForward::run(const ForwardSlice& slice, KvStore& kv, std::span<float> logits) {
   const ModelConfig& c = weights_->config();
   const auto n = static_cast<int64_t>(slice.tokens.size());
@@ -142,9 +162,10 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
 
   // Attention block.
   rmsnorm(pool_, x_.data(), n, d, typed(w.input_norm), eps, h_.data());
-  linear(h_.data(), n, d, w.q_proj, c.q_dim(), typed(w.q_bias), q_.data());
-  linear(h_.data(), n, d, w.k_proj, c.kv_dim(), typed(w.k_bias), k_.data());
-  linear(h_.data(), n, d, w.v_proj, c.kv_dim(), typed(w.v_bias), v_.data());
+  linear_shared(h_.data(), n, d,
+                {{&w.q_proj, c.q_dim(), typed(w.q_bias), q_.data()},
+                 {&w.k_proj, c.kv_dim(), typed(w.k_bias), k_.data()},
+                 {&w.v_proj, c.kv_dim(), typed(w.v_bias), v_.data()}});
   if (c.qk_norm()) {
     rmsnorm(pool_, q_.data(), n * c.num_heads(), hd, typed(w.q_norm), eps, q_.data());
     rmsnorm(pool_, k_.data(), n * c.num_kv_heads(), hd, typed(w.k_norm), eps, k_.data());
@@ -186,8 +207,9 @@ void CpuForward::layer(int64_t l, const ForwardSlice& slice, int64_t n, KvStore&
   // MLP block: x += o, h = rmsnorm(x) fused.
   add_rmsnorm(pool_, x_.data(), o_.data(), n, d, typed(w.post_attention_norm), eps, h_.data());
   const int64_t ff = c.intermediate_size();
-  linear(h_.data(), n, d, w.gate_proj, ff, TypedPtr{}, gate_.data());
-  linear(h_.data(), n, d, w.up_proj, ff, TypedPtr{}, up_.data());
+  linear_shared(
+      h_.data(), n, d,
+      {{&w.gate_proj, ff, TypedPtr{}, gate_.data()}, {&w.up_proj, ff, TypedPtr{}, up_.data()}});
   silu_mul(pool_, gate_.data(), up_.data(), n * ff, gate_.data());
   linear(gate_.data(), n, ff, w.down_proj, d, TypedPtr{}, o_.data());
   if (partial_sums_) partial_sums_(o_.data(), n * d);

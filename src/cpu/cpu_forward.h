@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <utility>
@@ -72,6 +73,16 @@ class CpuForward {
   // y = x · Wᵀ (+ bias) for a linear weight in any layout this forward reads.
   void linear(const float* x, int64_t m, int64_t k, const TensorView& w, int64_t n, TypedPtr bias,
               float* y);
+  // One product of linear_shared.
+  struct Linear {
+    const TensorView* w;
+    int64_t n;
+    TypedPtr bias;
+    float* y;
+  };
+  // Several linear products of one x (q, k and v; gate and up), each as linear gives it:
+  // block-format weights in one quant_matmul_shared call (x quantized once).
+  void linear_shared(const float* x, int64_t m, int64_t k, std::initializer_list<Linear> products);
 
   std::shared_ptr<const ModelWeights> weights_;
   ThreadPool& pool_;

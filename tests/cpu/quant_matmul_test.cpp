@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/quant/quant_kernels.h"
@@ -73,7 +74,7 @@ std::vector<float> quantized_activations(const std::vector<float>& x, int64_t m,
   std::vector<float> out(x.size());
   std::vector<uint8_t> q(static_cast<size_t>(act_row_bytes(format, k)));
   for (int64_t i = 0; i < m; ++i) {
-    quantize_activations(x.data() + i * k, k, format, 0, q.data());
+    quantize_activations(x.data() + i * k, k, format, q.data());
     if (format == ActFormat::kBlockK) {
       dequantize_row(QuantType::kQ8_K, q.data(), k, out.data() + i * k);
       continue;
@@ -194,17 +195,15 @@ TEST(QuantMatmulTest, VectorActivationQuantizerMatchesItsScalarTwinByteForByte) 
       }
       for (const ActFormat f : {ActFormat::kBlock32, ActFormat::kBlock32Sums, ActFormat::kBlockK}) {
         if (f == ActFormat::kBlockK && k % kBlockK != 0) continue;
-        for (const int offset : {0, 8, 16, 128}) {
-          const auto bytes = static_cast<size_t>(act_row_bytes(f, k));
-          std::vector<uint8_t> want(bytes, 0xAB), got(bytes, 0xCD);
-          quantize_activations(x.data(), k, f, offset, want.data());
-          quantize_activations_avx512(x.data(), k, f, offset, got.data());
-          for (size_t b = 0; b < bytes; ++b) {
-            ASSERT_EQ(got[b], want[b]) << "k=" << k << " variant=" << variant
-                                       << " format=" << static_cast<int>(f) << " byte " << b;
-          }
-          ++rows;
+        const auto bytes = static_cast<size_t>(act_row_bytes(f, k));
+        std::vector<uint8_t> want(bytes, 0xAB), got(bytes, 0xCD);
+        quantize_activations(x.data(), k, f, want.data());
+        quantize_activations_avx512(x.data(), k, f, got.data());
+        for (size_t b = 0; b < bytes; ++b) {
+          ASSERT_EQ(got[b], want[b]) << "k=" << k << " variant=" << variant
+                                     << " format=" << static_cast<int>(f) << " byte " << b;
         }
+        ++rows;
       }
     }
   }
@@ -299,6 +298,53 @@ TEST(QuantMatmulTest, ThreadCountDoesNotChangeAnyBit) {
     const std::vector<float> a = run(one, c, best_isa());
     const std::vector<float> b = run(two, c, best_isa());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << type_info(t).name;
+  }
+}
+
+// Products of one x run together (quant_matmul_shared: x quantized once per activation
+// format, the rows of all of them split over the threads in one pass) give each y the
+// bits quant_matmul gives it alone: block types of both activation formats, a float type
+// among them, biases, row counts that leave part tiles, on every path and 1, 3 and 19 rows.
+TEST(QuantMatmulTest, SharedProductsHaveTheBitsOfEachProductAlone) {
+  ThreadPool pool(2);
+  std::mt19937 rng(23);
+  const int64_t cols = 512;
+  const std::pair<QuantType, int64_t> weights[] = {{QuantType::kQ5_0, 37},
+                                                   {QuantType::kQ8_0, 16},
+                                                   {QuantType::kQ4_K, 21},
+                                                   {QuantType::kF32, 5},
+                                                   {QuantType::kQ6_K, 40}};
+  for (const QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512Vnni}) {
+    if (!isa_supported(isa)) continue;
+    for (const int64_t m : {1, 3, 19}) {
+      const std::vector<float> x = cpu::testing::random_floats(rng, m * cols, -2.0f, 2.0f);
+      std::vector<Case> cases;
+      std::vector<std::vector<float>> biases, shared;
+      std::vector<QuantProduct> products;
+      for (const auto& [type, rows] : weights) {
+        cases.push_back(make_case(rng, type == QuantType::kF32 ? QuantType::kQ8_0 : type,
+                                  Shape{m, rows, cols}));
+        biases.push_back(cpu::testing::random_floats(rng, rows));
+        shared.emplace_back(static_cast<size_t>(m * rows), -1.0f);
+      }
+      for (size_t t = 0; t < cases.size(); ++t) {
+        const Case& c = cases[t];
+        const bool f32 = weights[t].first == QuantType::kF32;
+        products.push_back(
+            QuantProduct{{f32 ? static_cast<const void*>(c.w_f32.data()) : c.w.data(),
+                          weights[t].first, c.shape.rows, cols},
+                         {biases[t].data(), DType::kF32},
+                         shared[t].data()});
+      }
+      quant_matmul_shared(pool, x.data(), m, products, isa);
+      for (size_t t = 0; t < products.size(); ++t) {
+        std::vector<float> alone(static_cast<size_t>(m * products[t].w.rows), -2.0f);
+        quant_matmul(pool, x.data(), m, products[t].w, products[t].bias, alone.data(), isa);
+        EXPECT_EQ(std::memcmp(alone.data(), shared[t].data(), alone.size() * sizeof(float)), 0)
+            << to_string(isa) << " m=" << m << " product " << t << " ("
+            << type_info(products[t].w.type).name << ")";
+      }
+    }
   }
 }
 

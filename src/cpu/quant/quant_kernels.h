@@ -26,14 +26,13 @@ struct ActBlock32 {
 };
 static_assert(sizeof(ActBlock32) == 36);
 
-// One 32-value block as the 512-bit kernels read it: the quants, the scale, and two
-// constants of the block for the weight format: -offset * sum(qs) (offset: pair_offset,
-// folded into the integer sum) and d * sum(qs) (for the formats with a min), the product
-// rounded once to f32.
+// One 32-value block as the 512-bit kernels read it: the quants, the scale, sum(qs)
+// (a weight format's offset is folded into the integer sum as -offset * sum) and
+// d * sum(qs) rounded once to f32 (for the formats with a min).
 struct ActBlock32Sums {
   int8_t qs[32];
   float d;
-  int32_t offset;
+  int32_t sum;
   float dsum;
 };
 static_assert(sizeof(ActBlock32Sums) == 44);
@@ -45,19 +44,11 @@ inline ActFormat act_format(QuantType t) {
   return type_info(t).block_weights == kBlockK ? ActFormat::kBlockK : ActFormat::kBlock32;
 }
 
-// The constant the 512-bit kernels subtract from a 32-weight format's unsigned
-// quants: Q4_0's 8, Q5_0's 16, Q8_0's 128 (its signed quants are biased by 128).
-inline int pair_offset(QuantType t) {
-  return t == QuantType::kQ4_0 ? 8 : t == QuantType::kQ5_0 ? 16 : t == QuantType::kQ8_0 ? 128 : 0;
-}
-
 // One row of k activations (k a multiple of the format's block) into blocks at
 // out: round to nearest (ties to even) on a per-block scale d = max |x| / 127.
-// offset: pair_offset of the weights (kBlock32Sums only).
-void quantize_activations(const float* x, int64_t k, ActFormat format, int offset, void* out);
+void quantize_activations(const float* x, int64_t k, ActFormat format, void* out);
 // The same bytes, 16 values per instruction. REQUIRES: AVX-512 F/BW/VL/VNNI.
-void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, int offset,
-                                 void* out);
+void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, void* out);
 // Bytes of one quantized activation row of k values.
 int64_t act_row_bytes(ActFormat format, int64_t k);
 

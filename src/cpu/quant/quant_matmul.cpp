@@ -67,7 +67,7 @@ int64_t act_row_bytes(ActFormat format, int64_t k) {
   return k / kBlock32 * static_cast<int64_t>(sizeof(ActBlock32));
 }
 
-void quantize_activations(const float* x, int64_t k, ActFormat format, int offset, void* out) {
+void quantize_activations(const float* x, int64_t k, ActFormat format, void* out) {
   auto* bytes = static_cast<uint8_t*>(out);
   if (format == ActFormat::kBlock32Sums) {
     for (int64_t b = 0; b < k / kBlock32; ++b) {
@@ -75,7 +75,7 @@ void quantize_activations(const float* x, int64_t k, ActFormat format, int offse
       blk.d = quantize_block(x + b * kBlock32, kBlock32, blk.qs);
       int sum = 0;
       for (const int8_t q : blk.qs) sum += q;
-      blk.offset = -offset * sum;
+      blk.sum = sum;
       blk.dsum = blk.d * static_cast<float>(sum);
       std::memcpy(bytes + b * static_cast<int64_t>(sizeof(blk)), &blk, sizeof(blk));
     }
@@ -146,76 +146,128 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
 
 void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeights& w, TypedPtr bias,
                   float* y, QuantIsa isa) {
-  // REQUIRES: a weight type and shape the kernels take, a path this CPU runs.
-  CELLM_CHECK(m >= 0 && w.rows >= 0);
-  CELLM_CHECK_MSG(check_weights(w.type, w.cols).ok(), "quant_matmul: bad weight shape or type");
-  CELLM_CHECK_MSG(isa_supported(isa), "quant_matmul: the CPU lacks this instruction set");
-  if (w.type == QuantType::kBF16 && isa == QuantIsa::kAvx512Vnni && bf16_dot_supported()) {
-    bf16_dot_matmul(pool, x, m, w.cols, static_cast<const uint16_t*>(w.data), w.rows, y);
-    add_bias(m, w.rows, bias, y);
-    return;
-  }
-  if (is_float_type(w.type)) {
-    matmul(pool, x, m, w.cols, TypedPtr{w.data, float_dtype(w.type)}, w.rows, bias, y);
-    return;
-  }
-  if (m == 0 || w.rows == 0) return;
-  CELLM_CHECK(x != nullptr && y != nullptr && w.data != nullptr);
+  const QuantProduct product{w, bias, y};
+  quant_matmul_shared(pool, x, m, std::span<const QuantProduct>(&product, 1), isa);
+}
 
-  const ActFormat format = isa == QuantIsa::kAvx512Vnni && act_format(w.type) == ActFormat::kBlock32
-                               ? ActFormat::kBlock32Sums
-                               : act_format(w.type);
-  const int offset = pair_offset(w.type);
-  const int64_t act_bytes = act_row_bytes(format, w.cols);
-  // The calling thread's; the pool's threads only read it during this call.
-  thread_local std::vector<uint8_t> act;
-  act.resize(static_cast<size_t>(m * act_bytes));
-  // By pointer: inside a chunk run by a pool thread, `act` would name that thread's.
-  uint8_t* const act_data = act.data();
+void quant_matmul_shared(ThreadPool& pool, const float* x, int64_t m,
+                         std::span<const QuantProduct> products) {
+  quant_matmul_shared(pool, x, m, products, best_isa());
+}
+
+void quant_matmul_shared(ThreadPool& pool, const float* x, int64_t m,
+                         std::span<const QuantProduct> products, QuantIsa isa) {
+  // REQUIRES: weight types and shapes the kernels take, a path this CPU runs.
+  CELLM_CHECK(m >= 0);
+  CELLM_CHECK_MSG(isa_supported(isa), "quant_matmul: the CPU lacks this instruction set");
+  // The block-type products, each with its kernel and activation format; at most one
+  // buffer of quantized rows per format (kBlock32 or kBlock32Sums, and kBlockK).
+  struct Block {
+    const QuantProduct* p;
+    QuantKernel run;
+    int act;  // index into acts
+    int64_t first_group;
+  };
+  struct Act {
+    ActFormat format;
+    int64_t row_bytes;
+    uint8_t* data;
+  };
+  constexpr int kMaxActs = 3;  // ActFormat's values
+  // The calling thread's; the pool's threads only read them during this call.
+  thread_local std::vector<uint8_t> act_buffers[kMaxActs];
+  thread_local std::vector<Block> this_threads_blocks;
+  // By reference: inside a chunk run by a pool thread, the thread_local would name that
+  // thread's.
+  std::vector<Block>& blocks = this_threads_blocks;
+  blocks.clear();
+  Act acts[kMaxActs];
+  int n_acts = 0;
+  int64_t cols = -1, groups = 0, macs = 0;
+  for (const QuantProduct& p : products) {
+    const QuantWeights& w = p.w;
+    CELLM_CHECK(w.rows >= 0);
+    CELLM_CHECK_MSG(check_weights(w.type, w.cols).ok(), "quant_matmul: bad weight shape or type");
+    CELLM_CHECK_MSG(cols < 0 || w.cols == cols, "quant_matmul_shared: products of different x");
+    cols = w.cols;
+    if (w.type == QuantType::kBF16 && isa == QuantIsa::kAvx512Vnni && bf16_dot_supported()) {
+      bf16_dot_matmul(pool, x, m, w.cols, static_cast<const uint16_t*>(w.data), w.rows, p.y);
+      add_bias(m, w.rows, p.bias, p.y);
+      continue;
+    }
+    if (is_float_type(w.type)) {
+      matmul(pool, x, m, w.cols, TypedPtr{w.data, float_dtype(w.type)}, w.rows, p.bias, p.y);
+      continue;
+    }
+    if (m == 0 || w.rows == 0) continue;
+    CELLM_CHECK(x != nullptr && p.y != nullptr && w.data != nullptr);
+    const ActFormat format =
+        isa == QuantIsa::kAvx512Vnni && act_format(w.type) == ActFormat::kBlock32
+            ? ActFormat::kBlock32Sums
+            : act_format(w.type);
+    int act = 0;
+    while (act < n_acts && acts[act].format != format) ++act;
+    if (act == n_acts) acts[n_acts++] = Act{format, act_row_bytes(format, cols), nullptr};
+    const QuantKernel run = kernel(w.type, isa);
+    CELLM_CHECK(run != nullptr);
+    blocks.push_back(Block{&p, run, act, groups});
+    groups += (w.rows + kRowsPerGroup - 1) / kRowsPerGroup;
+    macs += m * w.rows * w.cols;
+  }
+  if (blocks.empty()) return;
+
+  for (int t = 0; t < n_acts; ++t) {
+    std::vector<uint8_t>& buffer = act_buffers[t];
+    buffer.resize(static_cast<size_t>(m * acts[t].row_bytes));
+    // By pointer: inside a chunk run by a pool thread, `buffer` would name that thread's.
+    acts[t].data = buffer.data();
+  }
   const auto quantize_rows = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      if (isa == QuantIsa::kAvx512Vnni) {
-        quantize_activations_avx512(x + i * w.cols, w.cols, format, offset,
-                                    act_data + i * act_bytes);
-      } else {
-        quantize_activations(x + i * w.cols, w.cols, format, offset, act_data + i * act_bytes);
+    for (int t = 0; t < n_acts; ++t) {
+      const Act& act = acts[t];
+      for (int64_t i = i0; i < i1; ++i) {
+        if (isa == QuantIsa::kAvx512Vnni) {
+          quantize_activations_avx512(x + i * cols, cols, act.format, act.data + i * act.row_bytes);
+        } else {
+          quantize_activations(x + i * cols, cols, act.format, act.data + i * act.row_bytes);
+        }
       }
     }
   };
-  if (m * w.cols >= (int64_t{1} << 15)) {
+  if (m * cols * n_acts >= (int64_t{1} << 15)) {
     pool.parallel_for(m, quantize_rows);
   } else {
     quantize_rows(0, m);
   }
 
-  QuantGemmArgs args;
-  args.act = act_data;
-  args.act_row_bytes = act_bytes;
-  args.m = m;
-  args.w = static_cast<const uint8_t*>(w.data);
-  args.w_row_bytes = row_bytes(w.type, w.cols).value();
-  args.k_blocks = w.cols / type_info(w.type).block_weights;
-  args.y = y;
-  args.ldy = w.rows;
-  const QuantKernel run = kernel(w.type, isa);
-  CELLM_CHECK(run != nullptr);
-  // Bands are whole groups of kRowsPerGroup rows; each thread takes a contiguous run.
-  const int64_t groups = (w.rows + kRowsPerGroup - 1) / kRowsPerGroup;
+  // Bands are whole groups of kRowsPerGroup rows of the products laid end to end; each
+  // thread takes a contiguous run (crossing from one product into the next).
   const auto band = [&](int64_t g0, int64_t g1) {
-    run(args, g0 * kRowsPerGroup, std::min(w.rows, g1 * kRowsPerGroup));
+    for (const Block& blk : blocks) {
+      const QuantWeights& w = blk.p->w;
+      const int64_t first = blk.first_group;
+      const int64_t last = first + (w.rows + kRowsPerGroup - 1) / kRowsPerGroup;
+      const int64_t lo = std::max(g0, first), hi = std::min(g1, last);
+      if (lo >= hi) continue;
+      QuantGemmArgs args;
+      args.act = acts[blk.act].data;
+      args.act_row_bytes = acts[blk.act].row_bytes;
+      args.m = m;
+      args.w = static_cast<const uint8_t*>(w.data);
+      args.w_row_bytes = row_bytes(w.type, w.cols).value();
+      args.k_blocks = w.cols / type_info(w.type).block_weights;
+      args.y = blk.p->y;
+      args.ldy = w.rows;
+      blk.run(args, (lo - first) * kRowsPerGroup, std::min(w.rows, (hi - first) * kRowsPerGroup));
+    }
   };
   // Below ~64k multiply-adds a second thread costs more than it saves.
-  if (m * w.rows * w.cols < (int64_t{1} << 16)) {
+  if (macs < (int64_t{1} << 16)) {
     band(0, groups);
   } else {
     pool.parallel_for(groups, band);
   }
-  if (bias.data != nullptr) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < w.rows; ++j)
-        y[i * w.rows + j] += load_as_f32(bias.data, bias.dtype, j);
-    }
-  }
+  for (const Block& blk : blocks) add_bias(m, blk.p->w.rows, blk.p->bias, blk.p->y);
 }
 
 }  // namespace cellm::cpu::quant

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "cpu/kernels/convert.h"
 #include "cpu/kernels/thread_pool.h"
@@ -58,5 +59,22 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
 // The same on a chosen path (tests and benchmarks). REQUIRES: isa_supported(isa).
 void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeights& w, TypedPtr bias,
                   float* y, QuantIsa isa);
+
+// One product of quant_matmul_shared: y [m, w.rows] = x · Wᵀ (+ bias).
+struct QuantProduct {
+  QuantWeights w;
+  TypedPtr bias;
+  float* y = nullptr;
+};
+
+// Several products of one x [m, cols] (a layer's q, k and v; gate and up): x quantized
+// once per activation format the block types need, and the products' weight rows split
+// over the pool's threads in one pass. Each y has the bits quant_matmul gives it alone;
+// float-type weights go through quant_matmul one by one.
+// REQUIRES: every w.cols equal, check_weights ok, no y overlapping x, a W or another y.
+void quant_matmul_shared(ThreadPool& pool, const float* x, int64_t m,
+                         std::span<const QuantProduct> products);
+void quant_matmul_shared(ThreadPool& pool, const float* x, int64_t m,
+                         std::span<const QuantProduct> products, QuantIsa isa);
 
 }  // namespace cellm::cpu::quant

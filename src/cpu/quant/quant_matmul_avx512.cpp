@@ -41,14 +41,14 @@ inline float quantize32(const float* x, int8_t* q) {
   return d;
 }
 
-void quantize_blocks32_sums(const float* x, int64_t k, int offset, uint8_t* out) {
+void quantize_blocks32_sums(const float* x, int64_t k, uint8_t* out) {
   for (int64_t b = 0; b < k / kBlock32; ++b) {
     ActBlock32Sums blk;
     blk.d = quantize32(x + b * kBlock32, blk.qs);
     const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs))),
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs + 16)))));
-    blk.offset = -offset * sum;
+    blk.sum = sum;
     blk.dsum = blk.d * static_cast<float>(sum);
     std::memcpy(out + b * static_cast<int64_t>(sizeof(blk)), &blk, sizeof(blk));
   }
@@ -89,12 +89,11 @@ QuantKernel avx512_vnni_kernel(QuantType t) {
   return kernel_for(t);
 }
 
-void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, int offset,
-                                 void* out) {
+void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, void* out) {
   auto* bytes = static_cast<uint8_t*>(out);
   switch (format) {
     case ActFormat::kBlock32Sums:
-      quantize_blocks32_sums(x, k, offset, bytes);
+      quantize_blocks32_sums(x, k, bytes);
       return;
     case ActFormat::kBlock32:
       quantize_blocks32(x, k, bytes);
@@ -113,9 +112,8 @@ namespace cellm::cpu::quant {
 QuantKernel avx512_vnni_kernel(QuantType) {
   return nullptr;
 }
-void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, int offset,
-                                 void* out) {
-  quantize_activations(x, k, format, offset, out);
+void quantize_activations_avx512(const float* x, int64_t k, ActFormat format, void* out) {
+  quantize_activations(x, k, format, out);
 }
 }  // namespace cellm::cpu::quant
 
