@@ -11,6 +11,8 @@
 //   fp8      launch_quantize_rows_e4m3 + Fp8Gemm::run<bf16> (Fp8Scaling::kAuto, tuning on
 //            as the executor's decode warm-up has it), the whole replacement of the bf16 call
 //   fp8 gemm Fp8Gemm::run alone, and the plan kind kAuto chose (outer, kernel, skinny)
+//   quant    launch_quantize_rows_e4m3 alone, and the GB/s of its bytes (x read, codes and
+//            scales written)
 //   skinny   launch_quantize_rows_e4m3 + Fp8Gemm::run<bf16> with the forced kSkinny path
 //            (cellm's skinny kernel, shared ring; "-" where it does not serve: m > 64)
 //   fallback launch_quantize_rows_e4m3 + Fp8Gemm::run<bf16> with the forced
@@ -121,9 +123,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "properties");
   std::printf("device: %s, %d calls per timing\n", prop.name, iters);
-  std::printf("%-8s %5s | %9s %7s | %9s %7s | %9s %7s %-6s | %9s %7s | %9s %7s | %7s | %8s\n",
-              "shape", "m", "bf16 us", "TFLOP/s", "fp8 us", "TFLOP/s", "gemm us", "TFLOP/s", "plan",
-              "skinny us", "TFLOP/s", "fallbk us", "TFLOP/s", "speedup", "rel diff");
+  std::printf(
+      "%-8s %5s | %9s %7s | %9s %7s | %9s %7s %-6s | %8s %6s | %9s %7s | %9s %7s | %7s | %8s\n",
+      "shape", "m", "bf16 us", "TFLOP/s", "fp8 us", "TFLOP/s", "gemm us", "TFLOP/s", "plan",
+      "quant us", "GB/s", "skinny us", "TFLOP/s", "fallbk us", "TFLOP/s", "speedup", "rel diff");
 
   cellm::Result<Gemm> gemm_r = Gemm::create(size_t{32} << 20, GemmPath::kCublasLtOnly);
   check(gemm_r.status());
@@ -213,6 +216,8 @@ int main(int argc, char** argv) {
         product(fp8, st);
       });
       const double gemm_us = time_per_call(iters, [&](cudaStream_t st) { product(fp8, st); });
+      const double quant_us = time_per_call(iters, quantize);
+      const double quant_bytes = static_cast<double>(m) * (in_cols * 2 + s.k + 4);
       const bool serves = cellm::cuda::skinny_gemm_e4m3_supports(m, s.n, s.k, x8.get(), w8.get());
       const double skinny_us = !serves ? 0.0 : time_per_call(iters, [&](cudaStream_t st) {
         quantize(st);
@@ -228,11 +233,12 @@ int main(int argc, char** argv) {
                       tflops(skinny_us));
       }
       std::printf(
-          "%-8s %5lld | %9.1f %7.1f | %9.1f %7.1f | %9.1f %7.1f %-6s | %s | %9.1f %7.1f | %6.2fx | "
-          "%8.2e\n",
+          "%-8s %5lld | %9.1f %7.1f | %9.1f %7.1f | %9.1f %7.1f %-6s | %8.1f %6.0f | %s | %9.1f "
+          "%7.1f | %6.2fx | %8.2e\n",
           s.name, static_cast<long long>(m), bf16_us, tflops(bf16_us), fp8_us, tflops(fp8_us),
-          gemm_us, tflops(gemm_us), plan, skinny_cols, fallback_us, tflops(fallback_us),
-          bf16_us / fp8_us, max_ref > 0 ? max_diff / max_ref : 0.0);
+          gemm_us, tflops(gemm_us), plan, quant_us, quant_bytes / (quant_us * 1e3), skinny_cols,
+          fallback_us, tflops(fallback_us), bf16_us / fp8_us,
+          max_ref > 0 ? max_diff / max_ref : 0.0);
     }
   }
   return 0;
