@@ -131,14 +131,12 @@ std::vector<double> magnitudes(const std::vector<float>& a, const Case& c) {
 std::vector<Shape> shapes_for(QuantType t) {
   // The last shape of each list is big enough to be split over the pool's threads.
   if (is_k(t)) {
-    // m >= 8 goes through the 512-bit path's packed K tiles: 11 leaves 3 rows after
-    // the tiles of 4, 17 one, 8 and 16 none.
+    // On 512 bits 1-3 rows take the direct K tiles, 4 or more the packed ones in tiles
+    // of 4, 2, 1 rows (11 leaves 3 rows, 5 and 17 one), 16 weight rows a tile.
     return {{1, 7, 256},  {2, 9, 512},  {5, 13, 768},  {8, 4, 256},
             {11, 9, 512}, {16, 6, 256}, {17, 5, 1536}, {1, 203, 512}};
   }
-  // m >= 8 goes through the 512-bit path's packed weight tiles: 11 and 35 leave
-  // 3 rows after the tiles of 4, 33 one, 8 none.
-  // On 512 bits 1-3 rows take the direct tiles, 4 or more the packed ones (tiles of 8,
+  // On 512 bits one row takes the direct tiles, 2 or more the packed ones (tiles of 8,
   // 4, 2, 1 rows), 16 weight rows a tile (21, 33, 37, 203 leave a part tile).
   return {{1, 5, 32},  {1, 9, 576},  {3, 13, 96},  {4, 8, 64},     {8, 4, 64},
           {11, 9, 96}, {16, 7, 576}, {33, 6, 32},  {17, 10, 1536}, {35, 37, 576},
@@ -262,9 +260,9 @@ TEST(QuantMatmulTest, ResultsAreWithinTheActivationRoundingOfAnF32Matmul) {
 
 // A row's result does not depend on the rows computed with it (DESIGN.md: a seeded
 // generation gives the same tokens whatever else shares its batches): on every
-// vector path and block type, each row of a product of 2..40 rows (the direct tiles
-// of 1-3 rows, the packed ones from 4, the K-quants' 4-row and packed tiles) has the
-// bits of that row computed alone.
+// vector path and block type, each row of a product of 2..40 rows (on 512 bits the
+// 32-weight formats' packed tiles from 2 rows, the K-quants' direct tiles of 1-3 rows
+// and packed ones from 4) has the bits of that row computed alone.
 TEST(QuantMatmulTest, ARowsResultHasTheSameBitsInAnyBatch) {
   ThreadPool pool(2);
   std::mt19937 rng(14);

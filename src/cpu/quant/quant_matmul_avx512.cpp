@@ -1,6 +1,6 @@
-// The quantized matmul's kernels for AVX-512 VNNI (vpdpbusd, vpdpwssd on 256-bit vectors), 4
-// activation rows per tile (32 vector registers). The body is quant_matmul_simd.inc; the dispatcher
-// calls in only where cpu_features() says the CPU has these instructions.
+// The quantized matmul's kernels for AVX-512 VNNI (vpdpbusd, vpdpwssd on 512-bit vectors, 16
+// weight rows a vector). The body is quant_matmul_simd.inc; the dispatcher calls in only where
+// cpu_features() says the CPU has these instructions.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,7 +19,6 @@ namespace {
 CELLM_TARGET_BEGIN(CELLM_ISA_AVX512)
 
 #define CELLM_QUANT_VNNI 1
-constexpr int kMr = 4;
 #include "cpu/quant/quant_matmul_simd.inc"
 #undef CELLM_QUANT_VNNI
 
