@@ -198,9 +198,10 @@ void expect_same(const QuantOut& got, const std::vector<uint8_t>& codes,
 TEST(QuantizeE4m3Test, PlainRowsMatchTheTwin) {
   CELLM_SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);
-  // Rows split over clusters of 8, 4, 2 blocks and whole (m = 300); slices that do not
-  // divide the row (4112); rows read twice (140000: more than a block holds).
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 16},     {1, 4096},  {1, 4112},   {1, 14336},
+  // A block a row, and clusters of 8 blocks a row (a few rows of 8,192 values or more:
+  // 14336, 16400 whose slices do not divide the row); rows read twice (140000 and 20480:
+  // more than a block holds).
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 16},     {1, 4096},  {1, 16400},  {1, 14336},
                                                 {3, 48},     {3, 4096},  {9, 16},     {9, 48},
                                                 {9, 14336},  {64, 4096}, {64, 4112},  {64, 14336},
                                                 {300, 4096}, {300, 48},  {2, 140000}, {300, 20480}};
