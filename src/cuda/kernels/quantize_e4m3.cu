@@ -184,10 +184,10 @@ cudaError_t launch_quantize_rows_e4m3(const __nv_bfloat16* x, int64_t m, int64_t
   if (!quantize_rows_e4m3_supports(m, k, input, x, x8, scale)) return cudaErrorInvalidValue;
   if (m == 0) return cudaSuccess;
   // A block a row, or, for a few long rows, a cluster of 8 blocks a row where the grid
-  // still fits the SMs once. Measured on an H100 (fp8_gemm_bench's quant column): a
-  // cluster's launch and barriers cost ~1.5 us, which only rows of 1,024 values a block
-  // or more on an otherwise mostly idle GPU repay (16 SwiGLU rows of 14,336: 5.3 us
-  // against 6.8 a block a row; 64 such rows, or 16 rows of 4,096: 1.4-2.9 us slower).
+  // still fits the SMs once. A cluster's launch and barriers cost ~1.5 us, which only
+  // rows of 1,024 values a block or more on an otherwise mostly idle GPU repay: 16 rows
+  // then use 8 times the SMs; with more rows, or shorter ones, a block a row is already
+  // enough to stream them (fp8_gemm_bench's quant column compares the two).
   int sms = 0;
   if (const cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
   const int64_t packs = k / kQuantPack;
