@@ -46,6 +46,15 @@ void embedding_gather_blocks(const TensorView& table, std::span<const Token> tok
   }
 }
 
+// Adds bias[j] to y[i, j] for i < m, j < n (no bias: nothing).
+void add_bias_rows(TypedPtr bias, int64_t m, int64_t n, float* y) {
+  if (bias.data == nullptr) return;
+  for (int64_t j = 0; j < n; ++j) {
+    const float b = load_as_f32(bias.data, bias.dtype, j);
+    for (int64_t i = 0; i < m; ++i) y[i * n + j] += b;
+  }
+}
+
 }  // namespace
 
 CpuForward::CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool,
@@ -81,12 +90,7 @@ void CpuForward::linear(const float* x, int64_t m, int64_t k, const TensorView& 
     quant::fp8_matmul(pool_, x, m, w8, bias, y, bf16_dot_);
   } else if (bf16_dot_ && w.dtype == DType::kBF16) {
     quant::bf16_dot_matmul(pool_, x, m, k, static_cast<const uint16_t*>(w.data), n, y);
-    if (bias.data != nullptr) {
-      for (int64_t j = 0; j < n; ++j) {
-        const float b = load_as_f32(bias.data, bias.dtype, j);
-        for (int64_t i = 0; i < m; ++i) y[i * n + j] += b;
-      }
-    }
+    add_bias_rows(bias, m, n, y);
   } else {
     matmul(pool_, x, m, k, typed(w), n, bias, y);
   }
@@ -97,10 +101,15 @@ void CpuForward::linear_shared(const float* x, int64_t m, int64_t k,
   constexpr size_t kMaxProducts = 4;
   CELLM_CHECK(products.size() <= kMaxProducts);
   std::array<quant::QuantProduct, kMaxProducts> blocks;
-  size_t n_blocks = 0;
+  std::array<quant::Bf16Product, kMaxProducts> bf16;
+  std::array<const Linear*, kMaxProducts> bf16_of;
+  size_t n_blocks = 0, n_bf16 = 0;
   for (const Linear& p : products) {
     if (p.w->block_type) {
       blocks[n_blocks++] = quant::QuantProduct{quant_weights(*p.w), p.bias, p.y};
+    } else if (bf16_dot_ && p.w->dtype == DType::kBF16) {
+      bf16_of[n_bf16] = &p;
+      bf16[n_bf16++] = quant::Bf16Product{static_cast<const uint16_t*>(p.w->data), p.n, p.y};
     } else {
       linear(x, m, k, *p.w, p.n, p.bias, p.y);
     }
@@ -108,6 +117,12 @@ void CpuForward::linear_shared(const float* x, int64_t m, int64_t k,
   if (n_blocks > 0) {
     quant::quant_matmul_shared(pool_, x, m,
                                std::span<const quant::QuantProduct>(blocks.data(), n_blocks));
+  }
+  if (n_bf16 > 0) {
+    quant::bf16_dot_matmul_shared(pool_, x, m, k,
+                                  std::span<const quant::Bf16Product>(bf16.data(), n_bf16));
+    for (size_t i = 0; i < n_bf16; ++i)
+      add_bias_rows(bf16_of[i]->bias, m, bf16_of[i]->n, bf16_of[i]->y);
   }
 }
 

@@ -81,7 +81,8 @@ class CpuForward {
     float* y;
   };
   // Several linear products of one x (q, k and v; gate and up), each as linear gives it:
-  // block-format weights in one quant_matmul_shared call (x quantized once).
+  // block-format weights in one quant_matmul_shared call (x quantized once), bf16
+  // weights under bf16 activations in one bf16_dot_matmul_shared call (x rounded once).
   void linear_shared(const float* x, int64_t m, int64_t k, std::initializer_list<Linear> products);
 
   std::shared_ptr<const ModelWeights> weights_;

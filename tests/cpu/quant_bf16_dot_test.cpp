@@ -97,6 +97,39 @@ TEST(Bf16DotMatmulTest, ARowsResultHasTheSameBitsInAnyBatch) {
   }
 }
 
+// Products of one x in one pass (a layer's q, k and v): each y has the bits of its
+// product alone, on both paths, at decode and prefill row counts and with tiles that do
+// not fill (n not a multiple of 4), so no tile may straddle two products.
+TEST(Bf16DotMatmulTest, SharedProductsHaveTheBitsOfEachProductAlone) {
+  std::mt19937 rng(26);
+  ThreadPool pool(2);
+  for (const bool simd : {false, true}) {
+    if (simd && !bf16_dot_supported()) continue;
+    for (const int64_t m : {1, 3, 16, 17, 40}) {
+      const int64_t k = 96;
+      const int64_t ns[] = {67, 5, 203};
+      std::vector<Problem> ps;
+      for (const int64_t n : ns) ps.push_back(make(rng, 0, k, n));
+      const std::vector<float> x = cpu::testing::random_floats(rng, m * k, -2.0f, 2.0f);
+      std::vector<std::vector<float>> shared(3);
+      std::vector<Bf16Product> products;
+      for (size_t i = 0; i < 3; ++i) {
+        shared[i].assign(static_cast<size_t>(m * ns[i]), NAN);
+        products.push_back(Bf16Product{ps[i].w.data(), ns[i], shared[i].data()});
+      }
+      bf16_dot_matmul_shared(pool, x.data(), m, k, products, simd);
+      for (size_t i = 0; i < 3; ++i) {
+        std::vector<float> alone(static_cast<size_t>(m * ns[i]), NAN);
+        bf16_dot_matmul(pool, x.data(), m, k, ps[i].w.data(), ns[i], alone.data(), simd);
+        for (size_t e = 0; e < alone.size(); ++e) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(alone[e]), std::bit_cast<uint32_t>(shared[i][e]))
+              << "simd " << simd << " m " << m << " product " << i << " element " << e;
+        }
+      }
+    }
+  }
+}
+
 TEST(Bf16DotMatmulTest, TheScalarTwinSumsTheBf16RoundedProducts) {
   ThreadPool pool(1);
   std::mt19937 rng(22);

@@ -1,6 +1,7 @@
 #include "cpu/quant/bf16_dot_matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -92,36 +93,54 @@ void to_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t*
 
 // kPrefetch: the first block of x rows to meet a W tile streams it from memory, so
 // it asks for the rows two tiles ahead; later blocks find W in L2 already.
+// The steps are written out in the body, not in a lambda: GCC kept the accumulators of
+// a lambda's captured array on the stack (a load and a store around every vdpbf16ps).
 template <int MR, bool kPrefetch>
 void tile_avx512(const Args& a, int64_t i0, int64_t j0, int nr) {
+  const int64_t k = a.k;
   const uint16_t* w[kNr];
-  for (int j = 0; j < kNr; ++j) w[j] = a.w + (j0 + (j < nr ? j : nr - 1)) * a.k;
+  for (int j = 0; j < kNr; ++j) w[j] = a.w + (j0 + (j < nr ? j : nr - 1)) * k;
+  const uint16_t* x = a.xb + i0 * a.ldx;
+  const int64_t ldx = a.ldx;
+  // The same line of the row two tiles ahead, into L2 (see matmul.cpp); integer
+  // arithmetic, as past W's end the address leaves it.
+  const auto ahead = static_cast<uintptr_t>(2 * kNr * k * 2);
   __m512 acc[MR][kNr];
-  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
     for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_setzero_ps();
-  // Whole 32-column steps with plain loads, then one masked step for the tail:
-  // GCC keeps the accumulators in registers only around loads it can analyse.
-  const auto step = [&](int64_t c, __mmask32 mask, bool full) {
+  }
+  const int64_t k_full = k / kLanesBf16 * kLanesBf16;
+  for (int64_t c = 0; c < k_full; c += kLanesBf16) {
     __m512bh wv[kNr];
+#pragma GCC unroll 4
     for (int j = 0; j < kNr; ++j) {
-      // The same line of the row two tiles ahead, into L2 (see matmul.cpp); integer
-      // arithmetic, as past W's end the address leaves it.
       if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w[j] + c) +
-                                                   static_cast<uintptr_t>(2 * kNr * a.k * 2)),
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w[j] + c) + ahead),
                      _MM_HINT_T1);
       }
-      wv[j] =
-          as_bf16(full ? _mm512_loadu_si512(w[j] + c) : _mm512_maskz_loadu_epi16(mask, w[j] + c));
+      wv[j] = as_bf16(_mm512_loadu_si512(w[j] + c));
     }
+#pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
-      const __m512bh xv = as_bf16(_mm512_loadu_si512(a.xb + (i0 + i) * a.ldx + c));
+      const __m512bh xv = as_bf16(_mm512_loadu_si512(x + i * ldx + c));
+#pragma GCC unroll 4
       for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
     }
-  };
-  const int64_t k_full = a.k / kLanesBf16 * kLanesBf16;
-  for (int64_t c = 0; c < k_full; c += kLanesBf16) step(c, 0, true);
-  if (k_full < a.k) step(k_full, static_cast<__mmask32>((1u << (a.k - k_full)) - 1u), false);
+  }
+  if (k_full < k) {  // the tail: masked W loads (x is zero-padded to ldx)
+    const auto mask = static_cast<__mmask32>((1u << (k - k_full)) - 1u);
+    __m512bh wv[kNr];
+#pragma GCC unroll 4
+    for (int j = 0; j < kNr; ++j) wv[j] = as_bf16(_mm512_maskz_loadu_epi16(mask, w[j] + k_full));
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = as_bf16(_mm512_loadu_si512(x + i * ldx + k_full));
+#pragma GCC unroll 4
+      for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
   // One (masked) store per row: a loop of nr scalar stores became a memcpy call.
   const auto keep = static_cast<__mmask8>((1u << nr) - 1u);
   for (int i = 0; i < MR; ++i) {
@@ -185,32 +204,65 @@ bool bf16_dot_supported() {
 
 void bf16_dot_matmul(ThreadPool& pool, const float* x, int64_t m, int64_t k, const uint16_t* w,
                      int64_t n, float* y, bool simd) {
+  const Bf16Product product{w, n, y};
+  bf16_dot_matmul_shared(pool, x, m, k, std::span<const Bf16Product>(&product, 1), simd);
+}
+
+void bf16_dot_matmul_shared(ThreadPool& pool, const float* x, int64_t m, int64_t k,
+                            std::span<const Bf16Product> products, bool simd) {
   // REQUIRES: non-negative shapes; the instructions when simd.
-  CELLM_CHECK(m >= 0 && k >= 0 && n >= 0);
+  CELLM_CHECK(m >= 0 && k >= 0);
   CELLM_CHECK_MSG(!simd || bf16_dot_supported(), "bf16_dot_matmul: the CPU lacks AVX-512 BF16");
-  if (m == 0 || n == 0) return;
-  CELLM_CHECK(y != nullptr && (k == 0 || (x != nullptr && w != nullptr)));
+  constexpr size_t kMaxProducts = 4;
+  CELLM_CHECK(products.size() <= kMaxProducts);
+  // Each product's W tiles, numbered one after another: a tile never spans two products,
+  // so each y has the sums it gets alone.
+  std::array<Args, kMaxProducts> args;
+  std::array<int64_t, kMaxProducts + 1> first_group{};
+  size_t count = 0;
+  int64_t rows = 0;
+  for (const Bf16Product& p : products) {
+    CELLM_CHECK(p.n >= 0);
+    if (m == 0 || p.n == 0) continue;
+    CELLM_CHECK(p.y != nullptr && (k == 0 || (x != nullptr && p.w != nullptr)));
+    args[count] = Args{nullptr, 0, m, k, p.w, p.y, p.n};
+    first_group[count + 1] = first_group[count] + (p.n + kNr - 1) / kNr;
+    rows += p.n;
+    ++count;
+  }
+  if (count == 0) return;
   const int64_t ldx = (k + kLanesBf16 - 1) / kLanesBf16 * kLanesBf16;
   // The calling thread's; the pool's threads only read it during this call.
   thread_local std::vector<uint16_t> xb;
   xb.resize(static_cast<size_t>(m * ldx));
-  Args args{xb.data(), ldx, m, k, w, y, n};
-  void (*rows)(const Args&, int64_t, int64_t) = rows_scalar;
+  for (size_t p = 0; p < count; ++p) {
+    args[p].xb = xb.data();
+    args[p].ldx = ldx;
+  }
+  void (*run_rows)(const Args&, int64_t, int64_t) = rows_scalar;
 #if defined(CELLM_BF16_DOT_X86)
   if (simd) {
     to_bf16_avx512(x, m, k, ldx, xb.data());
-    rows = rows_avx512;
+    run_rows = rows_avx512;
   }
 #endif
-  if (rows == rows_scalar) {
+  if (run_rows == rows_scalar) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t c = 0; c < ldx; ++c)
         xb[static_cast<size_t>(i * ldx + c)] = c < k ? f32_to_bf16(x[i * k + c]) : 0;
     }
   }
-  const int64_t groups = (n + kNr - 1) / kNr;
-  const auto band = [&](int64_t g0, int64_t g1) { rows(args, g0 * kNr, std::min(n, g1 * kNr)); };
-  if (m * n * k < (int64_t{1} << 16)) {
+  const int64_t groups = first_group[count];
+  // Tiles [g0, g1) of the numbering, product by product.
+  const auto band = [&](int64_t g0, int64_t g1) {
+    for (size_t p = 0; p < count && g0 < g1; ++p) {
+      const int64_t lo = std::max(g0, first_group[p]), hi = std::min(g1, first_group[p + 1]);
+      if (lo >= hi) continue;
+      const Args& a = args[p];
+      run_rows(a, (lo - first_group[p]) * kNr, std::min(a.n, (hi - first_group[p]) * kNr));
+    }
+  };
+  if (m * rows * k < (int64_t{1} << 16)) {
     band(0, groups);
   } else if (m > kStaticMaxRows) {
     // Compute-bound: threads claim kDynamicGroups tiles at a time, so one that

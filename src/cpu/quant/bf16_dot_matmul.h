@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "cpu/kernels/thread_pool.h"
 
@@ -30,5 +31,21 @@ bool bf16_dot_supported();
 // REQUIRES: m, k, n >= 0; bf16_dot_supported() when simd; y does not overlap x or w.
 void bf16_dot_matmul(ThreadPool& pool, const float* x, int64_t m, int64_t k, const uint16_t* w,
                      int64_t n, float* y, bool simd = true);
+
+// One product of bf16_dot_matmul_shared: y [m, n] = bf16(x) · wᵀ, w [n, k] bf16.
+struct Bf16Product {
+  const uint16_t* w = nullptr;
+  int64_t n = 0;
+  float* y = nullptr;
+};
+
+// Up to four products of one x [m, k] (a layer's q, k and v; gate and up): x rounded
+// to bf16 once and the products' W rows split over the pool's threads in one pass, so
+// the threads meet once rather than once a product. Each y has the bits
+// bf16_dot_matmul gives it alone.
+// REQUIRES: as bf16_dot_matmul's, for each product; at most four products; no y
+// overlapping x, a w or another y.
+void bf16_dot_matmul_shared(ThreadPool& pool, const float* x, int64_t m, int64_t k,
+                            std::span<const Bf16Product> products, bool simd = true);
 
 }  // namespace cellm::cpu::quant
