@@ -84,7 +84,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t blocked_loop(int6
 // The ceilings of the bf16 products (bf16_matmul_bench): 24 independent chains of
 // vdpbf16ps (32 bf16 multiply-adds each: bf16_dot_matmul's instruction) or of f32
 // FMA (16 each: cpu::matmul's exact path). 24 chains: 12 left both loops short of
-// their throughput on a core whose latency exceeds 12 of them.
+// their throughput on a core whose latency exceeds 12 of them. The chains are unrolled
+// by index: a range-for over the array kept every accumulator in memory (a load and a
+// store around each instruction), which measured the store-forwarding latency instead.
 constexpr int kWideChains = 24;
 
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) int64_t bf16_loop(int64_t iters,
@@ -96,7 +98,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) int64_t bf16_loop(int64_t
     asm volatile("" : "+v"(u));
     __m512bh b;
     std::memcpy(&b, &u, sizeof(b));
-    for (__m512& a : acc) a = _mm512_dpbf16_ps(a, b, b);
+#pragma GCC unroll 24
+    for (int c = 0; c < kWideChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], b, b);
   }
   __m512 total = _mm512_setzero_ps();
   for (const __m512& a : acc) total = _mm512_add_ps(total, a);
@@ -110,7 +113,8 @@ __attribute__((target("avx512f"))) int64_t fma_loop(int64_t iters, float* sink) 
   __m512 u = _mm512_set1_ps(1e-3f);
   for (int64_t it = 0; it < iters; ++it) {
     asm volatile("" : "+v"(u));
-    for (__m512& a : acc) a = _mm512_fmadd_ps(u, u, a);
+#pragma GCC unroll 24
+    for (int c = 0; c < kWideChains; ++c) acc[c] = _mm512_fmadd_ps(u, u, acc[c]);
   }
   __m512 total = _mm512_setzero_ps();
   for (const __m512& a : acc) total = _mm512_add_ps(total, a);
