@@ -92,6 +92,13 @@ TEST(AttentionTest, GroupedQueryHeadsReadTheirSharedKvHead) {
   expect_matches_reference(mixed_batch(6, 1, 17), 0, 1, 3);
   // Whole vectors without a register-accumulator instantiation (3 x 16 lanes).
   expect_matches_reference(mixed_batch(3, 1, 48), 0, 2, 8);
+  // Groups of 2, 3 (SmolLM2's 9 heads over 3), 4 and 3 query heads a KV head, at head_dim
+  // 64, 128 and 32.
+  expect_matches_reference(mixed_batch(8, 4, 64), 0, 2, 9);
+  expect_matches_reference(mixed_batch(9, 3, 64), 0, 2, 10);
+  expect_matches_reference(mixed_batch(12, 3, 64), 0, 2, 11);
+  expect_matches_reference(mixed_batch(8, 2, 128), 0, 2, 12);
+  expect_matches_reference(mixed_batch(6, 2, 32), 0, 3, 13);
 }
 
 TEST(AttentionTest, SlidingWindowAttendsOnlyTheLastWindowPositions) {
