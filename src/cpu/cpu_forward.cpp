@@ -46,15 +46,6 @@ void embedding_gather_blocks(const TensorView& table, std::span<const Token> tok
   }
 }
 
-// Adds bias[j] to y[i, j] for i < m, j < n (no bias: nothing).
-void add_bias_rows(TypedPtr bias, int64_t m, int64_t n, float* y) {
-  if (bias.data == nullptr) return;
-  for (int64_t j = 0; j < n; ++j) {
-    const float b = load_as_f32(bias.data, bias.dtype, j);
-    for (int64_t i = 0; i < m; ++i) y[i * n + j] += b;
-  }
-}
-
 }  // namespace
 
 CpuForward::CpuForward(std::shared_ptr<const ModelWeights> weights, ThreadPool& pool,
@@ -90,7 +81,7 @@ void CpuForward::linear(const float* x, int64_t m, int64_t k, const TensorView& 
     quant::fp8_matmul(pool_, x, m, w8, bias, y, bf16_dot_);
   } else if (bf16_dot_ && w.dtype == DType::kBF16) {
     quant::bf16_dot_matmul(pool_, x, m, k, static_cast<const uint16_t*>(w.data), n, y);
-    add_bias_rows(bias, m, n, y);
+    quant::add_bias(m, n, bias, y);
   } else {
     matmul(pool_, x, m, k, typed(w), n, bias, y);
   }
@@ -122,7 +113,7 @@ void CpuForward::linear_shared(const float* x, int64_t m, int64_t k,
     quant::bf16_dot_matmul_shared(pool_, x, m, k,
                                   std::span<const quant::Bf16Product>(bf16.data(), n_bf16));
     for (size_t i = 0; i < n_bf16; ++i)
-      add_bias_rows(bf16_of[i]->bias, m, bf16_of[i]->n, bf16_of[i]->y);
+      quant::add_bias(m, bf16_of[i]->n, bf16_of[i]->bias, bf16_of[i]->y);
   }
 }
 

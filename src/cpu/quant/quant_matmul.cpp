@@ -34,13 +34,6 @@ float quantize_block(const float* x, int n, int8_t* q) {
   return d;
 }
 
-void add_bias(int64_t m, int64_t n, TypedPtr bias, float* y) {
-  if (bias.data == nullptr) return;
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) y[i * n + j] += load_as_f32(bias.data, bias.dtype, j);
-  }
-}
-
 QuantKernel kernel(QuantType t, QuantIsa isa) {
   switch (isa) {
     case QuantIsa::kAvx512Vnni:
@@ -54,6 +47,13 @@ QuantKernel kernel(QuantType t, QuantIsa isa) {
 }
 
 }  // namespace
+
+void add_bias(int64_t m, int64_t n, TypedPtr bias, float* y) {
+  if (bias.data == nullptr) return;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] += load_as_f32(bias.data, bias.dtype, j);
+  }
+}
 
 int64_t act_row_bytes(ActFormat format, int64_t k) {
   switch (format) {

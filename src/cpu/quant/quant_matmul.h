@@ -60,6 +60,9 @@ void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeight
 void quant_matmul(ThreadPool& pool, const float* x, int64_t m, const QuantWeights& w, TypedPtr bias,
                   float* y, QuantIsa isa);
 
+// y[i, j] += bias[j] for i < m, j < n; nothing without a bias.
+void add_bias(int64_t m, int64_t n, TypedPtr bias, float* y);
+
 // One product of quant_matmul_shared: y [m, w.rows] = x · Wᵀ (+ bias).
 struct QuantProduct {
   QuantWeights w;
