@@ -1,7 +1,6 @@
 #include "cuda/kernels/gemv_fp8.h"
 
 #include <climits>
-#include <cstdlib>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/launch.cuh"
@@ -140,14 +139,9 @@ __device__ __forceinline__ void stage_swiglu(const __nv_bfloat16* x, int m, int 
   }
 }
 
-template <GemvInput kInput, int kWarps, typename TOut, int kLaneBytes>
+template <GemvInput kInput, int kWarps, typename TOut>
 __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(GemvFp8Params<TOut> p) {
   constexpr bool kSwiglu = kInput == GemvInput::kSwiGLU;
-  // EXPERIMENT: each lane reads kLaneBytes contiguous bytes of its two rows a step (kSub
-  // 16-byte loads), kUnroll steps in flight: 128 bytes a lane either way.
-  constexpr int kSub = kLaneBytes / 16;
-  constexpr int kStepCols = 4 * kLaneBytes;
-  constexpr int kUnroll = 4 / kSub;
   constexpr int kStageBytes = kSwiglu ? kGemvMaxRows * kStageStride * 2 : 0;
   constexpr int kPartialBytes = kWarps * 32 * 16;
   // The staged x' during the k loop, then the warps' partial sums.
@@ -171,26 +165,24 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(Gemv
   const uint8_t* w_lo = p.w + min(row_lo, p.n - 1) * k + 16 * q;
   const int hi_offset = static_cast<int>(min(row_hi, p.n - 1) - min(row_lo, p.n - 1)) * k;
   const bool has_x_row = g < p.m;
-  const __nv_bfloat16* x_row = p.x + (has_x_row ? g * k : 0) + kLaneBytes * q;  // kPlain
-  const int stage_col = kw * kStepCols + kLaneBytes * q;  // kSwiGLU, + u * split_k * kStepCols
-  const uint8_t* w_q = w_lo + (kLaneBytes - 16) * q;  // w_lo holds + 16 q
+  const __nv_bfloat16* x_row = p.x + (has_x_row ? g * k : 0) + 16 * q;  // kPlain
+  const int stage_col = kw * kStepCols + 16 * q;  // kSwiGLU, + u * split_k * kStepCols
 
+  // Iteration `it` covers the block's steps [it * per_iter, (it + 1) * per_iter); this warp
+  // takes it * per_iter + u * split_k + kw for u in [0, kUnroll). A lane whose 16 columns
+  // lie past k (only in the last iteration) loads column 0 of its rows and zeroes it.
   const int per_iter = split_k * kUnroll;
   const int iterations = (k + per_iter * kStepCols - 1) / (per_iter * kStepCols);
-  uint4 a_lo[kUnroll][kSub], a_hi[kUnroll][kSub];
+  uint4 a_lo[kUnroll], a_hi[kUnroll];
   const auto load_step = [&](int it, int u) {
     const int col = (it * per_iter + u * split_k + kw) * kStepCols;
-#pragma unroll
-    for (int t = 0; t < kSub; ++t) {
-      const int c = col + kLaneBytes * q + 16 * t;
-      const bool in_k = c < k;
-      const int off = in_k ? col + 16 * t : -kLaneBytes * q;
-      a_lo[u][t] = load_weights(w_q + off);
-      a_hi[u][t] = load_weights(w_q + hi_offset + off);
-      if (!in_k) a_lo[u][t] = a_hi[u][t] = make_uint4(0, 0, 0, 0);
-    }
+    const bool in_k = col + 16 * q < k;
+    a_lo[u] = load_weights(w_lo + (in_k ? col : -16 * q));
+    a_hi[u] = load_weights(w_lo + hi_offset + (in_k ? col : -16 * q));
+    if (!in_k) a_lo[u] = a_hi[u] = make_uint4(0, 0, 0, 0);
   };
 
+  // Weights only: in flight while the previous kernel finishes.
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) load_step(0, u);
   detail::wait_for_prior_grids();
@@ -203,33 +195,32 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(Gemv
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int col = (it * per_iter + u * split_k + kw) * kStepCols;
-#pragma unroll
-      for (int t = 0; t < kSub; ++t) {
-        uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
-        if (has_x_row && col + kLaneBytes * q + 16 * t < k) {
-          const uint4* src;
-          if constexpr (kSwiglu) {
-            src = reinterpret_cast<const uint4*>(stage + g * kStageStride + stage_col +
-                                                 u * split_k * kStepCols + 16 * t);
-            b0 = src[0];
-            b1 = src[1];
-          } else {
-            src = reinterpret_cast<const uint4*>(x_row + col + 16 * t);
-            b0 = __ldg(src);
-            b1 = __ldg(src + 1);
-          }
+      uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
+      if (has_x_row && col + 16 * q < k) {
+        const uint4* src;
+        if constexpr (kSwiglu) {
+          src = reinterpret_cast<const uint4*>(stage + g * kStageStride + stage_col +
+                                               u * split_k * kStepCols);
+          b0 = src[0];
+          b1 = src[1];
+        } else {
+          src = reinterpret_cast<const uint4*>(x_row + col);
+          b0 = __ldg(src);
+          b1 = __ldg(src + 1);
         }
-        const uint4& lo = a_lo[u][t];
-        const uint4& hi = a_hi[u][t];
-        mma_16816(acc, decode_lo(lo.x), decode_lo(hi.x), decode_hi(lo.x), decode_hi(hi.x), b0.x,
-                  b0.y);
-        mma_16816(acc, decode_lo(lo.y), decode_lo(hi.y), decode_hi(lo.y), decode_hi(hi.y), b0.z,
-                  b0.w);
-        mma_16816(acc, decode_lo(lo.z), decode_lo(hi.z), decode_hi(lo.z), decode_hi(hi.z), b1.x,
-                  b1.y);
-        mma_16816(acc, decode_lo(lo.w), decode_lo(hi.w), decode_hi(lo.w), decode_hi(hi.w), b1.z,
-                  b1.w);
       }
+      // Columns +0..3, +4..7 (x pairs in b0), +8..11, +12..15 (in b1).
+      mma_16816(acc, decode_lo(a_lo[u].x), decode_lo(a_hi[u].x), decode_hi(a_lo[u].x),
+                decode_hi(a_hi[u].x), b0.x, b0.y);
+      mma_16816(acc, decode_lo(a_lo[u].y), decode_lo(a_hi[u].y), decode_hi(a_lo[u].y),
+                decode_hi(a_hi[u].y), b0.z, b0.w);
+      mma_16816(acc, decode_lo(a_lo[u].z), decode_lo(a_hi[u].z), decode_hi(a_lo[u].z),
+                decode_hi(a_hi[u].z), b1.x, b1.y);
+      mma_16816(acc, decode_lo(a_lo[u].w), decode_lo(a_hi[u].w), decode_hi(a_lo[u].w),
+                decode_hi(a_hi[u].w), b1.z, b1.w);
+      // Step u of the next iteration goes in flight as soon as its registers are free, so
+      // the warp keeps kUnroll steps of loads in flight while it decodes and multiplies
+      // (and before the staging work and its barriers).
       if (it + 1 < iterations) load_step(it + 1, u);
     }
     if (it + 1 < iterations) {
@@ -283,25 +274,11 @@ int split_k_for(int64_t n, int64_t k, int sms) {
 
 template <GemvInput kInput, int kWarps, typename TOut>
 cudaError_t launch(const GemvFp8Params<TOut>& p, cudaStream_t stream) {
-  static const int lane_bytes = [] {
-    const char* e = std::getenv("CELLM_FP8_GEMV_LANE_BYTES");
-    return e != nullptr ? std::atoi(e) : 16;
-  }();
   const int64_t tiles = (p.n + kTileRows - 1) / kTileRows;
   const int64_t tiles_per_block = kWarps / p.split_k;
   const int64_t blocks = (tiles + tiles_per_block - 1) / tiles_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (lane_bytes == 32) {
-    return detail::launch_kernel(gemv_fp8_kernel<kInput, kWarps, TOut, 32>,
-                                 dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
-                                 p);
-  }
-  if (lane_bytes == 64) {
-    return detail::launch_kernel(gemv_fp8_kernel<kInput, kWarps, TOut, 64>,
-                                 dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
-                                 p);
-  }
-  return detail::launch_kernel(gemv_fp8_kernel<kInput, kWarps, TOut, 16>,
+  return detail::launch_kernel(gemv_fp8_kernel<kInput, kWarps, TOut>,
                                dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
                                p);
 }
