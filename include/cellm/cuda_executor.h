@@ -88,6 +88,11 @@ struct CudaTuning {
   // each key once for all of them, instead of once per row. Off: every row of every step
   // takes the split (decode) kernel.
   bool prefill_attention = true;
+  // A norm whose output feeds an FP8 product of more than 8 rows (qkv, gate_up) writes the
+  // product's e4m3 rows and their scales itself (launch_add_rmsnorm_e4m3), instead of the
+  // product quantizing the norm's bf16 rows in a kernel of its own. The same bits either
+  // way. Off: the separate quantization.
+  bool norm_quantizes_e4m3 = true;
   // With overlap_decode: queue a step ahead only once the same sessions have decoded a
   // threshold of batches in a row; each dropped step doubles the threshold (from 2, up to
   // 64), each 8 steps used in a row halve it (cuda/step_ahead_policy.h). Batches that keep

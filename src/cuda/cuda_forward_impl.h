@@ -35,6 +35,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/gemv.h"
+#include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/sampling.h"
 #include "cuda/logit_adjuster.h"
 
@@ -295,9 +296,18 @@ class CudaForward final : public ForwardEngine {
   // kGemvMaxRows rows, else the rows quantized to e4m3 (buf_.x8, buf_.x8_scale) and
   // Fp8Gemm; the T weight through gemm_. `input` kSwiGLU (e4m3 weights only): x is
   // [m, 2k], gate | up, and the product's input is silu(gate) * up.
+  // `quantized`: buf_.x8 and buf_.x8_scale already hold x's e4m3 rows (add_rmsnorm_for
+  // wrote them), so the product skips its own quantization.
   template <typename TOut>
   Status linear(const T* x, int32_t m, int64_t k, GemvInput input, const T* w, const DeviceFp8& w8,
-                int64_t n, const T* bias, TOut* y);
+                int64_t n, const T* bias, TOut* y, bool quantized = false);
+  // launch_add_rmsnorm into `out` (m rows of d), for the product of weight `next8` that
+  // reads it next: where that product takes the e4m3 rows of Fp8Gemm, the norm writes
+  // them too (launch_add_rmsnorm_e4m3 into buf_.x8, buf_.x8_scale) and the result is
+  // true, for linear's `quantized`.
+  Result<bool> add_rmsnorm_for(const DeviceFp8& next8, float* residual, const T* delta,
+                               const T* weight, int32_t m, int64_t d, T* out,
+                               ResidualWriter writer);
   // The down projection of layer `w` over gate_up [m, 2 ff]: with a T weight
   // gemm_->run_swiglu_down (which writes the activation into `act`), with an e4m3 one
   // linear(kSwiGLU).

@@ -107,12 +107,12 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
   const ResidualWriter settled = ResidualWriter::kEarlierKernel;
   for (int64_t l = 0; l < c.num_layers(); ++l) {
     const DeviceLayer<T>& w = model_->layers()[static_cast<size_t>(l)];
-    CELLM_CUDA_RETURN_IF_ERROR(
-        launch_add_rmsnorm<T>(residual, l == 0 ? nullptr : delta, w.input_norm, n, d, eps, h, s,
-                              l == 0 ? ResidualWriter::kPreviousKernel : settled),
-        "input rmsnorm");
+    CELLM_ASSIGN_OR_RETURN(
+        const bool qkv_in8,
+        add_rmsnorm_for(w.qkv8, residual, l == 0 ? nullptr : delta, w.input_norm, n, d, h,
+                        l == 0 ? ResidualWriter::kPreviousKernel : settled));
     CELLM_RETURN_IF_ERROR(
-        linear<T>(h, n, d, GemvInput::kPlain, w.qkv, w.qkv8, qkv_dim, w.qkv_bias, qkv));
+        linear<T>(h, n, d, GemvInput::kPlain, w.qkv, w.qkv8, qkv_dim, w.qkv_bias, qkv, qkv_in8));
     if (prefetching_) CELLM_RETURN_IF_ERROR(prefetch_gate_up(w));
     if (w.q_norm != nullptr) {
       CELLM_CUDA_RETURN_IF_ERROR(
@@ -176,11 +176,10 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
     }
     CELLM_RETURN_IF_ERROR(
         linear<T>(attn, n, q_dim, GemvInput::kPlain, w.o_proj, w.o_proj8, d, w.o_bias, delta));
-    CELLM_CUDA_RETURN_IF_ERROR(
-        launch_add_rmsnorm<T>(residual, delta, w.post_norm, n, d, eps, h, s, settled),
-        "post rmsnorm");
-    CELLM_RETURN_IF_ERROR(
-        linear<T>(h, n, d, GemvInput::kPlain, w.gate_up, w.gate_up8, 2 * ff, nullptr, gate_up));
+    CELLM_ASSIGN_OR_RETURN(const bool gate_up_in8, add_rmsnorm_for(w.gate_up8, residual, delta,
+                                                                   w.post_norm, n, d, h, settled));
+    CELLM_RETURN_IF_ERROR(linear<T>(h, n, d, GemvInput::kPlain, w.gate_up, w.gate_up8, 2 * ff,
+                                    nullptr, gate_up, gate_up_in8));
     CELLM_RETURN_IF_ERROR(swiglu_down(gate_up, n, w, act, delta));
   }
   if (n_sel == 0) return Status::Ok();
@@ -256,9 +255,32 @@ Status CudaForward<T>::enqueue_e4m3_attention(int64_t l, int32_t n, T* qkv, T* a
 }
 
 template <typename T>
+Result<bool> CudaForward<T>::add_rmsnorm_for(const DeviceFp8& next8, float* residual,
+                                             const T* delta, const T* weight, int32_t m, int64_t d,
+                                             T* out, ResidualWriter writer) {
+  cudaStream_t s = stream_.get();
+  const auto eps = static_cast<float>(config_.rms_norm_eps());
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    auto* x8 = buf<uint8_t>(buf_.x8);
+    auto* x8_scale = buf<float>(buf_.x8_scale);
+    if (next8 && tuning().norm_quantizes_e4m3 && !gemv_fp8_supports(m, d, out, next8.codes) &&
+        add_rmsnorm_e4m3_supports(d, residual, delta, weight, out, x8, x8_scale)) {
+      CELLM_CUDA_RETURN_IF_ERROR(
+          launch_add_rmsnorm_e4m3(residual, delta, weight, m, d, eps, out, x8, x8_scale, s, writer),
+          "rmsnorm into e4m3 rows");
+      return true;
+    }
+  }
+  CELLM_CUDA_RETURN_IF_ERROR(
+      launch_add_rmsnorm<T>(residual, delta, weight, m, d, eps, out, s, writer), "rmsnorm");
+  return false;
+}
+
+template <typename T>
 template <typename TOut>
 Status CudaForward<T>::linear(const T* x, int32_t m, int64_t k, GemvInput input, const T* w,
-                              const DeviceFp8& w8, int64_t n, const T* bias, TOut* y) {
+                              const DeviceFp8& w8, int64_t n, const T* bias, TOut* y,
+                              bool quantized) {
   cudaStream_t s = stream_.get();
   if (!w8) {
     CELLM_CHECK_MSG(input == GemvInput::kPlain, "a T weight's product takes plain rows");
@@ -273,8 +295,10 @@ Status CudaForward<T>::linear(const T* x, int32_t m, int64_t k, GemvInput input,
     }
     auto* x8 = buf<uint8_t>(buf_.x8);
     auto* x_scale = buf<float>(buf_.x8_scale);
-    CELLM_CUDA_RETURN_IF_ERROR(launch_quantize_rows_e4m3(x, m, k, input, x8, x_scale, s),
-                               "quantizing a product's rows to e4m3");
+    if (!quantized) {
+      CELLM_CUDA_RETURN_IF_ERROR(launch_quantize_rows_e4m3(x, m, k, input, x8, x_scale, s),
+                                 "quantizing a product's rows to e4m3");
+    }
     return fp8_gemm_->run<TOut>(x8, x_scale, m, k, w8.codes, w8.scales, n, bias, y, s);
   } else {
     return Internal("an e4m3 weight in an f32 model (DeviceModel<float> dequantizes them)");

@@ -3,10 +3,11 @@
 // exact ties at scale 1, and kSwiGLU, whose reference input is launch_swiglu's output:
 // fused equals launch_swiglu then kPlain, bit for bit) and launch_scale_outer_e4m3 (host
 // std::fma in f32, both output types, with and without bias, a padded leading dimension).
-// Also: nothing is written past the outputs, capture in a CUDA graph replays to the same
-// bits, bad arguments are refused without a launch. Without a GPU the twin's encoder is
-// checked against the format's definition (every code round-trips, midpoints tie to even,
-// saturation).
+// launch_add_rmsnorm_e4m3 (rmsnorm.h) equals launch_add_rmsnorm then the kPlain
+// quantization, bit for bit. Also: nothing is written past the outputs, capture in a CUDA graph
+// replays to the same bits, bad arguments are refused without a launch. Without a GPU the twin's
+// encoder is checked against the format's definition (every code round-trips, midpoints tie to
+// even, saturation).
 #include "cuda/kernels/quantize_e4m3.h"
 
 #include <cuda_bf16.h>
@@ -23,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/swiglu.h"
 #include "device_test_util.h"
 #include "gpu_test.h"
@@ -287,6 +289,91 @@ TEST(QuantizeE4m3Test, GraphReplayGivesTheSameBits) {
     CELLM_ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
     expect_same(QuantOut{x8.download(), scale.download()}, eager.codes, eager.scale, "replay");
   }
+}
+
+// launch_add_rmsnorm_e4m3 against its two parts run one after the other: the bf16 norm
+// (launch_add_rmsnorm) and the row quantization of what it wrote; the residual, the row,
+// every code and every scale bit equal, the codes also the host twin's. With and without
+// a delta, a block's rows held in registers and rows wider than that (re-read), and a
+// zero row (scale 1).
+TEST(QuantizeE4m3Test, TheNormThatQuantizesEqualsTheNormThenTheQuantization) {
+  CELLM_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 16},    {3, 4096},   {9, 576},
+                                                {64, 4096}, {300, 2048}, {2, 20480}};
+  for (const auto& [m, d] : shapes) {
+    for (const bool with_delta : {false, true}) {
+      const std::string what =
+          "m=" + std::to_string(m) + " d=" + std::to_string(d) + (with_delta ? " with delta" : "");
+      std::vector<float> residual = testing::random_values<float>(rng, m * d, 4.0f);
+      std::fill(residual.begin(), residual.begin() + d, 0.0f);  // row 0: zero without delta
+      const std::vector<float> delta = testing::random_values<Bf16>(rng, m * d, 2.0f);
+      const std::vector<float> weight = testing::random_values<Bf16>(rng, d, 1.5f);
+      DeviceArray<Bf16> dd(to_typed<Bf16>(delta)), dw(to_typed<Bf16>(weight));
+      const Bf16* pd = with_delta ? dd.get() : nullptr;
+      // The parts.
+      DeviceArray<float> res_a(residual);
+      DeviceArray<Bf16> out_a(static_cast<size_t>(m * d));
+      ASSERT_EQ(
+          launch_add_rmsnorm<Bf16>(res_a.get(), pd, dw.get(), m, d, 1e-5f, out_a.get(), nullptr),
+          cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const QuantOut want = run_quantize(out_a, m, d, GemvInput::kPlain);
+      // The fused kernel.
+      DeviceArray<float> res_b(residual);
+      DeviceArray<Bf16> out_b(static_cast<size_t>(m * d));
+      DeviceArray<uint8_t> x8(static_cast<size_t>(m * d + 64));
+      DeviceArray<float> scale(static_cast<size_t>(m + 16));
+      x8.fill_bytes(0xAB);
+      scale.fill_bytes(0xFF);
+      ASSERT_EQ(launch_add_rmsnorm_e4m3(res_b.get(), pd, dw.get(), m, d, 1e-5f, out_b.get(),
+                                        x8.get(), scale.get(), nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      QuantOut got{x8.download(), scale.download()};
+      for (int64_t g = 0; g < 64; ++g) {
+        ASSERT_EQ(got.codes[static_cast<size_t>(m * d + g)], 0xAB) << what << ": x8 past its end";
+      }
+      got.codes.resize(static_cast<size_t>(m * d));
+      got.scale.resize(static_cast<size_t>(m));
+      expect_same(got, want.codes, want.scale, "fused " + what);
+      const std::vector<float> ra = res_a.download(), rb = res_b.download();
+      ASSERT_EQ(std::memcmp(ra.data(), rb.data(), ra.size() * 4), 0) << what << ": residual";
+      const std::vector<float> oa = testing::download_floats(out_a);
+      const std::vector<float> ob = testing::download_floats(out_b);
+      ASSERT_EQ(std::memcmp(oa.data(), ob.data(), oa.size() * 4), 0) << what << ": row";
+      std::vector<uint8_t> codes;
+      std::vector<float> host_scale;
+      quantize_rows_host(oa, m, d, codes, host_scale);
+      expect_same(got, codes, host_scale, "twin " + what);
+      if (!with_delta) {
+        EXPECT_EQ(got.scale[0], 1.0f) << what << ": the zero row's scale";
+      }
+    }
+  }
+}
+
+TEST(QuantizeE4m3Test, TheNormThatQuantizesRefusesWhatItCannotServe) {
+  CELLM_SKIP_WITHOUT_GPU();
+  DeviceArray<float> res(2 * 64 + 4);
+  DeviceArray<Bf16> w(64 + 8), out(2 * 64 + 8);
+  DeviceArray<uint8_t> x8(2 * 64 + 32);
+  DeviceArray<float> scale(8);
+  const auto refused = [&](float* pr, int64_t m, int64_t d, Bf16* po, uint8_t* p8, float* ps) {
+    EXPECT_EQ(launch_add_rmsnorm_e4m3(pr, nullptr, w.get(), m, d, 1e-5f, po, p8, ps, nullptr),
+              cudaErrorInvalidValue)
+        << "m " << m << " d " << d;
+  };
+  refused(res.get(), 2, 24, out.get(), x8.get(), scale.get());      // d not a multiple of 16
+  refused(res.get(), 2, 0, out.get(), x8.get(), scale.get());       // no columns
+  refused(res.get(), -1, 64, out.get(), x8.get(), scale.get());     // negative rows
+  refused(res.get(), 2, 64, out.get(), nullptr, scale.get());       // no codes
+  refused(res.get(), 2, 64, out.get(), x8.get(), nullptr);          // no scales
+  refused(res.get(), 2, 64, out.get(), x8.get() + 8, scale.get());  // codes misaligned
+  refused(res.get() + 1, 2, 64, out.get(), x8.get(), scale.get());  // residual misaligned
+  EXPECT_EQ(launch_add_rmsnorm_e4m3(res.get(), nullptr, w.get(), 0, 64, 1e-5f, out.get(), x8.get(),
+                                    scale.get(), nullptr),
+            cudaSuccess);
 }
 
 TEST(QuantizeE4m3Test, BadArgumentsAreRefusedWithoutALaunch) {

@@ -89,6 +89,9 @@ const std::vector<FlagSpec> kFlags = [] {
           {"no-prefill-attention", "",
            "CUDA: run a prompt chunk's attention one row at a time (the decode kernel) instead of "
            "in blocks of consecutive rows that share each key's gather (to measure what it buys)"},
+          {"no-norm-e4m3", "",
+           "CUDA, FP8 weights: quantize a norm's rows for the qkv and gate_up products in a kernel "
+           "of their own instead of in the norm (to measure what writing them in the norm buys)"},
           {"no-prefill-warm", "",
            "CUDA: skip loading the prefill GEMMs' kernels at startup (each then loads at its first "
            "prefill: to measure what the warm-up buys)"},
@@ -427,6 +430,7 @@ Status read_cuda_flags(const Args& args, CudaExecutorOptions& cuda) {
   tuning.programmatic_launch = !args.has("no-pdl");
   tuning.attention_cluster_fold = !args.has("no-cluster-fold");
   tuning.prefill_attention = !args.has("no-prefill-attention");
+  tuning.norm_quantizes_e4m3 = !args.has("no-norm-e4m3");
   for (const auto& [option, choice] : {std::pair{"early-triggers", &tuning.early_triggers},
                                        std::pair{"early-after-cublas", &tuning.early_after_cublas},
                                        std::pair{"l2-prefetch", &tuning.l2_prefetch}}) {

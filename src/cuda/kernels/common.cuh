@@ -86,6 +86,27 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(v);
 }
 
+// The maximum of the non-negative v (an absolute value) over the block; every thread gets
+// it. Its own shared memory, so it may follow block_sum in a kernel.
+__device__ __forceinline__ float block_amax(float v) {
+  __shared__ float warp_partials[32];
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  if (lane == 0) warp_partials[warp] = v;
+  __syncthreads();
+  const unsigned n_warps = blockDim.x >> 5;
+  v = lane < n_warps ? warp_partials[lane] : 0.0f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
 // Elements per packed access in the bandwidth-bound kernels (16 bytes of f32, 8 of bf16).
 inline constexpr int kPack = 4;
 

@@ -7,6 +7,7 @@
 #include <climits>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/e4m3.cuh"
 #include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
@@ -49,21 +50,10 @@ __device__ __forceinline__ void load_input(const QuantizeParams& p, int64_t row,
 // x8[row, c .. c + 8) = the codes of v / scale.
 __device__ __forceinline__ void store_codes(const QuantizeParams& p, int64_t row, int64_t c,
                                             const float (&v)[kQuantPack], float scale) {
-  uint32_t words[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const float2 pair =
-          make_float2(__fdiv_rn(v[h * 4 + e], scale), __fdiv_rn(v[h * 4 + e + 1], scale));
-      // The low byte holds pair.x.
-      const __nv_fp8x2_storage_t codes = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
-      word |= static_cast<uint32_t>(codes) << (8 * e);
-    }
-    words[h] = word;
-  }
-  *reinterpret_cast<uint2*>(p.x8 + row * p.k + c) = make_uint2(words[0], words[1]);
+  const float(&lo)[4] = *reinterpret_cast<const float(*)[4]>(&v[0]);
+  const float(&hi)[4] = *reinterpret_cast<const float(*)[4]>(&v[4]);
+  *reinterpret_cast<uint2*>(p.x8 + row * p.k + c) =
+      make_uint2(detail::e4m3x4(lo, scale), detail::e4m3x4(hi, scale));
 }
 
 // One cluster of blocks per row (one block per row where the launch has no clusters),
@@ -128,7 +118,7 @@ __global__ void __launch_bounds__(kQuantMaxThreads)
   }
   // No block leaves (and frees its block_max) before every block has read it.
   cluster.sync();
-  const float scale = amax == 0.0f ? 1.0f : __fdiv_rn(amax, kE4m3Max);
+  const float scale = detail::e4m3_row_scale(amax);
   if (cluster.block_rank() == 0 && threadIdx.x == 0) p.scale[row] = scale;
   for (int64_t r = 0; r < rounds; ++r) {
     if (rounds > 1) load_round(r);

@@ -1,6 +1,7 @@
 #include "cuda/kernels/rmsnorm.h"
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/e4m3.cuh"
 #include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
@@ -15,8 +16,10 @@ struct AddRmsNormParams {
   const T* weight;  // [d]
   int64_t d;        // row width, elements
   float eps;
-  T* out;                 // [m, d]
-  bool residual_settled;  // launch_add_rmsnorm: the residual may be read before the wait
+  T* out;                     // [m, d]
+  bool residual_settled;      // launch_add_rmsnorm: the residual may be read before the wait
+  uint8_t* x8 = nullptr;      // [m, d] e4m3 codes of out (launch_add_rmsnorm_e4m3)
+  float* x8_scale = nullptr;  // [m]
 };
 
 // The f32 residual's N floats at p from the L2 (ld.global.cg: no L1 line that an earlier
@@ -51,7 +54,11 @@ constexpr int kHeldPacks = 4;
 // weights: in a decode step that read goes to the HBM (the weights streamed since have
 // evicted the row from the L2), and after the wait it would queue behind the next
 // product's weight stream; delta, just written, comes from the L2 after the wait.
-template <typename T, int N>
+// kE4m3 (launch_add_rmsnorm_e4m3): the written row, as T, is also quantized to e4m3 with
+// launch_quantize_rows_e4m3's arithmetic: the block's maximum of |out| folded after pass 2,
+// then the codes of the held packs from registers and of the rest from the row just written
+// (by the same threads).
+template <typename T, int N, bool kE4m3>
 __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
   const int64_t row = blockIdx.x;
   float* res = p.residual + row * p.d;
@@ -97,6 +104,16 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
   const float total = detail::block_sum(sum_sq);
   const float inv_rms = 1.0f / sqrtf(total / static_cast<float>(p.d) + p.eps);
 
+  float amax = 0.0f;  // kE4m3: of the row as written (rounded to T)
+  const auto track = [&](float(&o)[N]) {
+    if constexpr (kE4m3) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        o[j] = detail::to_float(detail::from_float<T>(o[j]));
+        amax = fmaxf(amax, fabsf(o[j]));
+      }
+    }
+  };
 #pragma unroll
   for (int k = 0; k < kHeldPacks; ++k) {
     const int64_t c = begin + k * step;
@@ -105,6 +122,9 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
 #pragma unroll
       for (int j = 0; j < N; ++j) o[j] = kept[k][j] * inv_rms * held[k][j];
       detail::store_floats<N>(out + c, o);
+      track(o);
+#pragma unroll
+      for (int j = 0; j < N; ++j) kept[k][j] = o[j];  // kE4m3: the pack's codes come from here
     }
   }
   for (int64_t c = begin + kHeldPacks * step; c < p.d; c += step) {
@@ -114,6 +134,23 @@ __global__ void add_rmsnorm_kernel(AddRmsNormParams<T> p, bool early) {
 #pragma unroll
     for (int j = 0; j < N; ++j) o[j] = r[j] * inv_rms * w[j];
     detail::store_floats<N>(out + c, o);
+    track(o);
+  }
+  if constexpr (kE4m3) {
+    static_assert(N == 4, "a pack's four codes are one 32-bit store");
+    const float scale = detail::e4m3_row_scale(detail::block_amax(amax));
+    if (threadIdx.x == 0) p.x8_scale[row] = scale;
+    uint8_t* codes = p.x8 + row * p.d;
+#pragma unroll
+    for (int k = 0; k < kHeldPacks; ++k) {
+      const int64_t c = begin + k * step;
+      if (c < p.d) *reinterpret_cast<uint32_t*>(codes + c) = detail::e4m3x4(kept[k], scale);
+    }
+    for (int64_t c = begin + kHeldPacks * step; c < p.d; c += step) {
+      float o[N];
+      detail::load_floats<N>(out + c, o);
+      *reinterpret_cast<uint32_t*>(codes + c) = detail::e4m3x4(o, scale);
+    }
   }
 }
 
@@ -188,10 +225,44 @@ cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight,
                       detail::aligned_to(out, sizeof(T) * kPack);
   const int threads = detail::threads_for_row(packed ? d / kPack : d, 512);
   const auto blocks = static_cast<unsigned>(m);
-  return packed ? detail::launch_kernel(add_rmsnorm_kernel<T, kPack>, blocks, threads, 0, stream, p,
-                                        detail::early_triggers())
-                : detail::launch_kernel(add_rmsnorm_kernel<T, 1>, blocks, threads, 0, stream, p,
-                                        detail::early_triggers());
+  return packed ? detail::launch_kernel(add_rmsnorm_kernel<T, kPack, false>, blocks, threads, 0,
+                                        stream, p, detail::early_triggers())
+                : detail::launch_kernel(add_rmsnorm_kernel<T, 1, false>, blocks, threads, 0, stream,
+                                        p, detail::early_triggers());
+}
+
+bool add_rmsnorm_e4m3_supports(int64_t d, const float* residual, const __nv_bfloat16* delta,
+                               const __nv_bfloat16* weight, const __nv_bfloat16* out,
+                               const uint8_t* x8, const float* x8_scale) {
+  return d > 0 && d % 16 == 0 && residual != nullptr && weight != nullptr && out != nullptr &&
+         x8 != nullptr && x8_scale != nullptr &&
+         detail::aligned_to(residual, sizeof(float) * kPack) &&
+         detail::aligned_to(delta, sizeof(__nv_bfloat16) * kPack) &&
+         detail::aligned_to(weight, sizeof(__nv_bfloat16) * kPack) &&
+         detail::aligned_to(out, sizeof(__nv_bfloat16) * kPack) && detail::aligned_to(x8, 16) &&
+         detail::aligned_to(x8_scale, 4);
+}
+
+cudaError_t launch_add_rmsnorm_e4m3(float* residual, const __nv_bfloat16* delta,
+                                    const __nv_bfloat16* weight, int64_t m, int64_t d, float eps,
+                                    __nv_bfloat16* out, uint8_t* x8, float* x8_scale,
+                                    cudaStream_t stream, ResidualWriter writer) {
+  if (m < 0 || !(eps >= 0.0f) || m > 0x7fffffff ||
+      !add_rmsnorm_e4m3_supports(d, residual, delta, weight, out, x8, x8_scale)) {
+    return cudaErrorInvalidValue;
+  }
+  if (writer != ResidualWriter::kPreviousKernel && writer != ResidualWriter::kEarlierKernel) {
+    return cudaErrorInvalidValue;
+  }
+  if (m == 0) return cudaSuccess;
+  AddRmsNormParams<__nv_bfloat16> p{
+      residual, delta, weight, d, eps, out, writer == ResidualWriter::kEarlierKernel};
+  p.x8 = x8;
+  p.x8_scale = x8_scale;
+  const int threads = detail::threads_for_row(d / kPack, 512);
+  return detail::launch_kernel(add_rmsnorm_kernel<__nv_bfloat16, kPack, true>,
+                               static_cast<unsigned>(m), threads, 0, stream, p,
+                               detail::early_triggers());
 }
 
 template <typename T>

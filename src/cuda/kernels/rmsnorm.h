@@ -39,6 +39,24 @@ cudaError_t launch_add_rmsnorm(float* residual, const T* delta, const T* weight,
                                int64_t d, float eps, T* out, cudaStream_t stream,
                                ResidualWriter writer = ResidualWriter::kPreviousKernel);
 
+// True when launch_add_rmsnorm_e4m3 serves the call: d > 0, d % 16 == 0, the pointers
+// non-null (delta may be null) and aligned as the packed norm reads them (residual 16
+// bytes, delta, weight and out 8 bytes), x8 16 bytes and x8_scale 4 bytes.
+bool add_rmsnorm_e4m3_supports(int64_t d, const float* residual, const __nv_bfloat16* delta,
+                               const __nv_bfloat16* weight, const __nv_bfloat16* out,
+                               const uint8_t* x8, const float* x8_scale);
+
+// launch_add_rmsnorm<__nv_bfloat16>, and the row it writes quantized for an FP8 product in
+// the same pass: x8 [m, d] and x8_scale [m] get exactly what launch_quantize_rows_e4m3
+// (quantize_e4m3.h, kPlain) gives for out, which saves that kernel's launch and its read
+// of out. REQUIRES: add_rmsnorm_e4m3_supports(...), m >= 0, eps >= 0; x8 and x8_scale
+// overlap no other argument.
+cudaError_t launch_add_rmsnorm_e4m3(float* residual, const __nv_bfloat16* delta,
+                                    const __nv_bfloat16* weight, int64_t m, int64_t d, float eps,
+                                    __nv_bfloat16* out, uint8_t* x8, float* x8_scale,
+                                    cudaStream_t stream,
+                                    ResidualWriter writer = ResidualWriter::kPreviousKernel);
+
 // Qwen3's q/k norm, in place: for each row i in [0, m) and head h in [0, n_heads), the
 // head_dim elements at x[i * row_stride + offset + h * head_dim] are RMS-normalised and
 // multiplied by weight[0, head_dim).
