@@ -449,13 +449,13 @@ TEST(GemvFp8Test, BadArgumentsAreRefusedWithoutALaunch) {
 // The kernel's walk on the host (no GPU needed): gemv_fp8.cu's index arithmetic transcribed
 // lane by lane over the PTX models of mma_emulation.h (the decode as prmt, shift, mask and
 // the bf16 multiply by 2^120; mma.m16n8k16 with its fragment layout), under every split of
-// k, for both inputs (the kSwiGLU staging with its padded rows), against the CPU twin. It
-// checks the fragments, the tails of k and n and the split's order where no GPU runs; the
-// constants below must follow gemv_fp8.cu.
+// k, at both lane widths, for both inputs (the kSwiGLU staging with its padded rows), against the
+// CPU twin. It checks the fragments, the tails of k and n and the split's order where no GPU runs;
+// the constants below must follow gemv_fp8.cu.
 namespace emulation {
 
-constexpr int kTileRows = 16, kStepCols = 64, kUnroll = 4, kMaxSplitK = 8;
-constexpr int kStageCols = kMaxSplitK * kUnroll * kStepCols, kStageStride = kStageCols + 8;
+constexpr int kTileRows = 16, kIterCols = 256, kMaxSplitK = 8;
+constexpr int kStageCols = kMaxSplitK * kIterCols, kStageStride = kStageCols + 8;
 
 uint32_t prmt(uint32_t a, uint32_t selector) {  // prmt.b32 d, a, 0, selector
   uint32_t d = 0;
@@ -490,14 +490,17 @@ uint32_t word(const uint8_t* p) {
   return v;
 }
 
-// y [m, n] (f32 outputs, no bias) of the kernel at this split on x' = xs [kRows, k]
-// (bf16-exact floats; staged in shared memory when swiglu, else read from x).
+// y [m, n] (f32 outputs, no bias) of the kernel at this split and lane width (the bytes of a
+// weight row a lane reads a step: the kernel's kLaneBytes, 32 for one row of x and 16 for
+// more) on x' = xs [kRows, k] (bf16-exact floats; staged in shared memory when swiglu, else
+// read from x).
 std::vector<float> run(const Fp8Inputs& c, const std::vector<float>& xs, int m, int split_k,
-                       bool swiglu) {
+                       bool swiglu, int lane_bytes) {
   const int k = static_cast<int>(c.k);
   const int64_t n = c.n;
-  const int per_iter = split_k * kUnroll;
-  const int iterations = (k + per_iter * kStepCols - 1) / (per_iter * kStepCols);
+  const int subs = lane_bytes / 16, step_cols = 4 * lane_bytes, unroll = kIterCols / step_cols;
+  const int per_iter = split_k * unroll;
+  const int iterations = (k + per_iter * step_cols - 1) / (per_iter * step_cols);
   std::vector<float> y(static_cast<size_t>(m * n), std::nanf(""));
   // Staged rows >= m are never written: NaN there reaches y if a lane reads them.
   std::vector<uint16_t> stage(static_cast<size_t>(kGemvMaxRows * kStageStride), 0x7fc0);
@@ -508,48 +511,52 @@ std::vector<float> run(const Fp8Inputs& c, const std::vector<float>& xs, int m, 
       for (auto& a : acc) a = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int it = 0; it < iterations; ++it) {
         if (swiglu) {  // stage_swiglu of this iteration's columns
-          const int first = it * per_iter * kStepCols;
+          const int first = it * per_iter * step_cols;
           for (int i = 0; i < m; ++i) {
-            for (int col = 0; col < per_iter * kStepCols; ++col) {
+            for (int col = 0; col < per_iter * step_cols; ++col) {
               const bool in = first + col < k;
               stage[static_cast<size_t>(i * kStageStride + col)] =
                   in ? testing::to_bf16(xs[static_cast<size_t>(i * k + first + col)]) : 0;
             }
           }
         }
-        for (int u = 0; u < kUnroll; ++u) {
-          const int col = (it * per_iter + u * split_k + kw) * kStepCols;
-          testing::Frag4 a[4];
-          testing::Lanes<uint32_t> b[8];
-          for (int lane = 0; lane < 32; ++lane) {
-            const int g = lane / 4, q = lane % 4;
-            const int64_t row_lo = std::min(tile * kTileRows + g, n - 1);
-            const int64_t row_hi = std::min(tile * kTileRows + g + 8, n - 1);
-            const bool in_k = col + 16 * q < k;
-            uint32_t lo[4] = {}, hi[4] = {}, xw[8] = {};
-            for (int t = 0; t < 4 && in_k; ++t) {
-              lo[t] = word(&c.codes[static_cast<size_t>(row_lo * k + col + 16 * q + 4 * t)]);
-              hi[t] = word(&c.codes[static_cast<size_t>(row_hi * k + col + 16 * q + 4 * t)]);
-            }
-            if (g < m && in_k) {
-              for (int t = 0; t < 8; ++t) {
-                if (swiglu) {
-                  const int s =
-                      g * kStageStride + kw * kStepCols + 16 * q + u * split_k * kStepCols + 2 * t;
-                  xw[t] = uint32_t{stage[static_cast<size_t>(s)]} |
-                          uint32_t{stage[static_cast<size_t>(s + 1)]} << 16;
-                } else {
-                  const size_t e = static_cast<size_t>(g * k + col + 16 * q + 2 * t);
-                  xw[t] = testing::pack(xs[e], xs[e + 1]);
+        for (int u = 0; u < unroll; ++u) {
+          const int col = (it * per_iter + u * split_k + kw) * step_cols;
+          for (int sub = 0; sub < subs; ++sub) {  // 16 columns a lane: four MMAs
+            testing::Frag4 a[4];
+            testing::Lanes<uint32_t> b[8];
+            for (int lane = 0; lane < 32; ++lane) {
+              const int g = lane / 4, q = lane % 4;
+              const int64_t row_lo = std::min(tile * kTileRows + g, n - 1);
+              const int64_t row_hi = std::min(tile * kTileRows + g + 8, n - 1);
+              const int first = col + lane_bytes * q + 16 * sub;  // the lane's first column
+              const bool in_k = first < k;
+              uint32_t lo[4] = {}, hi[4] = {}, xw[8] = {};
+              for (int t = 0; t < 4 && in_k; ++t) {
+                lo[t] = word(&c.codes[static_cast<size_t>(row_lo * k + first + 4 * t)]);
+                hi[t] = word(&c.codes[static_cast<size_t>(row_hi * k + first + 4 * t)]);
+              }
+              if (g < m && in_k) {
+                for (int t = 0; t < 8; ++t) {
+                  if (swiglu) {
+                    const int s = g * kStageStride + kw * step_cols + lane_bytes * q +
+                                  u * split_k * step_cols + 16 * sub + 2 * t;
+                    xw[t] = uint32_t{stage[static_cast<size_t>(s)]} |
+                            uint32_t{stage[static_cast<size_t>(s + 1)]} << 16;
+                  } else {
+                    const size_t e = static_cast<size_t>(g * k + first + 2 * t);
+                    xw[t] = testing::pack(xs[e], xs[e + 1]);
+                  }
                 }
               }
+              for (int t = 0; t < 4; ++t) {
+                a[t][lane] = {decode_lo(lo[t]), decode_lo(hi[t]), decode_hi(lo[t]),
+                              decode_hi(hi[t])};
+              }
+              for (int t = 0; t < 8; ++t) b[t][lane] = xw[t];
             }
-            for (int t = 0; t < 4; ++t) {
-              a[t][lane] = {decode_lo(lo[t]), decode_lo(hi[t]), decode_hi(lo[t]), decode_hi(hi[t])};
-            }
-            for (int t = 0; t < 8; ++t) b[t][lane] = xw[t];
+            for (int t = 0; t < 4; ++t) testing::mma(acc, a[t], b[2 * t], b[2 * t + 1]);
           }
-          for (int t = 0; t < 4; ++t) testing::mma(acc, a[t], b[2 * t], b[2 * t + 1]);
         }
       }
     }
@@ -611,11 +618,14 @@ TEST(GemvFp8EmulationTest, TheKernelsWalkMatchesADoubleReferenceAtEverySplit) {
       for (int split = 1; split <= emulation::kMaxSplitK; split *= 2) {
         for (const bool swiglu : {false, true}) {
           for (const int m : {1, 3, 8}) {
-            const std::vector<float> y = emulation::run(c, swiglu ? act : c.x, m, split, swiglu);
-            testing::expect_product_output(
-                y, swiglu ? want_swiglu : want_plain, {}, m, n, 1e-5,
-                c.name(m, swiglu ? GemvInput::kSwiGLU : GemvInput::kPlain, false) + " split " +
-                    std::to_string(split));
+            for (const int lane_bytes : {16, 32}) {
+              const std::vector<float> y =
+                  emulation::run(c, swiglu ? act : c.x, m, split, swiglu, lane_bytes);
+              testing::expect_product_output(
+                  y, swiglu ? want_swiglu : want_plain, {}, m, n, 1e-5,
+                  c.name(m, swiglu ? GemvInput::kSwiGLU : GemvInput::kPlain, false) + " split " +
+                      std::to_string(split) + ", " + std::to_string(lane_bytes) + " bytes a lane");
+            }
           }
         }
       }

@@ -16,29 +16,33 @@ namespace {
 // owns a tile of 16 weight rows times all m (<= 8) rows of x: bf16 mma.m16n8k16 (A = the
 // 16 weight rows decoded to bf16, B = the 8 x rows, D in f32).
 //
-// Fragments. Lane = 4 g + q. A warp step covers 64 consecutive columns [c0, c0 + 64) of
-// k: lane (g, q) loads the 16 columns [c0 + 16q, c0 + 16q + 16) of weight rows g and g + 8
-// (one 16-byte load each: uint4 lo, hi) and of x row g (two 16-byte loads), and feeds
-// them to four MMAs. Word t of lo (columns +4t..4t+3) decodes to two bf16 pairs L(2t)
-// (columns +4t, +4t+1) and L(2t+1) (+4t+2, +4t+3); likewise hi to H. MMA t takes
+// Fragments. Lane = 4 g + q. A warp step covers 4 kLaneBytes consecutive columns of k from
+// c0: lane (g, q) loads the kLaneBytes columns [c0 + kLaneBytes q, + kLaneBytes) of weight
+// rows g and g + 8 (16-byte loads: uint4 lo, hi) and of x row g (two 16-byte loads per 16
+// columns), and feeds each 16 of them to four MMAs. Word t of lo (columns +4t..4t+3)
+// decodes to two bf16 pairs L(2t) (columns +4t, +4t+1) and L(2t+1) (+4t+2, +4t+3); likewise
+// hi to H. MMA t takes
 //   A = {L(2t), H(2t), L(2t+1), H(2t+1)},  B = {x pair 2t, x pair 2t+1}
 // (the MMA's k index reaches a lane only through q, in A and B alike, so this is a valid
 // order of the dot product). The accumulators hold D[g][2q], D[g][2q+1], D[g+8][2q],
 // D[g+8][2q+1], D[r][i] = sum for y[i, tile row r]. x rows >= m are zero and dropped.
 //
-// Split k. split_k warps (a power of two, <= kMaxSplitK) share a tile: warp kw of the tile
-// takes the steps s with s % split_k == kw, kUnroll of them per iteration: 2 * kUnroll
-// weight loads (128 bytes per lane, 256 columns) in flight, each step's loads issued one
-// iteration ahead of its MMAs, as soon as the step before it in the registers is
-// multiplied; the partial sums meet in shared memory and are added in warp order. split_k follows
-// (n, k, the SM count) only, so a row of y has one summation order for every m and both inputs.
+// Lane width. One row of x reads 32 contiguous bytes of each weight row a lane a step (two
+// loads), more rows 16: at one row the longer runs stream 5-10% faster on the 8B's shapes,
+// at 4-8 rows the shorter ones are as fast or faster (bench/gemv_fp8_bench).
 //
-// kSwiGLU. The block stages x' for the columns of one iteration (split_k * kUnroll * 64 <=
+// Split k. split_k warps (a power of two, <= kMaxSplitK) share a tile: warp kw of the tile
+// takes the steps s with s % split_k == kw, kUnroll of them per iteration: 128 bytes of
+// weights per lane (256 columns a warp) in flight, each step's loads issued one iteration
+// ahead of its MMAs, as soon as the step before it in the registers is multiplied; the
+// partial sums meet in shared memory and are added in warp order. split_k follows (n, k,
+// the SM count) only, and an iteration covers 256 columns at either width.
+//
+// kSwiGLU. The block stages x' for the columns of one iteration (split_k * kIterCols <=
 // 2048) in shared memory with launch_swiglu's arithmetic, and reads its B fragments there;
 // the next iteration's weight loads are issued before the staging and its barriers.
-constexpr int kTileRows = 16;  // weight rows per tile: the MMA's M
-constexpr int kStepCols = 64;  // columns of k per warp step: 4 lanes x 16 e4m3
-constexpr int kUnroll = 4;     // warp steps (2 weight loads each) in flight per iteration
+constexpr int kTileRows = 16;   // weight rows per tile: the MMA's M
+constexpr int kIterCols = 256;  // columns of k per warp per iteration: 128 bytes a lane
 // Half the bf16 GEMV's 16: a step has twice its columns, so the staged x' of an iteration
 // (kGemvMaxRows rows of kStageCols bf16) still fits the 48 KB of static shared memory.
 constexpr int kMaxSplitK = 8;
@@ -47,7 +51,7 @@ constexpr int kPlainWarps = 16;  // kPlain block: 512 threads, 2 blocks per SM
 // 128 SMs rather than 64 blocks of 32 warps on half of them; each block stages all of x'
 // once over its iterations, cheap beside its share of the weights.
 constexpr int kSwigluWarps = 16;
-constexpr int kStageCols = kMaxSplitK * kUnroll * kStepCols;  // 2048
+constexpr int kStageCols = kMaxSplitK * kIterCols;  // 2048
 // Each staged row is padded by 16 bytes, so a quarter-warp's 16-byte reads (rows g and
 // g + 1, four lanes each 32 bytes apart) fall in eight different groups of 4 banks.
 constexpr int kStageStride = kStageCols + 8;  // elements per staged row
@@ -139,9 +143,13 @@ __device__ __forceinline__ void stage_swiglu(const __nv_bfloat16* x, int m, int 
   }
 }
 
-template <GemvInput kInput, int kWarps, typename TOut>
+template <GemvInput kInput, int kWarps, typename TOut, int kLaneBytes>
 __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(GemvFp8Params<TOut> p) {
   constexpr bool kSwiglu = kInput == GemvInput::kSwiGLU;
+  static_assert(kLaneBytes == 16 || kLaneBytes == 32, "a lane reads 16 or 32 bytes a row a step");
+  constexpr int kSub = kLaneBytes / 16;           // 16-byte loads of a row per lane and step
+  constexpr int kStepCols = 4 * kLaneBytes;       // columns of k per warp step
+  constexpr int kUnroll = kIterCols / kStepCols;  // steps in flight per iteration
   constexpr int kStageBytes = kSwiglu ? kGemvMaxRows * kStageStride * 2 : 0;
   constexpr int kPartialBytes = kWarps * 32 * 16;
   // The staged x' during the k loop, then the warps' partial sums.
@@ -162,24 +170,28 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(Gemv
   // A tile past n (the grid's last block) computes on row n - 1 and writes nothing.
   const int64_t row_lo = tile * kTileRows + g;
   const int64_t row_hi = row_lo + 8;
-  const uint8_t* w_lo = p.w + min(row_lo, p.n - 1) * k + 16 * q;
+  const uint8_t* w_lo = p.w + min(row_lo, p.n - 1) * k + kLaneBytes * q;
   const int hi_offset = static_cast<int>(min(row_hi, p.n - 1) - min(row_lo, p.n - 1)) * k;
   const bool has_x_row = g < p.m;
-  const __nv_bfloat16* x_row = p.x + (has_x_row ? g * k : 0) + 16 * q;  // kPlain
-  const int stage_col = kw * kStepCols + 16 * q;  // kSwiGLU, + u * split_k * kStepCols
+  const __nv_bfloat16* x_row = p.x + (has_x_row ? g * k : 0) + kLaneBytes * q;  // kPlain
+  const int stage_col = kw * kStepCols + kLaneBytes * q;  // kSwiGLU, + u * split_k * kStepCols
 
   // Iteration `it` covers the block's steps [it * per_iter, (it + 1) * per_iter); this warp
-  // takes it * per_iter + u * split_k + kw for u in [0, kUnroll). A lane whose 16 columns
-  // lie past k (only in the last iteration) loads column 0 of its rows and zeroes it.
+  // takes it * per_iter + u * split_k + kw for u in [0, kUnroll). A lane's 16 columns that lie
+  // past k (only in the last iteration) load column 0 of its rows and are zeroed.
   const int per_iter = split_k * kUnroll;
   const int iterations = (k + per_iter * kStepCols - 1) / (per_iter * kStepCols);
-  uint4 a_lo[kUnroll], a_hi[kUnroll];
+  uint4 a_lo[kUnroll][kSub], a_hi[kUnroll][kSub];
   const auto load_step = [&](int it, int u) {
     const int col = (it * per_iter + u * split_k + kw) * kStepCols;
-    const bool in_k = col + 16 * q < k;
-    a_lo[u] = load_weights(w_lo + (in_k ? col : -16 * q));
-    a_hi[u] = load_weights(w_lo + hi_offset + (in_k ? col : -16 * q));
-    if (!in_k) a_lo[u] = a_hi[u] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int t = 0; t < kSub; ++t) {
+      const bool in_k = col + kLaneBytes * q + 16 * t < k;
+      const int off = in_k ? col + 16 * t : -kLaneBytes * q;
+      a_lo[u][t] = load_weights(w_lo + off);
+      a_hi[u][t] = load_weights(w_lo + hi_offset + off);
+      if (!in_k) a_lo[u][t] = a_hi[u][t] = make_uint4(0, 0, 0, 0);
+    }
   };
 
   // Weights only: in flight while the previous kernel finishes.
@@ -195,29 +207,34 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(Gemv
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int col = (it * per_iter + u * split_k + kw) * kStepCols;
-      uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
-      if (has_x_row && col + 16 * q < k) {
-        const uint4* src;
-        if constexpr (kSwiglu) {
-          src = reinterpret_cast<const uint4*>(stage + g * kStageStride + stage_col +
-                                               u * split_k * kStepCols);
-          b0 = src[0];
-          b1 = src[1];
-        } else {
-          src = reinterpret_cast<const uint4*>(x_row + col);
-          b0 = __ldg(src);
-          b1 = __ldg(src + 1);
+#pragma unroll
+      for (int t = 0; t < kSub; ++t) {
+        uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
+        if (has_x_row && col + kLaneBytes * q + 16 * t < k) {
+          const uint4* src;
+          if constexpr (kSwiglu) {
+            src = reinterpret_cast<const uint4*>(stage + g * kStageStride + stage_col +
+                                                 u * split_k * kStepCols + 16 * t);
+            b0 = src[0];
+            b1 = src[1];
+          } else {
+            src = reinterpret_cast<const uint4*>(x_row + col + 16 * t);
+            b0 = __ldg(src);
+            b1 = __ldg(src + 1);
+          }
         }
+        // Columns +0..3, +4..7 (x pairs in b0), +8..11, +12..15 (in b1).
+        const uint4& lo = a_lo[u][t];
+        const uint4& hi = a_hi[u][t];
+        mma_16816(acc, decode_lo(lo.x), decode_lo(hi.x), decode_hi(lo.x), decode_hi(hi.x), b0.x,
+                  b0.y);
+        mma_16816(acc, decode_lo(lo.y), decode_lo(hi.y), decode_hi(lo.y), decode_hi(hi.y), b0.z,
+                  b0.w);
+        mma_16816(acc, decode_lo(lo.z), decode_lo(hi.z), decode_hi(lo.z), decode_hi(hi.z), b1.x,
+                  b1.y);
+        mma_16816(acc, decode_lo(lo.w), decode_lo(hi.w), decode_hi(lo.w), decode_hi(hi.w), b1.z,
+                  b1.w);
       }
-      // Columns +0..3, +4..7 (x pairs in b0), +8..11, +12..15 (in b1).
-      mma_16816(acc, decode_lo(a_lo[u].x), decode_lo(a_hi[u].x), decode_hi(a_lo[u].x),
-                decode_hi(a_hi[u].x), b0.x, b0.y);
-      mma_16816(acc, decode_lo(a_lo[u].y), decode_lo(a_hi[u].y), decode_hi(a_lo[u].y),
-                decode_hi(a_hi[u].y), b0.z, b0.w);
-      mma_16816(acc, decode_lo(a_lo[u].z), decode_lo(a_hi[u].z), decode_hi(a_lo[u].z),
-                decode_hi(a_hi[u].z), b1.x, b1.y);
-      mma_16816(acc, decode_lo(a_lo[u].w), decode_lo(a_hi[u].w), decode_hi(a_lo[u].w),
-                decode_hi(a_hi[u].w), b1.z, b1.w);
       // Step u of the next iteration goes in flight as soon as its registers are free, so
       // the warp keeps kUnroll steps of loads in flight while it decodes and multiplies
       // (and before the staging work and its barriers).
@@ -263,10 +280,10 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) gemv_fp8_kernel(Gemv
 // iteration still fits in k.
 int split_k_for(int64_t n, int64_t k, int sms) {
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-  const int64_t steps = (k + kStepCols - 1) / kStepCols;
+  const int64_t blocks_of_64 = (k + 63) / 64;
   int split_k = 1;
   while (split_k < kMaxSplitK && tiles * split_k < int64_t{sms} * kPlainWarps &&
-         int64_t{split_k} * 2 * kUnroll <= steps) {
+         int64_t{split_k} * 2 * (kIterCols / 64) <= blocks_of_64) {
     split_k *= 2;
   }
   return split_k;
@@ -278,9 +295,13 @@ cudaError_t launch(const GemvFp8Params<TOut>& p, cudaStream_t stream) {
   const int64_t tiles_per_block = kWarps / p.split_k;
   const int64_t blocks = (tiles + tiles_per_block - 1) / tiles_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  return detail::launch_kernel(gemv_fp8_kernel<kInput, kWarps, TOut>,
-                               dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream,
-                               p);
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if (p.m == 1) {
+    return detail::launch_kernel(gemv_fp8_kernel<kInput, kWarps, TOut, 32>, grid, dim3(kWarps * 32),
+                                 0, stream, p);
+  }
+  return detail::launch_kernel(gemv_fp8_kernel<kInput, kWarps, TOut, 16>, grid, dim3(kWarps * 32),
+                               0, stream, p);
 }
 
 // out[4 t + 0..3] = the decode of codes[4 t + 0..3], with the kernel's functions.
