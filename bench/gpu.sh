@@ -21,10 +21,11 @@ usage: bench/gpu.sh COMMAND [ARGS]
                         ctest -L 'gpu|cuda' on \$BUILD (tests skip without a GPU); --all runs
                         every other suite as well; --memcheck adds compute-sanitizer memcheck
                         on the executor and attention tests
-  sanitize              compute-sanitizer memcheck, racecheck and synccheck on every executor
-                        test (SANITIZE_TESTS: the test binaries, SANITIZE_FILTER: a gtest
-                        filter for all of them, SANITIZE_TOOLS: some of the three tools,
-                        SANITIZE_TIMEOUT: seconds a run, default 300)
+  sanitize              compute-sanitizer memcheck and synccheck on every executor test,
+                        racecheck on every kernel test (SANITIZE_TESTS: the test binaries
+                        for every tool, SANITIZE_FILTER: a gtest filter for all of them,
+                        SANITIZE_TOOLS: some of the three tools, SANITIZE_TIMEOUT: seconds
+                        a run, default 300)
   bench [PRESET [B,...]] [CELLM BENCH FLAGS...]
                         \`cellm bench --executor cuda --step-times --peak-bandwidth \$PEAK_GBS\`
                         with -npp 128 -ntg 128 unless the flags give -npp; no PRESET runs
@@ -133,10 +134,16 @@ cmd_sanitize() {
   need_build
   local out rc=0 t tool e
   out=$(out_dir)
-  local tests=${SANITIZE_TESTS:-"cuda_cuda_executor_test cuda_cuda_runner_test cuda_cuda_prefix_test cuda_cuda_logits_processor_test cuda_overlap_decode_test cuda_cuda_gguf_test"}
+  local executor_tests="cuda_cuda_executor_test cuda_cuda_runner_test cuda_cuda_prefix_test cuda_cuda_logits_processor_test cuda_overlap_decode_test cuda_cuda_gguf_test"
+  # Racecheck (shared memory) runs a step 100-1,000x slower: by default it takes the kernel
+  # tests, whose launches hold every shared-memory kernel of a step at small shapes.
+  local kernel_tests="cuda_attention_decode_test cuda_attention_prefill_test cuda_attention_split_test cuda_gemv_test cuda_gemv_fp8_test cuda_skinny_gemm_test cuda_fp8_gemm_test cuda_sampling_test cuda_elementwise_kernels_test cuda_kv_write_test cuda_rope_kv_write_test cuda_kv_e4m3_test cuda_quantize_e4m3_test cuda_vocab_gather_test cuda_logit_adjust_test"
   local filter=()
   [ -n "${SANITIZE_FILTER:-}" ] && filter=(--gtest_filter="$SANITIZE_FILTER")
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+    local tests=$executor_tests
+    [ "$tool" = racecheck ] && tests=$kernel_tests
+    tests=${SANITIZE_TESTS:-$tests}
     for t in $tests; do
       [ -x "$BUILD/tests/cuda/$t" ] || { echo "$tool $t: no such test binary"; rc=1; continue; }
       timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
