@@ -3,7 +3,6 @@
 //   attention_bench [--iters N] [--no-pdl] [--target-blocks B] [--min-blocks B]
 //                   [--block-warps W] [--fresh-positions F] [--sequential-cells]
 //                   [--no-cluster-fold] [--shapes ROWSxCONTEXT,...] [--budget POSITIONS]
-//                   [--kv-e4m3]
 //
 // Llama-8B decode shapes (32 query heads over 8 kv heads, head_dim 128, bf16) at
 // rows 1, 16, 64 and 256, every row at context 192, 1024 or 8192 (8192 for up to 64
@@ -27,10 +26,7 @@
 // scattered ones; --shapes runs only the listed rows x context (up to 256 rows, 8,192
 // positions; e.g. 128x1152, the long B = 128 row's average); --budget sets max_context,
 // the session budget the split count is sized for (default 8,192; `cellm bench -npp 1024
-// -ntg 256` runs at 1,280). --kv-e4m3 reads an e4m3 cache (AttentionParams::k_codes: a
-// byte a value and an f32 scale a (cell, kv head)) instead: the tensor-core kernels'
-// e4m3 variant against the CUDA-core e4m3 kernel (launch_attention_decode_e4m3), the
-// bandwidth counting codes and scales.
+// -ntg 256` runs at 1,280).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -85,7 +81,6 @@ int main(int argc, char** argv) {
   int32_t fresh_positions = 1;  // decode rows: older K/V may load before the wait
   bool sequential_cells = false;
   bool cluster_fold = true;
-  bool kv_e4m3 = false;
   int32_t budget = kMaxContext;
   std::vector<std::pair<int64_t, int32_t>> shapes;  // empty: every default shape
   for (int i = 1; i < argc; ++i) {
@@ -102,8 +97,6 @@ int main(int argc, char** argv) {
       fresh_positions = std::max(0, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--no-pdl") == 0) {
       cellm::cuda::set_programmatic_launch(false);
-    } else if (std::strcmp(argv[i], "--kv-e4m3") == 0) {
-      kv_e4m3 = true;
     } else if (std::strcmp(argv[i], "--no-cluster-fold") == 0) {
       cluster_fold = false;
     } else if (std::strcmp(argv[i], "--sequential-cells") == 0) {
@@ -159,33 +152,6 @@ int main(int argc, char** argv) {
                      cudaMemcpyHostToDevice),
           "upload v");
   }
-  // The e4m3 pools: codes of values in [-2, 2) (never the NaN code), scales 2^-4.
-  uint8_t* k_codes = nullptr;
-  uint8_t* v_codes = nullptr;
-  float* k_scales = nullptr;
-  float* v_scales = nullptr;
-  if (kv_e4m3) {
-    std::vector<uint8_t> codes(static_cast<size_t>(kv_dim * 64));
-    for (uint8_t& c : codes) c = static_cast<uint8_t>((rng() & 0x80u) | (rng() % 0x40u));
-    k_codes = device_alloc<uint8_t>(static_cast<size_t>(kCells * kv_dim));
-    v_codes = device_alloc<uint8_t>(static_cast<size_t>(kCells * kv_dim));
-    for (int64_t c = 0; c < kCells; c += 64) {
-      const size_t off = static_cast<size_t>(c * kv_dim);
-      check(cudaMemcpy(k_codes + off, codes.data(), codes.size(), cudaMemcpyHostToDevice),
-            "upload k codes");
-      check(cudaMemcpy(v_codes + off, codes.data(), codes.size(), cudaMemcpyHostToDevice),
-            "upload v codes");
-    }
-    const std::vector<float> scales(static_cast<size_t>(kCells * kKvHeads), 0.0625f);
-    k_scales = device_alloc<float>(scales.size());
-    v_scales = device_alloc<float>(scales.size());
-    check(
-        cudaMemcpy(k_scales, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice),
-        "upload k scales");
-    check(
-        cudaMemcpy(v_scales, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice),
-        "upload v scales");
-  }
   std::vector<Bf16> qkv_host(static_cast<size_t>(kMaxRows * row_stride));
   for (Bf16& x : qkv_host) x = __float2bfloat16(dist(rng));
   Bf16* qkv = device_alloc<Bf16>(qkv_host.size());
@@ -218,10 +184,10 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&stop), "event");
 
   std::printf(
-      "Llama-8B decode attention (32/8 heads, head_dim 128, bf16, %s K/V), graph replay, %s, "
-      "target blocks %ld, min blocks %ld, block warps %d (0: chosen), fresh positions %d, %s "
-      "cells, budget %d, cluster fold %s\n",
-      kv_e4m3 ? "e4m3" : "bf16", cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
+      "Llama-8B decode attention (32/8 heads, head_dim 128, bf16), graph replay, %s, target "
+      "blocks %ld, min blocks %ld, block warps %d (0: chosen), fresh positions %d, %s cells, "
+      "budget %d, cluster fold %s\n",
+      cellm::cuda::programmatic_launch_enabled() ? "PDL" : "no PDL",
       static_cast<long>(target_blocks), static_cast<long>(min_blocks), block_warps, fresh_positions,
       sequential_cells ? "sequential" : "scattered", budget, cluster_fold ? "allowed" : "off");
   std::printf("rows context splits | tensor cores us   GB/s | cuda cores us   GB/s | speedup\n");
@@ -254,15 +220,8 @@ int main(int argc, char** argv) {
       p.n_heads = kHeads;
       p.n_kv_heads = kKvHeads;
       p.head_dim = kHeadDim;
-      if (kv_e4m3) {
-        p.k_codes = k_codes;
-        p.v_codes = v_codes;
-        p.k_scales = k_scales;
-        p.v_scales = v_scales;
-      } else {
-        p.k_pool = k_pool;
-        p.v_pool = v_pool;
-      }
+      p.k_pool = k_pool;
+      p.v_pool = v_pool;
       p.table = table;
       p.table_stride = kMaxContext;
       p.row_seq = row_seq;
@@ -295,9 +254,7 @@ int main(int argc, char** argv) {
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }
-    const double cell_bytes = kv_e4m3 ? static_cast<double>(kv_dim + kKvHeads * sizeof(float))
-                                      : static_cast<double>(kv_dim * sizeof(Bf16));
-    const double kv_bytes = static_cast<double>(rows) * context * 2 * cell_bytes;
+    const double kv_bytes = static_cast<double>(rows) * context * 2 * kv_dim * sizeof(Bf16);
     std::printf("%4ld %7d %6d | %15.2f %6.0f | %13.2f %6.0f | %6.2fx\n", static_cast<long>(rows),
                 context,
                 cellm::cuda::attention_num_splits(rows, kHeads, kKvHeads, budget, target_blocks,
@@ -311,8 +268,7 @@ int main(int argc, char** argv) {
   for (void* ptr :
        {static_cast<void*>(k_pool), static_cast<void*>(v_pool), static_cast<void*>(qkv),
         static_cast<void*>(table), static_cast<void*>(row_seq), static_cast<void*>(positions),
-        static_cast<void*>(out), static_cast<void*>(workspace), static_cast<void*>(k_codes),
-        static_cast<void*>(v_codes), static_cast<void*>(k_scales), static_cast<void*>(v_scales)}) {
+        static_cast<void*>(out), static_cast<void*>(workspace)}) {
     cudaFree(ptr);
   }
   return 0;

@@ -286,10 +286,10 @@ class CudaForward final : public ForwardEngine {
   // Joins the prefetch branch back into the captured stream (a capture must end joined).
   Status join_prefetch();
 
-  // Layer l's RoPE and K/V write into an e4m3 pool (ForwardDims::kv_e4m3):
-  // launch_rope_kv_write_e4m3, the table stored on layer 0. The attention over the pool
-  // is launch_attention's, as for a T pool.
-  Status enqueue_e4m3_kv_write(int64_t l, int32_t n, T* qkv);
+  // Layer l's RoPE, K/V write and attention over an e4m3 pool (ForwardDims::kv_e4m3):
+  // launch_rope_kv_write_e4m3 (the table stored on layer 0), then
+  // launch_attention_decode_e4m3 over every row, reading q from the fused qkv rows.
+  Status enqueue_e4m3_attention(int64_t l, int32_t n, T* qkv, T* attn);
 
   // y = x · wᵀ (+ bias), m rows, k in, n out, on the stream, for a product whose weight is
   // `w` (T) or `w8` (e4m3, DeviceModel): the e4m3 weight through launch_gemv_fp8 up to

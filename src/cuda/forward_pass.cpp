@@ -123,7 +123,7 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
           "k norm");
     }
     if (dims_.kv_e4m3) {
-      CELLM_RETURN_IF_ERROR(enqueue_e4m3_kv_write(l, n, qkv));
+      CELLM_RETURN_IF_ERROR(enqueue_e4m3_attention(l, n, qkv, attn));
     } else {
       RopeKvWriteParams<T> rk;
       rk.qkv = qkv;
@@ -144,42 +144,35 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
       rk.table_stride = dims_.max_session_tokens;
       rk.row_seq = row_seq;
       CELLM_CUDA_RETURN_IF_ERROR(launch_rope_kv_write<T>(rk, s), "rope and the K/V write");
-    }
-    AttentionParams<T> ap;
-    ap.qkv = qkv;
-    ap.row_stride = qkv_dim;
-    ap.q_offset = 0;
-    ap.n_rows = n;
-    ap.n_heads = c.num_heads();
-    ap.n_kv_heads = c.num_kv_heads();
-    ap.head_dim = hd;
-    if (dims_.kv_e4m3) {  // the tensor-core kernel where it serves, else kv_e4m3.h's
-      ap.k_codes = kv_codes(2 * l);
-      ap.v_codes = kv_codes(2 * l + 1);
-      ap.k_scales = kv_scales(2 * l);
-      ap.v_scales = kv_scales(2 * l + 1);
-    } else {
+      AttentionParams<T> ap;
+      ap.qkv = qkv;
+      ap.row_stride = qkv_dim;
+      ap.q_offset = 0;
+      ap.n_rows = n;
+      ap.n_heads = c.num_heads();
+      ap.n_kv_heads = c.num_kv_heads();
+      ap.head_dim = hd;
       ap.k_pool = k_pool(l);
       ap.v_pool = v_pool(l);
-    }
-    ap.table = table_.as<int32_t>();
-    ap.table_stride = dims_.max_session_tokens;
-    ap.row_seq = row_seq;
-    ap.positions = positions;
-    ap.window = static_cast<int32_t>(c.window(l));
-    ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    ap.max_context = dims_.max_session_tokens;
-    ap.workspace = buf<float>(buf_.attn_ws);
-    ap.out = attn;
-    ap.fresh_positions = fresh_positions;
-    ap.cluster_fold = tuning().attention_cluster_fold;
-    if (ranges.empty()) {
-      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
-    }
-    for (const AttentionRowRange& range : ranges) {
-      AttentionParams<T> rows = attention_rows(ap, range.begin, range.end);
-      rows.row_runs = range.runs;
-      CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
+      ap.table = table_.as<int32_t>();
+      ap.table_stride = dims_.max_session_tokens;
+      ap.row_seq = row_seq;
+      ap.positions = positions;
+      ap.window = static_cast<int32_t>(c.window(l));
+      ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      ap.max_context = dims_.max_session_tokens;
+      ap.workspace = buf<float>(buf_.attn_ws);
+      ap.out = attn;
+      ap.fresh_positions = fresh_positions;
+      ap.cluster_fold = tuning().attention_cluster_fold;
+      if (ranges.empty()) {
+        CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(ap, s), "attention");
+      }
+      for (const AttentionRowRange& range : ranges) {
+        AttentionParams<T> rows = attention_rows(ap, range.begin, range.end);
+        rows.row_runs = range.runs;
+        CELLM_CUDA_RETURN_IF_ERROR(launch_attention<T>(rows, s), "attention");
+      }
     }
     CELLM_RETURN_IF_ERROR(
         linear<T>(attn, n, q_dim, GemvInput::kPlain, w.o_proj, w.o_proj8, d, w.o_bias, delta));
@@ -215,7 +208,7 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
 }
 
 template <typename T>
-Status CudaForward<T>::enqueue_e4m3_kv_write(int64_t l, int32_t n, T* qkv) {
+Status CudaForward<T>::enqueue_e4m3_attention(int64_t l, int32_t n, T* qkv, T* attn) {
   cudaStream_t s = stream_.get();
   const ModelConfig& c = config_;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
@@ -240,6 +233,24 @@ Status CudaForward<T>::enqueue_e4m3_kv_write(int64_t l, int32_t n, T* qkv) {
   rk.table_stride = dims_.max_session_tokens;
   rk.row_seq = meta<int32_t>(meta_.row_seq);
   CELLM_CUDA_RETURN_IF_ERROR(launch_rope_kv_write_e4m3<T>(rk, s), "rope and the e4m3 K/V write");
+  AttentionE4m3Params<T> ap;
+  ap.q = qkv;
+  ap.q_row_stride = rk.row_stride;
+  ap.out = attn;
+  ap.n_rows = n;
+  ap.n_heads = c.num_heads();
+  ap.n_kv_heads = c.num_kv_heads();
+  ap.head_dim = c.head_dim();
+  ap.k_codes = rk.k_codes;
+  ap.v_codes = rk.v_codes;
+  ap.k_scales = rk.k_scales;
+  ap.v_scales = rk.v_scales;
+  ap.table = table_.as<int32_t>();
+  ap.table_stride = dims_.max_session_tokens;
+  ap.row_seq = rk.row_seq;
+  ap.positions = rk.positions;
+  ap.window = static_cast<int32_t>(c.window(l));
+  CELLM_CUDA_RETURN_IF_ERROR(launch_attention_decode_e4m3<T>(ap, s), "attention over e4m3 K/V");
   return Status::Ok();
 }
 

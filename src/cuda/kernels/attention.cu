@@ -8,7 +8,6 @@
 #include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_mma.h"
 #include "cuda/kernels/attention_span.cuh"
-#include "cuda/kernels/kv_e4m3.h"
 #include "cuda/kernels/launch.cuh"
 
 namespace cellm::cuda {
@@ -386,29 +385,6 @@ cudaError_t launch_cuda_cores(const AttentionParams<T>& p, Geometry* g, int head
              : launch_split_heads<T, 1>(p, *g, heads, stream);
 }
 
-// An e4m3 cache where the tensor-core kernel does not serve the launch.
-template <typename T>
-cudaError_t launch_cuda_cores_e4m3(const AttentionParams<T>& p, cudaStream_t stream) {
-  AttentionE4m3Params<T> e;
-  e.q = p.qkv + p.q_offset;
-  e.q_row_stride = p.row_stride;
-  e.out = p.out;
-  e.n_rows = p.n_rows;
-  e.n_heads = p.n_heads;
-  e.n_kv_heads = p.n_kv_heads;
-  e.head_dim = p.head_dim;
-  e.k_codes = p.k_codes;
-  e.v_codes = p.v_codes;
-  e.k_scales = p.k_scales;
-  e.v_scales = p.v_scales;
-  e.table = p.table;
-  e.table_stride = p.table_stride;
-  e.row_seq = p.row_seq;
-  e.positions = p.positions;
-  e.window = p.window;
-  return launch_attention_decode_e4m3<T>(e, stream);
-}
-
 }  // namespace
 
 int32_t attention_num_splits(int64_t n_rows, int64_t n_heads, int64_t n_kv_heads,
@@ -464,9 +440,7 @@ bool attention_uses_tensor_cores(const AttentionParams<T>& p) {
     return p.path == AttentionPath::kAuto && (p.head_dim == 64 || p.head_dim == 128) &&
            p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 &&
            p.n_heads / p.n_kv_heads <= kMaxTensorCoreGroup && p.row_stride % 8 == 0 &&
-           p.q_offset % 8 == 0 && aligned16(p.qkv) &&
-           (p.k_codes != nullptr ? aligned16(p.k_codes) && aligned16(p.v_codes)
-                                 : aligned16(p.k_pool) && aligned16(p.v_pool));
+           p.q_offset % 8 == 0 && aligned16(p.qkv) && aligned16(p.k_pool) && aligned16(p.v_pool);
   }
 }
 
@@ -480,14 +454,8 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
       p.q_offset + p.n_heads * p.head_dim > p.row_stride) {
     return cudaErrorInvalidValue;
   }
-  const bool e4m3 = p.k_codes != nullptr;
-  const bool pools_ok = e4m3 ? p.v_codes != nullptr && p.k_scales != nullptr &&
-                                   p.v_scales != nullptr && p.k_pool == nullptr &&
-                                   p.v_pool == nullptr
-                             : p.k_pool != nullptr && p.v_pool != nullptr && p.v_codes == nullptr &&
-                                   p.k_scales == nullptr && p.v_scales == nullptr;
-  if (p.qkv == nullptr || !pools_ok || p.table == nullptr || p.row_seq == nullptr ||
-      p.positions == nullptr || p.out == nullptr) {
+  if (p.qkv == nullptr || p.k_pool == nullptr || p.v_pool == nullptr || p.table == nullptr ||
+      p.row_seq == nullptr || p.positions == nullptr || p.out == nullptr) {
     return cudaErrorInvalidValue;
   }
   const bool warps_ok =
@@ -496,7 +464,6 @@ cudaError_t launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
       p.fresh_positions < 0 || !warps_ok) {
     return cudaErrorInvalidValue;
   }
-  if (e4m3 && !attention_uses_tensor_cores(p)) return launch_cuda_cores_e4m3(p, stream);
   if (p.row_runs && attention_uses_tensor_cores(p) &&
       detail::attention_prefill_takes_group(p.n_heads / p.n_kv_heads)) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {

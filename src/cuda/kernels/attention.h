@@ -13,11 +13,6 @@
 //   qkv      [n_rows, row_stride] of T: query head h of row r is the head_dim values at
 //            qkv + r * row_stride + q_offset + h * head_dim.
 //   k_pool, v_pool  [max_cells, n_kv_heads, head_dim] of T (one layer).
-//   k_codes, v_codes  instead of k_pool and v_pool, an e4m3 cache (--kv-dtype fp8,
-//            kernels/kv_e4m3.h): [max_cells, n_kv_heads, head_dim] e4m3 codes, with
-//            k_scales, v_scales [max_cells, n_kv_heads] f32 (one layer); K of cell c, kv head
-//            g, element i is e4m3(k_codes[(c * n_kv_heads + g) * head_dim + i]) *
-//            k_scales[c * n_kv_heads + g], V alike.
 //   table    int32 [n_table_rows, table_stride], shared by all layers:
 //            table[s * table_stride + p] = the cell of position p of sequence s.
 //   row_seq, positions  int32 [n_rows].
@@ -51,12 +46,6 @@
 // kv head)'s blocks one thread-block cluster of at most 8 splits whose blocks merge
 // each other's partials from shared memory (AttentionParams::cluster_fold), the same
 // operations in the same order: no workspace traffic, fence or counter.
-//
-// An e4m3 cache runs on the tensor-core kernels where a bf16 one would, split and
-// prefill (their e4m3 variants: attention_tile_e4m3.cuh; scores in an f16 MMA against the
-// query rounded to f16); everywhere else on launch_attention_decode_e4m3
-// (kv_e4m3.h), which takes the scale 1/sqrt(head_dim) whatever `scale` says and
-// ignores the workspace and the tuning fields.
 //
 // A prefill's rows (AttentionParams::row_runs: a launch whose rows come in runs of
 // consecutive rows of one sequence, cut by attention_row_ranges) run on tensor cores,
@@ -111,16 +100,11 @@ struct AttentionParams {
   int64_t q_offset = 0;    // column of query head 0
   int64_t n_rows = 0;
   int64_t n_heads = 0;
-  int64_t n_kv_heads = 0;     // divides n_heads
-  int64_t head_dim = 0;       // in [1, kMaxAttentionHeadDimCuda]
-  const T* k_pool = nullptr;  // [max_cells, n_kv_heads, head_dim]
-  const T* v_pool = nullptr;  // [max_cells, n_kv_heads, head_dim]
-  // An e4m3 cache in place of k_pool / v_pool (both nullptr then): set all four or none.
-  const uint8_t* k_codes = nullptr;  // [max_cells, n_kv_heads, head_dim] e4m3
-  const uint8_t* v_codes = nullptr;  // [max_cells, n_kv_heads, head_dim] e4m3
-  const float* k_scales = nullptr;   // [max_cells, n_kv_heads]
-  const float* v_scales = nullptr;   // [max_cells, n_kv_heads]
-  const int32_t* table = nullptr;    // [n_table_rows, table_stride] cell of (sequence, position)
+  int64_t n_kv_heads = 0;          // divides n_heads
+  int64_t head_dim = 0;            // in [1, kMaxAttentionHeadDimCuda]
+  const T* k_pool = nullptr;       // [max_cells, n_kv_heads, head_dim]
+  const T* v_pool = nullptr;       // [max_cells, n_kv_heads, head_dim]
+  const int32_t* table = nullptr;  // [n_table_rows, table_stride] cell of (sequence, position)
   int64_t table_stride = 0;
   const int32_t* row_seq = nullptr;    // [n_rows] table row of each query row
   const int32_t* positions = nullptr;  // [n_rows] absolute position of each query row
@@ -224,9 +208,8 @@ size_t attention_workspace_bytes(int64_t max_rows, int64_t n_heads, int64_t n_kv
                                  int64_t min_blocks = kAttentionMinBlocks);
 
 // Whether launch_attention(p) runs the tensor-core split kernel: T is bf16, path is
-// kAuto, head_dim is 64 or 128, n_heads / n_kv_heads <= 16, and qkv, k_pool, v_pool (or
-// k_codes, v_codes), row_stride and q_offset are 16-byte aligned. A function of p's shape
-// and pointers.
+// kAuto, head_dim is 64 or 128, n_heads / n_kv_heads <= 16, and qkv, k_pool, v_pool,
+// row_stride and q_offset are 16-byte aligned. A function of p's shape and pointers.
 template <typename T>
 bool attention_uses_tensor_cores(const AttentionParams<T>& p);
 

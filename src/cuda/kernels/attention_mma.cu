@@ -11,7 +11,6 @@
 #include "cuda/kernels/attention_fold.cuh"
 #include "cuda/kernels/attention_span.cuh"
 #include "cuda/kernels/attention_tile.cuh"
-#include "cuda/kernels/attention_tile_e4m3.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/mma.cuh"
 
@@ -73,14 +72,6 @@ template <int HD>
 constexpr size_t stage_bytes() {  // K and V of one tile
   return sizeof(__nv_bfloat16) * 2 * kTileKeys * row_elems<HD>();
 }
-// An e4m3 cache's tile: K and V codes, then K and V scales (attention_e4m3_map.h). It
-// sits in a stage of the bf16 size, so both variants share every size below.
-template <int HD>
-constexpr size_t e4m3_stage_bytes() {
-  return 2 * kTileKeys * code_row_bytes<HD>() + sizeof(float) * 2 * kTileKeys;
-}
-static_assert(e4m3_stage_bytes<64>() <= stage_bytes<64>());
-static_assert(e4m3_stage_bytes<128>() <= stage_bytes<128>());
 // The merge's acc rows are HD + 8 floats apart: a warp's float2 stores of C fragments
 // (rows g = 0..7, columns 2q, 2q + 1) then fill each half-warp's 32 banks once (row g at
 // bank 8 g) instead of all 8 rows at the same banks: 8-way conflicts, which took an 8-warp
@@ -111,10 +102,7 @@ constexpr bool cluster_fold_fits() {
              sizeof(float) * fold_scratch_floats(kMaxGroup, kAttentionClusterSplits);
 }
 
-// kE4m3: the K/V pools are e4m3 codes and scales (AttentionParams::k_codes ...): each
-// tile's codes and scales are gathered as the bf16 rows are, and folded by
-// fold_tile_e4m3 (attention_tile_e4m3.cuh); O's columns are mapped back at the merge.
-template <int HD, int W, bool kE4m3>
+template <int HD, int W>
 __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     attention_mma_kernel(const AttentionParams<__nv_bfloat16> p, const int32_t n_splits,
                          const int32_t min_chunks, const bool early, const bool cluster_fold) {
@@ -160,8 +148,8 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
 
   const int32_t* cells = p.table + int64_t{p.row_seq[r]} * p.table_stride;
   const int64_t cell_stride = p.n_kv_heads * HD;
-  const bf16* k_base = kE4m3 ? nullptr : p.k_pool + int64_t{kv_head} * HD;
-  const bf16* v_base = kE4m3 ? nullptr : p.v_pool + int64_t{kv_head} * HD;
+  const bf16* k_base = p.k_pool + int64_t{kv_head} * HD;
+  const bf16* v_base = p.v_pool + int64_t{kv_head} * HD;
   bf16* warp_smem = reinterpret_cast<bf16*>(smem) + warp * kStages * 2 * kTileKeys * RE;
   // Stage s of this warp: K rows at stage_k(s), V rows kTileKeys * RE further.
   auto stage_k = [&](int s) { return warp_smem + s * 2 * kTileKeys * RE; };
@@ -175,50 +163,17 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   // chunk l % kChunksPerRow, for K and V.
   const int copy_row = lane / kChunksPerRow;
   const int copy_col = (lane % kChunksPerRow) * 8;
-  // e4m3: HD / 16 16-byte chunks per code row; lanes 0-15 copy the K scale of key lane,
-  // lanes 16-31 the V scale of key lane - 16.
-  constexpr int kCodeChunks = HD / 16;
-  constexpr int kCodeRowsPerPass = 32 / kCodeChunks;
-  constexpr int kCodePasses = kTileKeys / kCodeRowsPerPass;
-  constexpr int RB = code_row_bytes<HD>();
-  const int64_t code_base = int64_t{kv_head} * HD;
-  auto stage_codes = [&](int s) {
-    return reinterpret_cast<unsigned char*>(warp_smem) + s * stage_bytes<HD>();
-  };
-  auto load_tile_e4m3 = [&](int32_t cell_lane, int s) {
-    uint8_t* kc = stage_codes(s);
-    uint8_t* vc = kc + kTileKeys * RB;
-    float* scales = reinterpret_cast<float*>(kc + 2 * kTileKeys * RB);
-    const int code_row = lane / kCodeChunks;
-    const int code_col = (lane % kCodeChunks) * 16;
+  auto load_tile = [&](int32_t cell_lane, int s) {
+    bf16* ks = stage_k(s);
+    bf16* vs = ks + kTileKeys * RE;
 #pragma unroll
-    for (int pass = 0; pass < kCodePasses; ++pass) {
-      const int key = pass * kCodeRowsPerPass + code_row;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int key = pass * kRowsPerPass + copy_row;
       const int32_t cell = __shfl_sync(0xffffffffu, cell_lane, key);
       const bool ok = cell >= 0;
-      const int64_t off = int64_t{ok ? cell : 0} * cell_stride + code_base + code_col;
-      cp_async16(kc + key * RB + code_col, p.k_codes + off, ok);
-      cp_async16(vc + key * RB + code_col, p.v_codes + off, ok);
-    }
-    const bool ok = cell_lane >= 0;
-    const int64_t at = int64_t{ok ? cell_lane : 0} * p.n_kv_heads + kv_head;
-    cp_async4(scales + lane, (lane < kTileKeys ? p.k_scales : p.v_scales) + at, ok);
-  };
-  auto load_tile = [&](int32_t cell_lane, int s) {
-    if constexpr (kE4m3) {
-      load_tile_e4m3(cell_lane, s);
-    } else {
-      bf16* ks = stage_k(s);
-      bf16* vs = ks + kTileKeys * RE;
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int key = pass * kRowsPerPass + copy_row;
-        const int32_t cell = __shfl_sync(0xffffffffu, cell_lane, key);
-        const bool ok = cell >= 0;
-        const int64_t off = int64_t{ok ? cell : 0} * cell_stride + copy_col;
-        cp_async16(ks + key * RE + copy_col, k_base + off, ok);
-        cp_async16(vs + key * RE + copy_col, v_base + off, ok);
-      }
+      const int64_t off = int64_t{ok ? cell : 0} * cell_stride + copy_col;
+      cp_async16(ks + key * RE + copy_col, k_base + off, ok);
+      cp_async16(vs + key * RE + copy_col, v_base + off, ok);
     }
   };
 
@@ -264,11 +219,6 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     const bool lo_ok = g < group, hi_ok = g + 8 < group;
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-      if constexpr (kE4m3) {
-        const bf16* lo = q_row + int64_t{g} * HD + kk * 16 + 4 * q;
-        q_fragment_f16(lo_ok ? lo : nullptr, hi_ok ? lo + 8 * HD : nullptr, qa[kk]);
-        continue;
-      }
       const bf16* lo = q_row + int64_t{g} * HD + kk * 16 + 2 * q;
       const bf16* hi = lo + 8 * HD;
       qa[kk][0] = lo_ok ? *reinterpret_cast<const uint32_t*>(lo) : 0u;
@@ -290,20 +240,13 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     cp_async_wait<1>();
     __syncwarp();  // every lane's copies of this tile are visible to the warp
 
+    const bf16* ks = stage_k(s);
+    const bf16* vs = ks + kTileKeys * RE;
     // Key 8 nb + 2q + (c & 1) of the tile counts when it lies before `end`; the tile
     // holds at least one such position, so every head row's max is finite.
     const int64_t j0 = begin + t * kTileKeys;
-    auto valid = [&](int nb, int c) { return j0 + nb * 8 + 2 * q + (c & 1) < end; };
-    if constexpr (kE4m3) {
-      const uint8_t* kc = stage_codes(s);
-      const auto* scales = reinterpret_cast<const float*>(kc + 2 * kTileKeys * RB);
-      fold_tile_e4m3<HD, false>(qa, kc, kc + kTileKeys * RB, scales, scales + kTileKeys, lane,
-                                q_scale, st, valid);
-    } else {
-      const bf16* ks = stage_k(s);
-      const bf16* vs = ks + kTileKeys * RE;
-      fold_tile<HD, false>(qa, ks, vs, k_lane_off, v_lane_off, q_scale, st, valid);
-    }
+    fold_tile<HD, false>(qa, ks, vs, k_lane_off, v_lane_off, q_scale, st,
+                         [&](int nb, int c) { return j0 + nb * 8 + 2 * q + (c & 1) < end; });
     __syncwarp();  // the stage is read before the next iteration refills it
   }
   if (!early) allow_dependent_grids();
@@ -326,13 +269,8 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
     }
 #pragma unroll
     for (int nd = 0; nd < ND; ++nd) {
-      if constexpr (kE4m3) {  // O column c of block nd is dim e4m3_o_dim(nd, c)
-        s_acc[row * AS + e4m3_o_dim(nd, 2 * q)] = st.o[nd][2 * i];
-        s_acc[row * AS + e4m3_o_dim(nd, 2 * q + 1)] = st.o[nd][2 * i + 1];
-      } else {
-        float2* dst = reinterpret_cast<float2*>(s_acc + row * AS + nd * 8 + 2 * q);
-        *dst = make_float2(st.o[nd][2 * i], st.o[nd][2 * i + 1]);
-      }
+      float2* dst = reinterpret_cast<float2*>(s_acc + row * AS + nd * 8 + 2 * q);
+      *dst = make_float2(st.o[nd][2 * i], st.o[nd][2 * i + 1]);
     }
   }
   __syncthreads();
@@ -381,12 +319,12 @@ __global__ void __launch_bounds__(W * 32, kWarpsPerSm / W)
   }
 }
 
-template <int HD, int W, bool kE4m3>
+template <int HD, int W>
 cudaError_t set_smem() {
   constexpr size_t bytes = smem_bytes<HD, W>();
   // Above 48 KB a kernel must opt in; not a stream operation, so capture-safe.
   if constexpr (bytes > 48 * 1024) {
-    return cudaFuncSetAttribute(attention_mma_kernel<HD, W, kE4m3>,
+    return cudaFuncSetAttribute(attention_mma_kernel<HD, W>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(bytes));
   }
@@ -395,37 +333,29 @@ cudaError_t set_smem() {
 
 // Launches with the cluster fold when `cluster` (each (row, kv head)'s n_splits blocks
 // one cluster), else with the workspace's.
-template <int HD, int W, bool kE4m3>
+template <int HD, int W>
 cudaError_t launch_mma(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                        int32_t min_chunks, bool cluster, cudaStream_t stream) {
-  if (const cudaError_t err = set_smem<HD, W, kE4m3>(); err != cudaSuccess) return err;
+  if (const cudaError_t err = set_smem<HD, W>(); err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(n_splits),
                   static_cast<unsigned>(p.n_kv_heads));
   const dim3 cluster_dims(1, cluster ? static_cast<unsigned>(n_splits) : 1u, 1);
-  return launch_kernel_in_clusters(attention_mma_kernel<HD, W, kE4m3>, grid, dim3(W * 32),
+  return launch_kernel_in_clusters(attention_mma_kernel<HD, W>, grid, dim3(W * 32),
                                    smem_bytes<HD, W>(), stream, cluster_dims, p, n_splits,
                                    min_chunks, early_triggers(), cluster);
 }
 
-template <int HD, bool kE4m3>
+template <int HD>
 cudaError_t launch_mma_warps(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
                              int32_t min_chunks, int warps, bool cluster, cudaStream_t stream) {
-  if (warps == 2) return launch_mma<HD, 2, kE4m3>(p, n_splits, min_chunks, cluster, stream);
-  if (warps == 8) return launch_mma<HD, 8, kE4m3>(p, n_splits, min_chunks, cluster, stream);
-  return launch_mma<HD, 4, kE4m3>(p, n_splits, min_chunks, cluster, stream);
-}
-template <bool kE4m3>
-cudaError_t launch_mma_head_dim(const AttentionParams<__nv_bfloat16>& p, int32_t n_splits,
-                                int32_t min_chunks, int warps, bool cluster, cudaStream_t stream) {
-  return p.head_dim == 64
-             ? launch_mma_warps<64, kE4m3>(p, n_splits, min_chunks, warps, cluster, stream)
-             : launch_mma_warps<128, kE4m3>(p, n_splits, min_chunks, warps, cluster, stream);
+  if (warps == 2) return launch_mma<HD, 2>(p, n_splits, min_chunks, cluster, stream);
+  if (warps == 8) return launch_mma<HD, 8>(p, n_splits, min_chunks, cluster, stream);
+  return launch_mma<HD, 4>(p, n_splits, min_chunks, cluster, stream);
 }
 
 // How many clusters of `splits` 8-warp blocks of the head_dim HD kernel the device
 // holds at once (clusters stay inside a GPC: fewer than SMs / splits), once per device
 // and split count (not a stream operation: capture-safe); 0 where clusters cannot launch.
-// The e4m3 variant has the same shared memory and launch bounds: its answer is the same.
 template <int HD>
 int max_clusters_of(int device, int32_t splits) {
   static std::mutex mutex;
@@ -436,7 +366,7 @@ int max_clusters_of(int device, int32_t splits) {
   int clusters = 0;
   int can_launch = 0;
   if (cudaDeviceGetAttribute(&can_launch, cudaDevAttrClusterLaunch, device) == cudaSuccess &&
-      can_launch != 0 && set_smem<HD, 8, false>() == cudaSuccess) {
+      can_launch != 0 && set_smem<HD, 8>() == cudaSuccess) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(1, static_cast<unsigned>(splits));
     config.blockDim = dim3(8 * 32);
@@ -448,7 +378,7 @@ int max_clusters_of(int device, int32_t splits) {
     attribute.val.clusterDim.z = 1;
     config.attrs = &attribute;
     config.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&clusters, attention_mma_kernel<HD, 8, false>, &config) !=
+    if (cudaOccupancyMaxActiveClusters(&clusters, attention_mma_kernel<HD, 8>, &config) !=
         cudaSuccess) {
       clusters = 0;
     }
@@ -517,9 +447,9 @@ cudaError_t launch_attention_split_mma(const AttentionParams<__nv_bfloat16>& p, 
                     : p.block_warps != 0
                         ? p.block_warps
                         : attention_mma_block_warps(p.n_rows, n_splits, p.n_kv_heads, sm_count);
-  return p.k_codes != nullptr
-             ? launch_mma_head_dim<true>(p, n_splits, min_chunks, warps, cluster > 0, stream)
-             : launch_mma_head_dim<false>(p, n_splits, min_chunks, warps, cluster > 0, stream);
+  return p.head_dim == 64
+             ? launch_mma_warps<64>(p, n_splits, min_chunks, warps, cluster > 0, stream)
+             : launch_mma_warps<128>(p, n_splits, min_chunks, warps, cluster > 0, stream);
 }
 
 }  // namespace cellm::cuda::detail

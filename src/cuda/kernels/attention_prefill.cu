@@ -18,11 +18,6 @@
 // sessions): it takes them one sequence at a time (a segment: the keys of that
 // sequence's rows' union), the other rows masked out. Rows of one sequence need not be
 // consecutive positions; runs only make the gathers shared.
-//
-// An e4m3 cache (AttentionParams::k_codes) takes the kernel's kE4m3 variant: a stage holds
-// the 64 keys' codes and scales (attention_e4m3_map.h's layout, 64 rows), each tile is
-// folded by fold_tile_e4m3 (attention_tile_e4m3.cuh), and O's columns are mapped back as
-// they are stored.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -31,7 +26,6 @@
 #include "cuda/kernels/attention_mma.h"
 #include "cuda/kernels/attention_span.cuh"
 #include "cuda/kernels/attention_tile.cuh"
-#include "cuda/kernels/attention_tile_e4m3.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/mma.cuh"
 
@@ -55,16 +49,7 @@ constexpr size_t smem_bytes() {  // K then V, [kStageKeys][HD + pad] bf16, per s
   return sizeof(bf16) * 2 * kStageKeys * (HD + kKvRowPad) * kStages;
 }
 
-// An e4m3 stage: K codes [kStageKeys][code_row_bytes], V codes the same, then K and V
-// scales [kStageKeys] f32 each; it fits the bf16 stage.
-template <int HD>
-constexpr size_t e4m3_stage_bytes() {
-  return 2 * kStageKeys * code_row_bytes<HD>() + sizeof(float) * 2 * kStageKeys;
-}
-static_assert(e4m3_stage_bytes<64>() <= smem_bytes<64>() / kStages);
-static_assert(e4m3_stage_bytes<128>() <= smem_bytes<128>() / kStages);
-
-template <int HD, int G, bool kE4m3>
+template <int HD, int G>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     attention_prefill_kernel(const AttentionParams<bf16> p, const bool early) {
   constexpr int kThreads = kWarps * 32;
@@ -78,11 +63,6 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   static_assert(HD == 64 || HD == 128);
   static_assert(G >= 1 && G <= 16 && 16 % G == 0);
   static_assert(kCopies % kThreads == 0);
-  constexpr int RB = code_row_bytes<HD>();  // e4m3: bytes per shared code row
-  constexpr int kCodeChunks = HD / 16;      // e4m3: 16-byte copies per code row
-  constexpr int kCodeCopies = kStageKeys * kCodeChunks;
-  static_assert(kCodeCopies % kThreads == 0);
-  static_assert(2 * kStageKeys == kThreads);  // e4m3: one scale copy a thread
   extern __shared__ __align__(16) unsigned char smem[];
   // The block's rows: sequence (-1 past the launch), lowest and highest position attended.
   __shared__ int32_t s_seq[QB], s_lo[QB], s_hi[QB];
@@ -130,16 +110,11 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     for (int i = 0; i < 2; ++i) {
       const int64_t r = r0 + row_of[i];
       ok[i] = r < p.n_rows;
-      q_at[i] = p.qkv + (ok[i] ? r : 0) * p.row_stride + p.q_offset + (h0 + head_of[i]) * HD +
-                (kE4m3 ? 4 : 2) * q;
+      q_at[i] =
+          p.qkv + (ok[i] ? r : 0) * p.row_stride + p.q_offset + (h0 + head_of[i]) * HD + 2 * q;
     }
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-      if constexpr (kE4m3) {  // dims e4m3_q_dim: 16 kk + 4q .. + 3
-        q_fragment_f16(ok[0] ? q_at[0] + kk * 16 : nullptr, ok[1] ? q_at[1] + kk * 16 : nullptr,
-                       qa[kk]);
-        continue;
-      }
       qa[kk][0] = ok[0] ? *reinterpret_cast<const uint32_t*>(q_at[0] + kk * 16) : 0u;
       qa[kk][1] = ok[1] ? *reinterpret_cast<const uint32_t*>(q_at[1] + kk * 16) : 0u;
       qa[kk][2] = ok[0] ? *reinterpret_cast<const uint32_t*>(q_at[0] + kk * 16 + 8) : 0u;
@@ -152,16 +127,9 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   const int k_off = k_lane_offset(lane, RE);
   const int v_off = v_lane_offset(lane, RE);
   const int64_t cell_stride = p.n_kv_heads * HD;
-  const bf16* k_base = kE4m3 ? nullptr : p.k_pool + int64_t{kv_head} * HD;
-  const bf16* v_base = kE4m3 ? nullptr : p.v_pool + int64_t{kv_head} * HD;
+  const bf16* k_base = p.k_pool + int64_t{kv_head} * HD;
+  const bf16* v_base = p.v_pool + int64_t{kv_head} * HD;
   auto stage_k = [&](int s) { return reinterpret_cast<bf16*>(smem) + s * 2 * kStageKeys * RE; };
-  // e4m3: stage s's K codes; V codes kStageKeys * RB bytes on, then the K and V scales.
-  auto stage_codes = [&](int s) {
-    return reinterpret_cast<uint8_t*>(smem) + s * (smem_bytes<HD>() / kStages);
-  };
-  auto stage_scales = [&](int s) {
-    return reinterpret_cast<float*>(stage_codes(s) + 2 * kStageKeys * RB);
-  };
 
   // One segment per sequence among the block's rows, in the order of its first row.
   for (int first = 0; first < QB; ++first) {
@@ -190,42 +158,18 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     }
     const int32_t* cells = p.table + int64_t{seq} * p.table_stride;
     // Keys past hi load zeros (never a stale cell's NaN); every row masks them.
-    auto load_stage_e4m3 = [&](int64_t j_begin, int s) {
-      uint8_t* kc = stage_codes(s);
-      uint8_t* vc = kc + kStageKeys * RB;
+    auto load_stage = [&](int64_t j_begin, int s) {
+      bf16* ks = stage_k(s);
+      bf16* vs = ks + kStageKeys * RE;
 #pragma unroll
-      for (int c = static_cast<int>(threadIdx.x); c < kCodeCopies; c += kThreads) {
-        const int key = c / kCodeChunks;
-        const int col = (c % kCodeChunks) * 16;
+      for (int c = static_cast<int>(threadIdx.x); c < kCopies; c += kThreads) {
+        const int key = c / kChunksPerRow;
+        const int col = (c % kChunksPerRow) * 8;
         const int64_t j = j_begin + key;
         const bool ok = j <= hi;
-        const int64_t off = int64_t{ok ? cells[j] : 0} * cell_stride + int64_t{kv_head} * HD + col;
-        cp_async16(kc + key * RB + col, p.k_codes + off, ok);
-        cp_async16(vc + key * RB + col, p.v_codes + off, ok);
-      }
-      // Thread t copies the K (t < kStageKeys) or V scale of key t % kStageKeys.
-      const int t = static_cast<int>(threadIdx.x);
-      const int64_t j = j_begin + t % kStageKeys;
-      const bool ok = j <= hi;
-      const int64_t at = int64_t{ok ? cells[j] : 0} * p.n_kv_heads + kv_head;
-      cp_async4(stage_scales(s) + t, (t < kStageKeys ? p.k_scales : p.v_scales) + at, ok);
-    };
-    auto load_stage = [&](int64_t j_begin, int s) {
-      if constexpr (kE4m3) {
-        load_stage_e4m3(j_begin, s);
-      } else {
-        bf16* ks = stage_k(s);
-        bf16* vs = ks + kStageKeys * RE;
-#pragma unroll
-        for (int c = static_cast<int>(threadIdx.x); c < kCopies; c += kThreads) {
-          const int key = c / kChunksPerRow;
-          const int col = (c % kChunksPerRow) * 8;
-          const int64_t j = j_begin + key;
-          const bool ok = j <= hi;
-          const int64_t off = int64_t{ok ? cells[j] : 0} * cell_stride + col;
-          cp_async16(ks + key * RE + col, k_base + off, ok);
-          cp_async16(vs + key * RE + col, v_base + off, ok);
-        }
+        const int64_t off = int64_t{ok ? cells[j] : 0} * cell_stride + col;
+        cp_async16(ks + key * RE + col, k_base + off, ok);
+        cp_async16(vs + key * RE + col, v_base + off, ok);
       }
     };
     const int64_t n_stages = (int64_t{hi} - lo + kStageKeys) / kStageKeys;
@@ -245,19 +189,11 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
         const int64_t j0 = lo + u * kStageKeys + t * kTileKeys;
         // Warp-uniform: a tile none of the warp's rows counts is skipped.
         if (j0 > w_hi || j0 + kTileKeys - 1 < w_lo) continue;
-        auto valid = [&](int nb, int c) {
-          const int64_t j = j0 + nb * 8 + 2 * q + (c & 1);
-          return j >= my_lo[c / 2] && j <= my_hi[c / 2];
-        };
-        if constexpr (kE4m3) {
-          const uint8_t* kc = stage_codes(s) + t * kTileKeys * RB;
-          const float* scales = stage_scales(s) + t * kTileKeys;
-          fold_tile_e4m3<HD, true>(qa, kc, kc + kStageKeys * RB, scales, scales + kStageKeys, lane,
-                                   q_scale, st, valid);
-        } else {
-          fold_tile<HD, true>(qa, ks + t * kTileKeys * RE, vs + t * kTileKeys * RE, k_off, v_off,
-                              q_scale, st, valid);
-        }
+        fold_tile<HD, true>(qa, ks + t * kTileKeys * RE, vs + t * kTileKeys * RE, k_off, v_off,
+                            q_scale, st, [&](int nb, int c) {
+                              const int64_t j = j0 + nb * 8 + 2 * q + (c & 1);
+                              return j >= my_lo[c / 2] && j <= my_hi[c / 2];
+                            });
       }
       __syncthreads();  // the stage is read before the next round refills it
     }
@@ -270,15 +206,6 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     const float sum = quad_sum(st.l[i]);
     const int64_t r = r0 + row_of[i];
     if (r >= p.n_rows) continue;
-    if constexpr (kE4m3) {  // O column c of block nd is dim e4m3_o_dim(nd, c)
-      bf16* out = p.out + (r * p.n_heads + h0 + head_of[i]) * HD;
-#pragma unroll
-      for (int nd = 0; nd < ND; ++nd) {
-        out[e4m3_o_dim(nd, 2 * q)] = __float2bfloat16_rn(st.o[nd][2 * i] / sum);
-        out[e4m3_o_dim(nd, 2 * q + 1)] = __float2bfloat16_rn(st.o[nd][2 * i + 1] / sum);
-      }
-      continue;
-    }
     bf16* out = p.out + (r * p.n_heads + h0 + head_of[i]) * HD + 2 * q;
 #pragma unroll
     for (int nd = 0; nd < ND; ++nd) {
@@ -288,12 +215,12 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   }
 }
 
-template <int HD, int G, bool kE4m3>
+template <int HD, int G>
 cudaError_t launch_prefill(const AttentionParams<bf16>& p, cudaStream_t stream) {
   constexpr size_t bytes = smem_bytes<HD>();
   // Above 48 KB a kernel must opt in; not a stream operation, so capture-safe.
   if constexpr (bytes > 48 * 1024) {
-    if (const cudaError_t err = cudaFuncSetAttribute(attention_prefill_kernel<HD, G, kE4m3>,
+    if (const cudaError_t err = cudaFuncSetAttribute(attention_prefill_kernel<HD, G>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                      static_cast<int>(bytes));
         err != cudaSuccess) {
@@ -303,23 +230,23 @@ cudaError_t launch_prefill(const AttentionParams<bf16>& p, cudaStream_t stream) 
   constexpr int64_t kRowsPerBlock = kWarps * 16 / G;
   const dim3 grid(static_cast<unsigned>((p.n_rows + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(p.n_kv_heads));
-  return launch_kernel(attention_prefill_kernel<HD, G, kE4m3>, grid, dim3(kWarps * 32), bytes,
-                       stream, p, early_triggers());
+  return launch_kernel(attention_prefill_kernel<HD, G>, grid, dim3(kWarps * 32), bytes, stream, p,
+                       early_triggers());
 }
 
-template <int HD, bool kE4m3>
+template <int HD>
 cudaError_t launch_prefill_group(const AttentionParams<bf16>& p, int group, cudaStream_t stream) {
   switch (group) {
     case 1:
-      return launch_prefill<HD, 1, kE4m3>(p, stream);
+      return launch_prefill<HD, 1>(p, stream);
     case 2:
-      return launch_prefill<HD, 2, kE4m3>(p, stream);
+      return launch_prefill<HD, 2>(p, stream);
     case 4:
-      return launch_prefill<HD, 4, kE4m3>(p, stream);
+      return launch_prefill<HD, 4>(p, stream);
     case 8:
-      return launch_prefill<HD, 8, kE4m3>(p, stream);
+      return launch_prefill<HD, 8>(p, stream);
     case 16:
-      return launch_prefill<HD, 16, kE4m3>(p, stream);
+      return launch_prefill<HD, 16>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -335,14 +262,8 @@ cudaError_t launch_attention_prefill_mma(const AttentionParams<bf16>& p, cudaStr
   if (p.n_kv_heads > 65535 || (p.n_rows + 63) / 64 > 0x7fffffff) return cudaErrorInvalidValue;
   const int64_t group = p.n_heads / p.n_kv_heads;
   if (!attention_prefill_takes_group(group)) return cudaErrorInvalidValue;
-  const int g = static_cast<int>(group);
-  if (p.k_codes != nullptr) {
-    if (p.head_dim == 64) return launch_prefill_group<64, true>(p, g, stream);
-    if (p.head_dim == 128) return launch_prefill_group<128, true>(p, g, stream);
-    return cudaErrorInvalidValue;
-  }
-  if (p.head_dim == 64) return launch_prefill_group<64, false>(p, g, stream);
-  if (p.head_dim == 128) return launch_prefill_group<128, false>(p, g, stream);
+  if (p.head_dim == 64) return launch_prefill_group<64>(p, static_cast<int>(group), stream);
+  if (p.head_dim == 128) return launch_prefill_group<128>(p, static_cast<int>(group), stream);
   return cudaErrorInvalidValue;
 }
 

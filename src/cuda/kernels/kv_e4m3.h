@@ -1,8 +1,5 @@
-// The e4m3 KV cache's device kernels (--kv-dtype fp8; the CUDA forward calls
-// launch_rope_kv_write_e4m3 in place of launch_rope_kv_write when ForwardDims::kv_e4m3,
-// and launch_attention, given the codes and scales, runs launch_attention_decode_e4m3
-// where its tensor-core kernel does not serve: f32, head_dim other than 64 and 128, more
-// than 16 query heads a kv head):
+// The e4m3 KV cache's device kernels (--kv-dtype fp8; the CUDA forward calls them in
+// place of launch_rope_kv_write and launch_attention when ForwardDims::kv_e4m3):
 //
 // launch_rope_kv_write_e4m3: what launch_rope_kv_write (rope_kv_write.h) does for a
 // step's rows of the fused q/k/v projection, with the pools holding e4m3 codes and one

@@ -1,6 +1,6 @@
 // The tensor-core building blocks of the kernels that stage operands in shared memory
 // (attention_mma.cu, skinny_gemm.cu), included by those .cu files only: cp.async copies,
-// ldmatrix loads, the bf16 and f16 mma.m16n8k16 (sm_80 and newer) and the e4m3 mma.m16n8k32.
+// ldmatrix loads, the bf16 mma.m16n8k16 (sm_80 and newer) and the e4m3 mma.m16n8k32.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,14 +18,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill) {
   const int src_bytes = fill ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-// 4 bytes from global `src` to shared `dst` (through L1: .cg takes 16 bytes only); zeros
-// when !fill (src is then not read).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool fill) {
-  const int src_bytes = fill ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes)
                : "memory");
 }
@@ -53,16 +45,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 __device__ __forceinline__ void mma_16816(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// acc += A · B for one m16n8k16 f16 MMA with f32 accumulation (the e4m3 KV cache's keys:
-// every e4m3 value is an f16).
-__device__ __forceinline__ void mma_16816_f16(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
