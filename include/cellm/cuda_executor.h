@@ -98,10 +98,6 @@ struct CudaTuning {
   // 64), each 8 steps used in a row halve it (cuda/step_ahead_policy.h). Batches that keep
   // changing then rarely cost a dropped step. Off: from the second batch of every run.
   bool overlap_adaptive = true;
-  // With tensor_parallel 1: run the one GPU through the tensor-parallel engine anyway (a
-  // group of one: NCCL, the rank's all-reduces and logits gather), for tests that compare
-  // it with the plain engine bit for bit.
-  bool group_of_one = false;
 };
 
 // What the CUDA executor does beyond the session geometry (ExecutorLimits, given to
@@ -111,12 +107,6 @@ struct CudaExecutorOptions {
   int32_t max_decode_batch = 0;  // rows of a batched decode; 0 = min(max_sessions, 512)
   CudaPrecision precision = CudaPrecision::kBF16;
   int device = 0;  // CUDA device ordinal
-  // GPUs the model is split over, Megatron-style (--tensor-parallel): devices [device,
-  // device + tensor_parallel), one worker thread, stream and shard each, NCCL for the
-  // collectives (loaded at run time). 1: one GPU. create() refuses (naming the sizes)
-  // less than 1, more than the visible GPUs, heads that do not split (plan_shard) and a
-  // process without NCCL.
-  int tensor_parallel = 1;
   // Replay each batched decode step from a CUDA graph captured once per batch-size bucket
   // (one launch instead of a few hundred). Off: every step runs eagerly.
   bool cuda_graph_for_decode = true;

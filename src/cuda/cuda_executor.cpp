@@ -24,7 +24,6 @@
 #include "cuda/score_rows.h"
 #include "cuda/step_ahead_policy.h"
 #include "cuda/step_processors.h"
-#include "cuda/tensor_parallel_setup.h"
 
 namespace cellm {
 namespace cuda {
@@ -606,9 +605,6 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
     }
   }
   const CudaExecutorOptions& o = options;
-  if (o.tensor_parallel != 1) {
-    CELLM_RETURN_IF_ERROR(cuda::check_tensor_parallel(weights->config(), o.tensor_parallel));
-  }
   if (!cuda::gpu_available()) {
     return NotSupported(cuda::prefixed("no usable CUDA device (cudaGetDeviceCount found none)"));
   }
@@ -620,16 +616,6 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(
   dims.max_seqs = l.max_sessions;
   dims.max_session_tokens = l.max_session_tokens;
   dims.kv_e4m3 = kv_e4m3;
-  if (o.tensor_parallel > 1 || o.tuning.group_of_one) {
-    CudaExecutor::KvSizing sizing;
-    CELLM_ASSIGN_OR_RETURN(
-        std::unique_ptr<cuda::ForwardEngine> engine,
-        cuda::create_tensor_parallel_engine(*weights, limits, l, dims, o, sizing));
-    if (o.time_steps) CELLM_RETURN_IF_ERROR(engine->set_timing(true));
-    auto impl = std::make_unique<cuda::ExecutorImpl>(std::move(weights), l, o, std::move(engine));
-    impl->kv_sizing_ = sizing;
-    return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
-  }
   size_t free_bytes = 0, total_bytes = 0;
   CELLM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
                              "CudaExecutor: reading free device memory");

@@ -49,10 +49,6 @@ Status CudaForward<T>::init(const ModelWeights& weights) {
                              "clearing the attention workspace");
   CELLM_ASSIGN_OR_RETURN(kv_, DeviceBuffer::allocate(kv_pool_bytes<T>(config_, dims_)));
   CELLM_ASSIGN_OR_RETURN(table_, DeviceBuffer::allocate(table_bytes(dims_)));
-  if (link_.group != nullptr) {
-    CELLM_ASSIGN_OR_RETURN(link_buf_,
-                           DeviceBuffer::allocate(ForwardEngine::rank_link_bytes(dims_, link_)));
-  }
   const std::vector<float> inv_freq = rope_inv_freq_for(config_);
   CELLM_ASSIGN_OR_RETURN(inv_freq_, DeviceBuffer::allocate(inv_freq.size() * sizeof(float)));
   CELLM_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_freq_.get(), inv_freq.data(),
@@ -240,7 +236,7 @@ Result<int64_t> CudaForward<T>::warm_products() {
     for (T* head_in : {h, buf<T>(buf_.sel_norm)}) {
       CELLM_RETURN_IF_ERROR(
           count(warm_linear<float>(head_in, m, d, model_->lm_head(), model_->lm_head8(),
-                                   head_rows(), nullptr, buf<float>(buf_.logits))));
+                                   c.vocab_size(), nullptr, buf<float>(buf_.logits))));
     }
   }
   CELLM_RETURN_IF_ERROR(sync());
@@ -379,9 +375,8 @@ namespace {
 
 template <typename T>
 Result<std::unique_ptr<ForwardEngine>> make(const ModelWeights& weights, const ForwardDims& dims,
-                                            const CudaExecutorOptions& options,
-                                            const RankLink& link = {}) {
-  auto engine = std::make_unique<CudaForward<T>>(weights, dims, options, link);
+                                            const CudaExecutorOptions& options) {
+  auto engine = std::make_unique<CudaForward<T>>(weights, dims, options);
   CELLM_RETURN_IF_ERROR(engine->init(weights));
   return std::unique_ptr<ForwardEngine>(std::move(engine));
 }
@@ -393,35 +388,6 @@ Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create(const ModelWeights&
                                                              const CudaExecutorOptions& options) {
   if (options.precision == CudaPrecision::kF32) return make<float>(weights, dims, options);
   return make<__nv_bfloat16>(weights, dims, options);
-}
-
-Result<std::unique_ptr<ForwardEngine>> ForwardEngine::create_rank(
-    const ModelWeights& shard, const ForwardDims& dims, const CudaExecutorOptions& options,
-    const RankLink& link) {
-  if (link.group == nullptr || link.slices.world < 1 || link.rank < 0 ||
-      link.rank >= link.slices.world) {
-    return InvalidArgument("a tensor-parallel rank needs its group and a rank in [0, world)");
-  }
-  if (link.slices.size[link.rank] != shard.lm_head().shape.front()) {
-    return InvalidArgument("rank " + std::to_string(link.rank) + "'s vocabulary slice of " +
-                           std::to_string(link.slices.size[link.rank]) +
-                           " rows is not its LM head's " +
-                           std::to_string(shard.lm_head().shape.front()));
-  }
-  // Edges after cuBLASLt kernels that fire at launch completion would let an NCCL kernel
-  // (which never waits on the grid dependency) start before its input is written.
-  CudaExecutorOptions rank_options = options;
-  rank_options.tuning.early_after_cublas = TimedChoice::kOff;
-  if (options.precision == CudaPrecision::kF32) {
-    return make<float>(shard, dims, rank_options, link);
-  }
-  return make<__nv_bfloat16>(shard, dims, rank_options, link);
-}
-
-size_t ForwardEngine::rank_link_bytes(const ForwardDims& dims, const RankLink& link) {
-  const size_t per_rank =
-      static_cast<size_t>(dims.max_rows) * static_cast<size_t>(link.max_slice()) * sizeof(float);
-  return align_up(per_rank) + align_up(per_rank * static_cast<size_t>(link.slices.world));
 }
 
 namespace {

@@ -35,12 +35,9 @@
 #include "cellm/model_weights.h"
 #include "cellm/status.h"
 #include "cuda/kernels/sampling.h"
-#include "cuda/kernels/vocab_gather.h"
 #include "cuda/logit_adjuster.h"
 
 namespace cellm::cuda {
-
-class NcclGroup;
 
 // Sizes the engine is built for.
 struct ForwardDims {
@@ -72,24 +69,6 @@ struct StepHost {
 // run's selection [0, n_sel), the adjustments valid until the run returns.
 using AdjustmentSource = std::function<std::span<const RowAdjustments>()>;
 
-// A rank's place in a tensor-parallel group (cuda/tensor_parallel_engine.h): the
-// engine holds the rank's shard (ModelWeights::shard, so its config's heads, kv heads
-// and SwiGLU width are the rank's and its LM head is the rank's vocabulary rows) and,
-// on its stream, all-reduces the partial sums of o and down, and all-gathers the
-// logits' vocabulary slices into the whole vocabulary before sampling, so every rank
-// samples the same tokens. Every call is stream-ordered and graph-capturable.
-struct RankLink {
-  NcclGroup* group = nullptr;  // null: a plain single-GPU engine
-  int rank = 0;
-  VocabSlices slices;  // every rank's LM-head rows, in rank order
-  // The largest slice: each rank's gather sends rows x this many values.
-  int64_t max_slice() const {
-    int64_t m = 0;
-    for (int r = 0; r < slices.world; ++r) m = slices.size[r] > m ? slices.size[r] : m;
-    return m;
-  }
-};
-
 class ForwardEngine {
  public:
   virtual ~ForwardEngine() = default;
@@ -112,14 +91,6 @@ class ForwardEngine {
   };
   static DeviceBytes device_bytes(const ModelWeights& weights, const ForwardDims& dims,
                                   CudaPrecision precision);
-  // A rank of a tensor-parallel group over `shard` (RankLink). Call on the rank's device.
-  static Result<std::unique_ptr<ForwardEngine>> create_rank(const ModelWeights& shard,
-                                                            const ForwardDims& dims,
-                                                            const CudaExecutorOptions& options,
-                                                            const RankLink& link);
-  // Device bytes a rank adds beside device_bytes(shard, ...) (counted in its buffers):
-  // its logits slice and the gathered slices, max_rows rows each.
-  static size_t rank_link_bytes(const ForwardDims& dims, const RankLink& link);
 
   virtual StepHost& host() = 0;
   virtual const ForwardDims& dims() const = 0;

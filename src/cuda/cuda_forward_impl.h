@@ -140,11 +140,10 @@ template <typename T>
 class CudaForward final : public ForwardEngine {
  public:
   CudaForward(const ModelWeights& weights, const ForwardDims& dims,
-              const CudaExecutorOptions& options, const RankLink& link = {})
+              const CudaExecutorOptions& options)
       : config_(weights.config()),
         dims_(dims),
         options_(options),
-        link_(link),
         meta_(static_cast<size_t>(dims.max_rows)),
         buf_(BufferLayout::of<T>(weights.config(), dims, DeviceModel<T>::keeps_fp8(weights))),
         adjuster_(weights.config().vocab_size()) {}
@@ -329,23 +328,9 @@ class CudaForward final : public ForwardEngine {
     return true;
   }
 
-  // The LM head's rows: the whole vocabulary, or a rank's slice of it.
-  int64_t head_rows() const {
-    return link_.group != nullptr ? link_.slices.size[link_.rank] : config_.vocab_size();
-  }
-  // With a RankLink: the in-place sum over the ranks of `count` values at `data`.
-  Status all_reduce(T* data, size_t count);
-  // With a RankLink: the rank's logits slice (link_buf_, [n_sel, head_rows()]) gathered
-  // from every rank into the whole logits (buf_.logits, [n_sel, vocab]).
-  Status gather_logits(int32_t n_sel);
-
   ModelConfig config_;
   ForwardDims dims_;
   CudaExecutorOptions options_;  // precision, tune_gemm and tuning choose the kernels
-  RankLink link_;                // no group: a single-GPU engine
-  // With a group: [max_rows, max_slice] f32 (the rank's logits slice), then
-  // [world, max_rows, max_slice] f32 (the gathered slices).
-  DeviceBuffer link_buf_;
   // Buckets that may take the prefetch (the products are GEMVs up to 8 rows; at 16 the
   // 8B loses 3%), and the prefetch kernel's blocks.
   static constexpr int32_t kPrefetchMaxRows = 8;

@@ -17,8 +17,6 @@
 #include "cuda/kernels/quantize_e4m3.h"
 #include "cuda/kernels/rmsnorm.h"
 #include "cuda/kernels/rope_kv_write.h"
-#include "cuda/kernels/vocab_gather.h"
-#include "cuda/nccl_group.h"
 
 namespace cellm::cuda {
 
@@ -178,14 +176,11 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
     }
     CELLM_RETURN_IF_ERROR(
         linear<T>(attn, n, q_dim, GemvInput::kPlain, w.o_proj, w.o_proj8, d, w.o_bias, delta));
-    // A rank's o output is its heads' part of the sum (cuda_forward.h, RankLink).
-    CELLM_RETURN_IF_ERROR(all_reduce(delta, static_cast<size_t>(n) * static_cast<size_t>(d)));
     CELLM_ASSIGN_OR_RETURN(const bool gate_up_in8, add_rmsnorm_for(w.gate_up8, residual, delta,
                                                                    w.post_norm, n, d, h, settled));
     CELLM_RETURN_IF_ERROR(linear<T>(h, n, d, GemvInput::kPlain, w.gate_up, w.gate_up8, 2 * ff,
                                     nullptr, gate_up, gate_up_in8));
     CELLM_RETURN_IF_ERROR(swiglu_down(gate_up, n, w, act, delta));
-    CELLM_RETURN_IF_ERROR(all_reduce(delta, static_cast<size_t>(n) * static_cast<size_t>(d)));
   }
   if (n_sel == 0) return Status::Ok();
   // residual += the last MLP output, then the final norm into h. When the step selects
@@ -206,41 +201,9 @@ Status CudaForward<T>::enqueue_forward(int32_t n, int32_t n_sel, int32_t fresh_p
         launch_add_rmsnorm<T>(sel, nullptr, model_->final_norm(), n_sel, d, eps, head_in, s),
         "final rmsnorm");
   }
-  if (link_.group == nullptr) {
-    CELLM_RETURN_IF_ERROR(linear<float>(head_in, n_sel, d, GemvInput::kPlain, model_->lm_head(),
-                                        model_->lm_head8(), c.vocab_size(), nullptr,
-                                        buf<float>(buf_.logits)));
-    return Status::Ok();
-  }
-  // A rank's LM head is its vocabulary rows: its slice, then every rank's gathered.
   CELLM_RETURN_IF_ERROR(linear<float>(head_in, n_sel, d, GemvInput::kPlain, model_->lm_head(),
-                                      model_->lm_head8(), head_rows(), nullptr,
-                                      link_buf_.as<float>()));
-  return gather_logits(n_sel);
-}
-
-template <typename T>
-Status CudaForward<T>::all_reduce(T* data, size_t count) {
-  if (link_.group == nullptr) return Status::Ok();
-  constexpr DType kType = std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
-  return link_.group->all_reduce_sum(link_.rank, data, count, kType, stream_.get());
-}
-
-template <typename T>
-Status CudaForward<T>::gather_logits(int32_t n_sel) {
-  cudaStream_t s = stream_.get();
-  const int64_t chunk = static_cast<int64_t>(n_sel) * link_.max_slice();
-  float* local = link_buf_.as<float>();
-  float* gathered =
-      reinterpret_cast<float*>(link_buf_.as<unsigned char>() +
-                               align_up(static_cast<size_t>(dims_.max_rows) *
-                                        static_cast<size_t>(link_.max_slice()) * sizeof(float)));
-  CELLM_RETURN_IF_ERROR(link_.group->all_gather(link_.rank, local, gathered,
-                                                static_cast<size_t>(chunk), DType::kF32, s));
-  CELLM_CUDA_RETURN_IF_ERROR(
-      launch_gather_vocab_slices(gathered, chunk, link_.slices, n_sel, config_.vocab_size(),
-                                 buf<float>(buf_.logits), s),
-      "gathering the logits' vocabulary slices");
+                                      model_->lm_head8(), c.vocab_size(), nullptr,
+                                      buf<float>(buf_.logits)));
   return Status::Ok();
 }
 
@@ -414,8 +377,6 @@ Status CudaForward<T>::join_prefetch() {
                                                   std::span<const AttentionRowRange>);             \
   template Status CudaForward<T>::prefetch_gate_up(const DeviceLayer<T>&);                         \
   template Status CudaForward<T>::join_prefetch();                                                 \
-  template Status CudaForward<T>::all_reduce(T*, size_t);                                          \
-  template Status CudaForward<T>::gather_logits(int32_t);                                          \
   template Status CudaForward<T>::swiglu_down(const T*, int32_t, const DeviceLayer<T>&, T*, T*);   \
   template Result<bool> CudaForward<T>::warm_swiglu_down(const T*, int32_t, const DeviceLayer<T>&, \
                                                          T*, T*);                                  \

@@ -204,15 +204,6 @@ Result<std::shared_ptr<const LoadedModel>> load_model(const ModelSource& source,
       return InvalidArgument("give a model folder or a preset, not both");
     }
     CELLM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::preset(source.preset));
-    // A preset past this is never built whole (70b: 141 GB in bf16); only a tensor-parallel
-    // group's shards of it (ModelWeights::random_shard), which the engine does not make yet.
-    constexpr int64_t kMaxWholePresetParameters = int64_t{20} * 1000 * 1000 * 1000;
-    if (config.num_parameters() > kMaxWholePresetParameters) {
-      return NotSupported("preset " + source.preset + " has " +
-                          std::to_string(config.num_parameters()) +
-                          " parameters: presets past 20B are built only as the shards of a "
-                          "tensor-parallel group, which the commands cannot run yet");
-    }
     m->name = "preset:" + source.preset;
     CELLM_ASSIGN_OR_RETURN(
         ModelWeights w,

@@ -442,22 +442,9 @@ Result<ModelConfig> ModelConfig::preset(std::string_view name) {
     spec.rope_scaling = RopeScaling{RopeScalingType::kLlama3, small ? 32.0 : 8.0, 1.0, 4.0, 8192};
     spec.bos_token_id = 128000;
     spec.eos_token_ids = {128001};
-  } else if (name == "70b") {
-    // Llama-3.1-70B's shapes: 70,553,706,496 parameters, past what one GPU holds in bf16;
-    // built only as shards (ModelWeights::random_shard), one per GPU of a group.
-    spec.hidden_size = 8192;
-    spec.num_hidden_layers = 80;
-    spec.num_attention_heads = 64;
-    spec.num_key_value_heads = 8;
-    spec.intermediate_size = 28672;
-    spec.vocab_size = 128256;
-    spec.rope_theta = 500000.0;
-    spec.rope_scaling = RopeScaling{RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
-    spec.bos_token_id = 128000;
-    spec.eos_token_ids = {128001};
   } else {
     return InvalidArgument("unknown model preset '" + std::string(name) +
-                           "' (known: 110m, 1b, 8b, 70b)");
+                           "' (known: 110m, 1b, 8b)");
   }
   spec.head_dim = spec.hidden_size / spec.num_attention_heads;
   return from_spec(std::move(spec), "preset " + std::string(name));

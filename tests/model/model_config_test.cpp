@@ -441,25 +441,8 @@ TEST(ModelConfigTest, PresetsHaveTheRealShapes) {
   EXPECT_DOUBLE_EQ(eight->rope_theta(), 500000.0);
   EXPECT_EQ(eight->max_position_embeddings(), 131072);
 
-  ExpectError(ModelConfig::preset("405b").status(), StatusCode::kInvalidArgument,
-              {"405b", "110m", "1b", "8b", "70b"});
-}
-
-TEST(ModelConfigTest, Preset70bHasLlama31_70bShapes) {
-  Result<ModelConfig> c = ModelConfig::preset("70b");
-  ASSERT_TRUE(c.ok()) << c.status().message();
-  EXPECT_EQ(c->hidden_size(), 8192);
-  EXPECT_EQ(c->num_layers(), 80);
-  EXPECT_EQ(c->num_heads(), 64);
-  EXPECT_EQ(c->num_kv_heads(), 8);
-  EXPECT_EQ(c->head_dim(), 128);
-  EXPECT_EQ(c->intermediate_size(), 28672);
-  EXPECT_EQ(c->vocab_size(), 128256);
-  EXPECT_FALSE(c->tie_word_embeddings());
-  EXPECT_DOUBLE_EQ(c->rope_theta(), 500000.0);
-  EXPECT_EQ(c->rope_scaling().type, RopeScalingType::kLlama3);
-  EXPECT_DOUBLE_EQ(c->rope_scaling().factor, 8.0);
-  EXPECT_EQ(c->num_parameters(), int64_t{70553706496});
+  ExpectError(ModelConfig::preset("70b").status(), StatusCode::kInvalidArgument,
+              {"70b", "110m", "1b", "8b"});
 }
 
 TEST(ModelConfigTest, FromSpecValidatesProgrammaticConfigs) {

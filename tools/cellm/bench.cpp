@@ -63,7 +63,6 @@ const std::vector<FlagSpec> kFlags = [] {
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
           weights_flag(),
           kv_dtype_flag(),
-          tensor_parallel_flag(),
           activations_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"no-pdl", "",
@@ -521,8 +520,6 @@ int run_bench(int argc, const char* const* argv) {
   if (!weights.ok()) return fail(cmd, weights.status());
   Result<KvDtype> kv_dtype = parse_kv_dtype_flag(*args);
   if (!kv_dtype.ok()) return fail(cmd, kv_dtype.status());
-  Result<int> tensor_parallel = parse_tensor_parallel_flag(*args, *kind);
-  if (!tensor_parallel.ok()) return fail(cmd, tensor_parallel.status());
   Result<bool> bf16_activations = parse_activations_flag(*args);
   if (!bf16_activations.ok()) return fail(cmd, bf16_activations.status());
   std::unique_ptr<PowerProbe> power;
@@ -560,7 +557,6 @@ int run_bench(int argc, const char* const* argv) {
   options.cpu.num_threads = static_cast<int32_t>(*threads);
   options.cpu.bf16_activations = *bf16_activations;
   if (Status s = read_cuda_flags(*args, options.cuda); !s.ok()) return fail(cmd, s);
-  options.cuda.tensor_parallel = *tensor_parallel;
   const bool json = args->has("json");
   // Which GPU ran (several devices of one kind differ by a percent or so).
   const std::string device = Engine::describe_device(*kind);
@@ -568,8 +564,7 @@ int run_bench(int argc, const char* const* argv) {
     const ModelConfig& c = model->weights->config();
     std::printf(
         "model %s: %lld layers, d %lld, %lld/%lld heads, ff %lld, vocab %lld, %.2f GB "
-        "of weights (%s), KV %s; executor %s%s%s%s, tensor parallel %d, step width %d; "
-        "sampling %s\n\n",
+        "of weights (%s), KV %s; executor %s%s%s%s, step width %d; sampling %s\n\n",
         model->name.c_str(), static_cast<long long>(c.num_layers()),
         static_cast<long long>(c.hidden_size()), static_cast<long long>(c.num_heads()),
         static_cast<long long>(c.num_kv_heads()), static_cast<long long>(c.intermediate_size()),
@@ -581,8 +576,7 @@ int run_bench(int argc, const char* const* argv) {
         *kind != ExecutorKind::kCpu    ? ""
         : options.cpu.bf16_activations ? " (bf16 activations for bf16 weights)"
                                        : " (f32 activations)",
-        options.cuda.tensor_parallel, options.limits.step_width,
-        describe_sampling(*sampling).c_str());
+        options.limits.step_width, describe_sampling(*sampling).c_str());
     if (constraint != nullptr) {
       // What every generation is held to, and the rules it compiled to.
       std::printf("constraint %s over the vocabulary of %s (%zu ids); grammar:\n%s\n",

@@ -2,10 +2,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <exception>
-#include <optional>
-#include <stdexcept>
-#include <string>
 
 #include "cellm/sampler.h"
 
@@ -92,35 +88,6 @@ Result<KvDtype> parse_kv_dtype_flag(const Args& args) {
   const std::optional<std::string> text = args.get("kv-dtype");
   if (!text) return KvDtype::kAuto;
   return parse_kv_dtype(*text);
-}
-
-FlagSpec tensor_parallel_flag() {
-  return {"tensor-parallel", "N",
-          "CUDA: split the model over N GPUs of this host (devices 0..N-1), Megatron-style: "
-          "heads, SwiGLU columns and vocabulary rows, NCCL for the all-reduces (default 1)"};
-}
-
-Result<int> parse_tensor_parallel_flag(const Args& args, ExecutorKind executor) {
-  const std::optional<std::string> text = args.get("tensor-parallel");
-  if (!text) return 1;
-  int64_t n = 0;
-  try {
-    size_t used = 0;
-    n = std::stoll(*text, &used);
-    if (used != text->size()) throw std::invalid_argument(*text);
-  } catch (const std::exception&) {
-    return InvalidArgument("--tensor-parallel expects a number of GPUs, got '" + *text + "'");
-  }
-  if (n < 1) {
-    return InvalidArgument("--tensor-parallel must be at least 1, got " + std::to_string(n));
-  }
-  if (n > 1 && executor == ExecutorKind::kCpu) {
-    return InvalidArgument("--tensor-parallel " + std::to_string(n) +
-                           " splits the model over GPUs; the CPU executor runs on one host "
-                           "(give --executor cuda or drop the flag)");
-  }
-  if (n > 1024) return InvalidArgument("--tensor-parallel " + *text + " is too many GPUs");
-  return static_cast<int>(n);
 }
 
 FlagSpec activations_flag() {

@@ -37,11 +37,6 @@ Result<WeightFormat> parse_weights_flag(const Args& args, ExecutorKind& executor
 // stores that type is its create()'s to say (NotSupported naming the flag).
 FlagSpec kv_dtype_flag();
 Result<KvDtype> parse_kv_dtype_flag(const Args& args);
-// --tensor-parallel N (CudaExecutorOptions::tensor_parallel): 1 when absent;
-// InvalidArgument naming the flag for N < 1 (or not a number) and for N > 1 with the
-// CPU executor. Whether the GPUs and the model allow N is the CUDA executor's to say.
-FlagSpec tensor_parallel_flag();
-Result<int> parse_tensor_parallel_flag(const Args& args, ExecutorKind executor);
 // --activations bf16|f32: whether the CPU executor's products with bf16 weights round
 // the activations to bf16 (CpuExecutorOptions::bf16_activations; the default, faster
 // where the CPU has AVX-512 BF16) or keep them exact in f32. True for bf16;

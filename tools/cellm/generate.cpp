@@ -45,7 +45,6 @@ const std::vector<FlagSpec> kFlags = [] {
           {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
           weights_flag(),
           kv_dtype_flag(),
-          tensor_parallel_flag(),
           activations_flag(),
           {"no-cuda-graphs", "", "CUDA: run decode steps eagerly instead of replaying graphs"},
           {"report-json", "FILE", "write a JSON report of generations, timing and metrics"},
@@ -226,9 +225,6 @@ int run_generate(int argc, const char* const* argv) {
   Result<KvDtype> kv_dtype = parse_kv_dtype_flag(args);
   if (!kv_dtype.ok()) return fail(cmd, kv_dtype.status());
   options.limits.kv_dtype = *kv_dtype;
-  Result<int> tensor_parallel = parse_tensor_parallel_flag(args, options.executor);
-  if (!tensor_parallel.ok()) return fail(cmd, tensor_parallel.status());
-  options.cuda.tensor_parallel = *tensor_parallel;
   Result<bool> bf16_activations = parse_activations_flag(args);
   if (!bf16_activations.ok()) return fail(cmd, bf16_activations.status());
   Result<std::shared_ptr<const LoadedModel>> model_or =

@@ -86,7 +86,6 @@ const std::vector<FlagSpec> kFlags = {
     {"executor", "KIND", "cpu or cuda (default: cuda when a GPU is present, else cpu)"},
     weights_flag(),
     kv_dtype_flag(),
-    tensor_parallel_flag(),
     activations_flag(),
     {"max-sessions", "N", "generations running at once; n choices count n (default 16)"},
     {"max-session-tokens", "N",
@@ -154,7 +153,6 @@ struct Flags {
   std::string model_dir;
   WeightFormat weights = WeightFormat::kAuto;
   KvDtype kv_dtype = KvDtype::kAuto;
-  int tensor_parallel = 1;  // --tensor-parallel
   std::string host = "127.0.0.1";
   int port = 8080;
   ExecutorKind executor = ExecutorKind::kCpu;
@@ -195,7 +193,6 @@ Result<Flags> read_flags(const Args& args) {
   CELLM_ASSIGN_OR_RETURN(f.executor, parse_executor_flag(args));
   CELLM_ASSIGN_OR_RETURN(f.weights, parse_weights_flag(args, f.executor));
   CELLM_ASSIGN_OR_RETURN(f.kv_dtype, parse_kv_dtype_flag(args));
-  CELLM_ASSIGN_OR_RETURN(f.tensor_parallel, parse_tensor_parallel_flag(args, f.executor));
   f.host = args.get("host").value_or("127.0.0.1");
   f.port = static_cast<int>(port);
   f.max_sessions = static_cast<int32_t>(max_sessions);
@@ -457,7 +454,6 @@ int run_serve(int argc, const char* const* argv) {
   options.cpu.bf16_activations = flags.bf16_activations;
   options.cuda.cuda_graph_for_decode = flags.cuda_graphs;
   options.cuda.overlap_decode = flags.overlap_decode;
-  options.cuda.tensor_parallel = flags.tensor_parallel;
   // The CPU executor grows its KV storage on demand, so a pool that cannot fit
   // would fail only when sessions fill it: refused here, with the sizes.
   if (flags.executor == ExecutorKind::kCpu) {
