@@ -355,17 +355,20 @@ def test_clients_stalled_mid_request_hold_no_worker_past_the_request_timeout(sta
 
 
 def test_a_client_stalled_mid_stream_is_cancelled_after_the_request_timeout(start_server):
-    s = start_server("--request-timeout", "1", *ONE_THREAD, "--max-sessions", "16")
+    # 64 generations of 240 tokens: on one thread they take about twice as long as the
+    # stall takes to be seen (the client's window filled, then the 1 s timeout), where 16
+    # of them finished first on a fast machine.
+    s = start_server("--request-timeout", "1", *ONE_THREAD, "--max-sessions", "64")
     before = s.metrics()['cellm_requests_finished_total{finish_reason="cancelled"}']
     t0 = time.monotonic()
-    stalled = stalled_stream(s.port, BIG_STREAM)
-    # Its 16 generations are cancelled and their cells freed about a second after the
+    stalled = stalled_stream(s.port, {**BIG_STREAM, "n": 64})
+    # Its generations are cancelled and their cells freed about a second after the
     # client stopped reading, long before they could have finished.
     assert wait_for(lambda: settled(s), 8), s.metrics()
     assert time.monotonic() - t0 < 8
     m = s.metrics()
-    assert m['cellm_requests_finished_total{finish_reason="cancelled"}'] - before == 16
-    assert m["cellm_generation_tokens_total"] < 16 * 240
+    assert m['cellm_requests_finished_total{finish_reason="cancelled"}'] - before == 64
+    assert m["cellm_generation_tokens_total"] < 64 * 240
     assert any("(client gone)" in line for line in s.log)
     stalled.close()
     assert completes(s)
